@@ -1,0 +1,863 @@
+"""The AMQP 1.0 side: a python-qpid-proton reactor, one listener per namespace.
+
+Thread model: the proton `Container` runs in one dedicated thread (`AmqpServer`). Every proton
+object is touched only from that thread. Other threads act on the reactor through
+`AmqpServer.call(fn)`, which queues ``fn`` and wakes the reactor through an `EventInjector`
+pipe; the returned `concurrent.futures.Future` carries the result back. Namespace state
+(`sblocal.store.Namespace`) has its own lock, so the HTTP threads may read it directly.
+
+What the azure-servicebus SDK needs from a peer (SPEC §5) is implemented here: SASL
+ANONYMOUS, ``$cbs`` put-token, sender links whose transfers are settled accepted/rejected
+with an error that always carries an ``info`` map, batches (several messages in data
+sections), peek-lock deliveries tagged with the lock token, the settlement echo, and the
+``<entity>/$management`` request/response operations.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from proton import (
+    Condition,
+    Delivery,
+    Handler,
+    Link,
+    Message,
+    Transport,
+    symbol,
+)
+from proton._reactor import Acceptor
+from proton.reactor import ApplicationEvent, Container, EventInjector
+
+from sblocal import codec, sas
+from sblocal.faults import FaultRule, FaultTable
+from sblocal.store import BrokerError, Entity, Namespace, StoredMessage, now_ms
+
+_log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+_INCOMING_CREDIT = 1000
+_TRACKING_ID = symbol("com.microsoft:tracking-id")
+_DEFAULT_MAX_MESSAGE_SIZE = 256 * 1024
+_MGMT_SUFFIX = "/$management"
+_OP_PREFIX = "com.microsoft:"
+
+
+@dataclass(slots=True)
+class Latency:
+    """Injected latency (milliseconds) applied before a send is settled."""
+
+    round_trip_ms: float = 0.0
+    store_ms: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return max(0.0, (self.round_trip_ms + self.store_ms) / 1000.0)
+
+
+def _error_condition(name: str, description: str) -> Condition:
+    # azure-servicebus raises inside on_send_complete (and the send never returns) when a
+    # rejected outcome has no info map, so every error we send carries one.
+    return Condition(name, description, {_TRACKING_ID: str(uuid.uuid4())})
+
+
+class _Callback(Handler):
+    """A reactor timer handler running one function."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def on_timer_task(self, event: Any) -> None:
+        try:
+            self._fn()
+        except Exception:
+            _log.exception("timer callback failed")
+
+
+class _SaslAcceptor(Acceptor):
+    """proton's Acceptor, plus SASL ANONYMOUS on each accepted transport.
+
+    The SASL layer has to exist before the transport produces its first bytes, i.e. before
+    the connection is bound, which the stock Acceptor gives no hook for.
+    """
+
+    def on_selectable_readable(self, event: Any) -> None:
+        from proton._handlers import IOHandler
+        from proton._io import IO
+        from proton._url import Url
+
+        listener: Any = self._selectable
+        sock, name = IO.accept(listener)
+        reactor: Any = self._reactor
+        handler = self._handler or reactor.handler
+        conn: Any = reactor.connection(handler)
+        conn._acceptor = self
+        conn.url = Url(host=name[0], port=name[1])  # type: ignore[no-untyped-call]
+        transport: Any = Transport(Transport.SERVER)
+        transport.idle_timeout = 0
+        sasl = transport.sasl()
+        sasl.allow_insecure_mechs = True
+        sasl.allowed_mechs("ANONYMOUS")
+        transport.bind(conn)
+        sel: Any = reactor.selectable(delegate=sock)
+        sel._transport = transport
+        transport._selectable = sel
+        IOHandler.update(transport, sel, reactor.now)
+
+    @property
+    def port(self) -> int:
+        return int(self._selectable.getsockname()[1])
+
+
+class NamespaceRuntime:
+    """Reactor-side state of one namespace (reactor thread only, except the settings)."""
+
+    def __init__(self, namespace: Namespace, host: str, port: int) -> None:
+        self.namespace = namespace
+        self.faults = FaultTable()
+        self.latency = Latency()
+        self.host = host
+        self.port = port
+        self.acceptor: _SaslAcceptor | None = None
+        self.connections: dict[int, Any] = {}  # connection id -> proton Connection
+        self.receivers: dict[int, list[Any]] = {}  # id(Entity) -> sender links to clients
+        self._conn_ids = 0
+
+    @property
+    def name(self) -> str:
+        return self.namespace.name
+
+    @property
+    def up(self) -> bool:
+        return self.acceptor is not None
+
+    def next_conn_id(self) -> int:
+        self._conn_ids += 1
+        return self._conn_ids
+
+
+class _NamespaceHandler(Handler):
+    """Event handler of every connection accepted by one namespace's listener."""
+
+    def __init__(self, server: AmqpServer, rt: NamespaceRuntime) -> None:
+        super().__init__()
+        self._server = server
+        self._rt = rt
+        self._ns = rt.namespace
+
+    # -- connection / session lifecycle --------------------------------------------------
+
+    def on_connection_remote_open(self, event: Any) -> None:
+        conn = event.connection
+        conn_id = self._rt.next_conn_id()
+        conn._sb_id = conn_id
+        conn._sb_replies = {}  # reply address (lower) -> sender link
+        conn._sb_authorized = False
+        self._rt.connections[conn_id] = conn
+        with self._ns.lock:
+            self._ns.counters.connections += 1
+            self._ns.counters.active_connections += 1
+        conn.container = f"sblocal-{self._rt.name}"
+        conn.open()
+
+    def on_session_remote_open(self, event: Any) -> None:
+        event.session.open()
+
+    def on_session_remote_close(self, event: Any) -> None:
+        event.session.close()
+
+    def on_connection_remote_close(self, event: Any) -> None:
+        event.connection.close()
+        self._forget_connection(event.connection)
+
+    def on_transport_closed(self, event: Any) -> None:
+        conn = event.connection
+        if conn is not None:
+            self._forget_connection(conn)
+
+    def _forget_connection(self, conn: Any) -> None:
+        try:
+            conn_id = conn._sb_id
+        except AttributeError:
+            return
+        if self._rt.connections.pop(conn_id, None) is not None:
+            with self._ns.lock:
+                self._ns.counters.active_connections -= 1
+        for links in self._rt.receivers.values():
+            links[:] = [lk for lk in links if lk.connection._sb_id != conn_id]
+
+    # -- links ---------------------------------------------------------------------------
+
+    def on_link_remote_open(self, event: Any) -> None:
+        link = event.link
+        try:
+            if link.is_receiver:
+                self._open_incoming(link)
+            else:
+                self._open_outgoing(link)
+        except Exception:
+            _log.exception("link attach failed")
+            self._close_link(link, "amqp:internal-error", "The broker failed to attach the link.")
+
+    def _open_incoming(self, link: Any) -> None:
+        """The client sends on this link: entity sends, $cbs or $management requests."""
+        address = link.remote_target.address or ""
+        link.target.copy(link.remote_target)
+        link.source.copy(link.remote_source)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        link._sb_address = address
+        if address == "$cbs":
+            link._sb_kind = "cbs"
+        elif address.lower().endswith(_MGMT_SUFFIX):
+            link._sb_kind = "mgmt"
+            link._sb_entity_path = Namespace.normalize(address)[: -len(_MGMT_SUFFIX)]
+        else:
+            link._sb_kind = "send"
+            link._sb_entity_path = Namespace.normalize(address)
+            target = self._ns.send_target(address)
+            limit = target.message_size_limit if target is not None else _DEFAULT_MAX_MESSAGE_SIZE
+            link.max_message_size = limit
+        link.open()
+        if link._sb_kind == "send" and not self._authorized(link):
+            return
+        link.flow(_INCOMING_CREDIT)
+
+    def _open_outgoing(self, link: Any) -> None:
+        """The client receives on this link: entity receivers, $cbs / $management replies."""
+        address = link.remote_source.address or ""
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        link._sb_address = address
+        if address == "$cbs" or address.lower().endswith(_MGMT_SUFFIX):
+            link._sb_kind = "reply"
+            link._sb_tag = 0
+            link.connection._sb_replies[address.lower()] = link
+            link.open()
+            return
+        link._sb_kind = "receive"
+        link._sb_hung = False
+        entity = self._ns.receive_source(address)
+        link.open()
+        if not self._authorized(link):
+            return
+        if entity is None:
+            path = Namespace.normalize(address)
+            self._close_link(
+                link,
+                "amqp:not-found",
+                f"The messaging entity '{self._rt.name}:{path}' could not be found.",
+            )
+            return
+        link._sb_entity = entity
+        link._sb_peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
+        self._rt.receivers.setdefault(id(entity), []).append(link)
+
+    def _authorized(self, link: Any) -> bool:
+        if not self._ns.config.keys or link.connection._sb_authorized:
+            return True
+        self._close_link(
+            link,
+            "amqp:unauthorized-access",
+            "Unauthorized access: no valid token was put on the $cbs node of this connection.",
+        )
+        return False
+
+    def on_link_remote_close(self, event: Any) -> None:
+        link = event.link
+        self._unregister(link)
+        link.close()
+
+    def _unregister(self, link: Any) -> None:
+        try:
+            kind = link._sb_kind
+        except AttributeError:
+            return
+        if kind == "receive":
+            try:
+                entity = link._sb_entity
+            except AttributeError:
+                return
+            links = self._rt.receivers.get(id(entity), [])
+            self._rt.receivers[id(entity)] = [lk for lk in links if lk is not link and lk != link]
+        elif kind == "reply":
+            replies = link.connection._sb_replies
+            if replies.get(link._sb_address.lower()) is not None:
+                replies.pop(link._sb_address.lower(), None)
+
+    def _close_link(self, link: Any, condition: str, description: str) -> None:
+        self._unregister(link)
+        link.condition = _error_condition(condition, description)
+        link.close()
+
+    def on_link_flow(self, event: Any) -> None:
+        link = event.link
+        try:
+            self._on_flow(link)
+        except Exception:
+            # A bug here must not stop the reactor (and every namespace with it).
+            _log.exception("flow handling failed on %s", getattr(link, "_sb_address", "?"))
+            self._close_link(link, "amqp:internal-error", "The broker failed the receive.")
+
+    def _on_flow(self, link: Any) -> None:
+        if not link.is_sender:
+            return
+        try:
+            kind = link._sb_kind
+        except AttributeError:
+            return
+        if kind != "receive":
+            return
+        try:
+            entity: Entity = link._sb_entity
+        except AttributeError:
+            return
+        if link.credit > 0 and not link.drain_mode:
+            with self._ns.lock:
+                self._ns.counters.receives += 1
+            rule = self._rt.faults.take(entity.path, "receive") if self._rt.faults else None
+            if rule is not None:
+                self._apply_receive_fault(link, rule)
+                return
+            try:
+                self._ns.check_receivable(entity)
+            except BrokerError as err:
+                self._close_link(link, err.condition, err.description)
+                return
+        self.pump(entity)
+        if link.drain_mode and link.credit > 0:
+            link.drained()
+
+    def _apply_receive_fault(self, link: Any, rule: FaultRule) -> None:
+        with self._ns.lock:
+            self._ns.counters.faults_applied += 1
+        if rule.mode == "hang":
+            link._sb_hung = True
+            return
+        self._close_link(link, rule.condition, rule.description)
+
+    # -- deliveries ----------------------------------------------------------------------
+
+    def on_delivery(self, event: Any) -> None:
+        delivery = event.delivery
+        link = delivery.link
+        try:
+            if link.is_receiver:
+                if delivery.partial or not delivery.readable:
+                    return
+                data = link.recv(delivery.pending)
+                link.advance()
+                kind = getattr(link, "_sb_kind", "send")
+                if kind == "cbs":
+                    self._on_cbs(link, delivery, data)
+                elif kind == "mgmt":
+                    self._on_management(link, delivery, data)
+                else:
+                    self._on_send(link, delivery, data)
+                if link.state & Link.LOCAL_ACTIVE and link.credit < _INCOMING_CREDIT // 2:
+                    link.flow(_INCOMING_CREDIT - link.credit)
+            elif delivery.updated:
+                self._on_settlement(link, delivery)
+        except Exception:
+            _log.exception("delivery handling failed on %s", getattr(link, "_sb_address", "?"))
+            if link.is_receiver and not delivery.settled:
+                self._reject(delivery, "amqp:internal-error", "The broker failed the operation.")
+
+    def _reject(self, delivery: Any, condition: str, description: str) -> None:
+        delivery.local.condition = _error_condition(condition, description)
+        delivery.update(Delivery.REJECTED)
+        delivery.settle()
+
+    def _accept(self, delivery: Any) -> None:
+        delivery.update(Delivery.ACCEPTED)
+        delivery.settle()
+
+    def _on_send(self, link: Any, delivery: Any, data: bytes) -> None:
+        path: str = link._sb_entity_path
+        rule = self._rt.faults.take(path, "send") if self._rt.faults else None
+        if rule is not None:
+            with self._ns.lock:
+                self._ns.counters.faults_applied += 1
+                self._ns.counters.rejected_sends += 1
+            if rule.mode == "hang":
+                return  # accepted on the wire, never settled: the client waits forever
+            if rule.mode == "detach":
+                self._close_link(link, rule.condition, rule.description)
+                return
+            self._reject(delivery, rule.condition, rule.description)
+            return
+        target = self._ns.send_target(path)
+        if target is None:
+            with self._ns.lock:
+                self._ns.counters.rejected_sends += 1
+            self._reject(
+                delivery,
+                "amqp:not-found",
+                f"The messaging entity '{self._rt.name}:{path}' could not be found.",
+            )
+            return
+        try:
+            try:
+                inner = codec.split_batch(data)
+            except codec.CodecError:
+                inner = None
+            raw = inner if inner is not None else [data]
+            limit = target.message_size_limit
+            if inner is not None and len(data) > limit:
+                raise BrokerError(
+                    "amqp:link:message-size-exceeded",
+                    f"The received batch (size {len(data)} bytes) exceeds the limit "
+                    f"({limit} bytes) currently allowed on the link.",
+                )
+            parsed = [codec.parse_message(m) for m in raw]
+            result = self._ns.enqueue(target, parsed, [len(m) for m in raw])
+        except codec.CodecError as exc:
+            with self._ns.lock:
+                self._ns.counters.rejected_sends += 1
+            self._reject(delivery, "amqp:decode-error", str(exc))
+            return
+        except BrokerError as err:
+            with self._ns.lock:
+                self._ns.counters.rejected_sends += 1
+            self._reject(delivery, err.condition, err.description)
+            return
+        delay = self._rt.latency.total_s
+        if delay > 0:
+            # Never block the reactor: settle from a timer.
+            self._server.container.schedule(delay, _Callback(lambda: self._settle_late(delivery)))
+        else:
+            self._accept(delivery)
+        self._pump_all(result.touched)
+
+    def _settle_late(self, delivery: Any) -> None:
+        if delivery.settled or delivery.link.state & Link.LOCAL_CLOSED:
+            return
+        self._accept(delivery)
+
+    # -- sending to receivers ------------------------------------------------------------
+
+    def _pump_all(self, entities: list[Entity]) -> None:
+        seen: set[int] = set()
+        for entity in entities:
+            if id(entity) not in seen:
+                seen.add(id(entity))
+                self.pump(entity)
+
+    def pump(self, entity: Entity) -> None:
+        """Hand available messages to the receivers of ``entity`` that have credit."""
+        links = self._rt.receivers.get(id(entity))
+        if not links:
+            return
+        progress = True
+        while progress:
+            progress = False
+            for link in links:
+                if link.credit <= 0 or link._sb_hung or not link.state & Link.LOCAL_ACTIVE:
+                    continue
+                msg = self._ns.take(entity, lock=link._sb_peek_lock)
+                if msg is None:
+                    return
+                self._deliver(link, msg)
+                progress = True
+
+    def _deliver(self, link: Any, msg: StoredMessage) -> None:
+        token = msg.lock_token
+        tag = token.bytes_le if token is not None else uuid.uuid4().bytes_le
+        delivery = link.delivery(tag)
+        delivery._sb_token = token
+        link.send(msg.encode(with_lock=token is not None))
+        link.advance()
+        if token is None:
+            delivery.settle()
+
+    def _on_settlement(self, link: Any, delivery: Any) -> None:
+        kind = getattr(link, "_sb_kind", None)
+        if kind != "receive":
+            delivery.settle()  # replies to $cbs / $management
+            return
+        token: uuid.UUID | None = getattr(delivery, "_sb_token", None)
+        entity: Entity = link._sb_entity
+        state = delivery.remote_state
+        if token is None or state is None:
+            delivery.settle()
+            return
+        outcome = state
+        condition: Condition | None = None
+        ready = False
+        try:
+            if state == Delivery.ACCEPTED:
+                self._ns.complete(entity, token)
+            elif state == Delivery.RELEASED:
+                ready = self._ns.abandon(entity, token, count=False)
+            elif state == Delivery.MODIFIED:
+                remote = delivery.remote
+                if remote.undeliverable:
+                    self._ns.defer(entity, token)
+                else:
+                    ready = self._ns.abandon(entity, token, count=remote.failed)
+            elif state == Delivery.REJECTED:
+                cond = delivery.remote.condition
+                info = dict(cond.info or {}) if cond is not None else {}
+                reason = _text(info.get("DeadLetterReason"))
+                description = _text(info.get("DeadLetterErrorDescription"))
+                if description is None and cond is not None:
+                    description = cond.description
+                self._ns.dead_letter(entity, token, reason, description)
+        except BrokerError as err:
+            outcome = Delivery.REJECTED
+            condition = _error_condition(err.condition, err.description)
+        # azure-servicebus >= 7.15 sends the outcome unsettled and waits for the broker to
+        # echo it, settled; without the echo every complete() blocks for 60 s.
+        if not delivery.settled:
+            if condition is not None:
+                delivery.local.condition = condition
+            delivery.update(outcome)
+            delivery.settle()
+        if ready:
+            self.pump(entity)
+
+    # -- $cbs ----------------------------------------------------------------------------
+
+    def _on_cbs(self, link: Any, delivery: Any, data: bytes) -> None:
+        request = Message()
+        request.decode(data)
+        self._accept(delivery)
+        props: dict[Any, Any] = request.properties or {}
+        status, description = 200, "OK"
+        if props.get("operation") != "put-token":
+            status, description = 400, f"Unsupported $cbs operation {props.get('operation')!r}."
+        elif self._ns.config.keys:
+            token = request.body if isinstance(request.body, str) else _text(request.body) or ""
+            try:
+                sas.verify(token, self._ns.config.key_map)
+            except sas.SasError as exc:
+                status, description = 401, f"amqp:unauthorized-access: {exc}"
+        with self._ns.lock:
+            if status == 200:
+                self._ns.counters.cbs_tokens += 1
+            else:
+                self._ns.counters.cbs_rejected += 1
+        if status == 200:
+            link.connection._sb_authorized = True
+        reply = Message(
+            correlation_id=request.id,
+            properties={"status-code": status, "status-description": description},
+        )
+        self._reply(link.connection, request.reply_to or "$cbs", reply)
+
+    def _reply(self, conn: Any, address: str, reply: Message) -> None:
+        link = conn._sb_replies.get(address.lower())
+        if link is None:
+            _log.warning("no reply link %r on connection %s", address, conn._sb_id)
+            return
+        link._sb_tag += 1
+        delivery = link.delivery(str(link._sb_tag))
+        link.send(reply.encode())
+        link.advance()
+        if link.snd_settle_mode == Link.SND_SETTLED:
+            delivery.settle()
+
+    # -- $management ---------------------------------------------------------------------
+
+    def _on_management(self, link: Any, delivery: Any, data: bytes) -> None:
+        request = Message()
+        request.decode(data)
+        self._accept(delivery)
+        props: dict[Any, Any] = request.properties or {}
+        operation = str(props.get("operation") or "")
+        path: str = link._sb_entity_path
+        reply_to = request.reply_to or link._sb_address
+        status, description, body, condition = 200, "OK", None, None
+        with self._ns.lock:
+            self._ns.counters.management_ops += 1
+        try:
+            body, status = self._management_op(operation, path, request.body or {})
+        except BrokerError as err:
+            status, description, condition = err.status, err.description, err.condition
+        except (KeyError, TypeError, ValueError) as exc:
+            status, description = 400, f"Malformed {operation} request: {exc!r}"
+            condition = "com.microsoft:argument-error"
+        app: dict[str, Any] = {"statusCode": status, "statusDescription": description}
+        if condition is not None:
+            app["errorCondition"] = symbol(condition)
+        reply = Message(correlation_id=request.id, properties=app, body=body)
+        self._reply(link.connection, reply_to, reply)
+
+    def _management_op(self, operation: str, path: str, body: Any) -> tuple[Any, int]:
+        op = operation[len(_OP_PREFIX) :] if operation.startswith(_OP_PREFIX) else operation
+        ns = self._ns
+        if op in ("schedule-message", "cancel-scheduled-message"):
+            target = ns.send_target(path)
+            if target is None:
+                raise BrokerError("amqp:not-found", f"The entity '{path}' could not be found.", 404)
+            if op == "cancel-scheduled-message":
+                ns.cancel_scheduled(target, [int(s) for s in _elements(body["sequence-numbers"])])
+                return {}, 200
+            raw = [bytes(m["message"]) for m in _elements(body["messages"])]
+            parsed = [codec.parse_message(m) for m in raw]
+            at = [codec.SCHEDULED_ENQUEUE_TIME in p.annotations for p in parsed]
+            if not all(at):
+                raise BrokerError(
+                    "com.microsoft:argument-error", "ScheduledEnqueueTimeUtc is missing.", 400
+                )
+            stored = ns.enqueue(target, parsed, [len(m) for m in raw], count_send=False)
+            return {"sequence-numbers": codec.long_array(stored.sequence_numbers)}, 200
+        entity = ns.receive_source(path)
+        if entity is None:
+            raise BrokerError("amqp:not-found", f"The entity '{path}' could not be found.", 404)
+        if op == "renew-lock":
+            tokens = [_uuid(t) for t in _elements(body["lock-tokens"])]
+            expirations = ns.renew(entity, tokens)
+            return {"expirations": codec.timestamp_array(expirations)}, 200
+        if op == "peek-message":
+            from_seq = int(body.get("from-sequence-number", 1))
+            count = int(body.get("message-count", 1))
+            msgs = ns.peek(entity, from_seq, count)
+            if not msgs:
+                return None, 204
+            return {
+                "messages": [{"message": m.encode(with_lock=False, with_state=True)} for m in msgs]
+            }, 200
+        if op == "update-disposition":
+            status = str(body["disposition-status"])
+            tokens = [_uuid(t) for t in _elements(body["lock-tokens"])]
+            ready = ns.settle_by_token(
+                entity,
+                status,
+                tokens,
+                _text(body.get("deadletter-reason")),
+                _text(body.get("deadletter-description")),
+            )
+            if ready:
+                self.pump(entity)
+            return {}, 200
+        if op == "receive-by-sequence-number":
+            seqs = [int(s) for s in _elements(body["sequence-numbers"])]
+            lock = int(body.get("receiver-settle-mode", 1)) == 1
+            msgs = ns.receive_deferred(entity, seqs, lock=lock)
+            out = []
+            for m in msgs:
+                item: dict[str, Any] = {"message": m.encode(with_lock=lock, with_state=True)}
+                if lock and m.lock_token is not None:
+                    item["lock-token"] = m.lock_token
+                out.append(item)
+            return {"messages": out}, 200
+        raise BrokerError(
+            "amqp:not-implemented", f"The operation '{operation}' is not supported by sblocal.", 501
+        )
+
+
+def _elements(value: Any) -> list[Any]:
+    """proton decodes AMQP arrays as `Array`; lists stay lists."""
+    if value is None:
+        return []
+    elements = getattr(value, "elements", None)
+    if elements is not None:
+        return list(elements)
+    return list(value)
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    result = codec.as_uuid(value)
+    if result is None:
+        raise BrokerError("com.microsoft:argument-error", f"Invalid lock token {value!r}.", 400)
+    return result
+
+
+def _text(value: Any) -> str | None:
+    return codec.to_text(value)
+
+
+class _ReactorHandler(Handler):
+    """Container-level events: cross-thread calls and the housekeeping timer."""
+
+    def __init__(self, server: AmqpServer) -> None:
+        super().__init__()
+        self._server = server
+
+    def on_sblocal_call(self, event: Any) -> None:
+        self._server._run_calls()
+
+    def on_timer_task(self, event: Any) -> None:
+        self._server._housekeeping()
+
+
+class AmqpServer:
+    """Owns the proton reactor thread and every namespace's listener."""
+
+    def __init__(self, runtimes: list[NamespaceRuntime], *, housekeeping_interval: float) -> None:
+        self.runtimes = {rt.name: rt for rt in runtimes}
+        self._interval = housekeeping_interval
+        self._handler = _ReactorHandler(self)
+        self.container = Container(self._handler)
+        self._ns_handlers = {rt.name: _NamespaceHandler(self, rt) for rt in runtimes}
+        self._injector = EventInjector()
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
+        self._calls = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- lifecycle (caller's thread) -------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind every listener (raising OSError if a port is taken), then run the reactor."""
+        for rt in self.runtimes.values():
+            self._listen(rt)
+        self.container.selectable(self._injector)
+        self.container.schedule(self._interval, self._handler)
+        self._thread = threading.Thread(target=self._run, name="sblocal-amqp", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.container.run()
+        except Exception:
+            _log.exception("the AMQP reactor stopped on an error")
+        finally:
+            # Nobody waits forever on a call the dead reactor will never run.
+            while True:
+                try:
+                    _, fut = self._calls.get_nowait()
+                except queue.Empty:
+                    break
+                fut.set_exception(RuntimeError("the AMQP reactor is not running"))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close listeners and connections and stop the reactor thread (blocking)."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+
+        def shutdown() -> None:
+            self._stopping = True
+            for rt in self.runtimes.values():
+                self._down(rt)
+            self._injector.close()
+            self.container.stop()
+
+        try:
+            self.call(shutdown).result(timeout)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            _log.warning("the AMQP reactor did not stop cleanly")
+        self._thread.join(timeout)
+
+    def call(self, fn: Callable[[], _T]) -> concurrent.futures.Future[_T]:
+        """Run ``fn`` on the reactor thread; thread-safe."""
+        fut: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        if self._thread is None or not self._thread.is_alive():
+            fut.set_exception(RuntimeError("the AMQP reactor is not running"))
+            return fut
+        self._calls.put((fn, fut))
+        self._injector.trigger(ApplicationEvent("sblocal_call"))
+        return fut
+
+    # -- reactor thread --------------------------------------------------------------------
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except Exception as exc:
+                fut.set_exception(exc)
+
+    def _housekeeping(self) -> None:
+        if self._stopping:
+            return
+        try:
+            now = now_ms()
+            for name, rt in self.runtimes.items():
+                touched = rt.namespace.housekeeping(now)
+                handler = self._ns_handlers[name]
+                handler._pump_all(touched)
+        except Exception:
+            _log.exception("housekeeping failed")
+        self.container.schedule(self._interval, self._handler)
+
+    def _listen(self, rt: NamespaceRuntime) -> None:
+        acceptor = _SaslAcceptor(self.container, rt.host, rt.port, self._ns_handlers[rt.name])
+        rt.acceptor = acceptor
+        rt.port = acceptor.port
+
+    def _down(self, rt: NamespaceRuntime) -> None:
+        if rt.acceptor is not None:
+            rt.acceptor.close()
+            rt.acceptor = None
+        for conn in list(rt.connections.values()):
+            _cut(conn)
+        rt.connections.clear()
+        rt.receivers.clear()
+        with rt.namespace.lock:
+            rt.namespace.counters.active_connections = 0
+
+    def pump_namespace(self, name: str) -> None:
+        """Reactor thread: offer messages to every receiver of a namespace."""
+        rt = self.runtimes[name]
+        handler = self._ns_handlers[name]
+        for entity in rt.namespace.all_entities():
+            if isinstance(entity, Entity):
+                handler.pump(entity)
+                if entity.dlq is not None:
+                    handler.pump(entity.dlq)
+
+    # -- control operations (any thread; they run on the reactor) ------------------------
+
+    def down(self, name: str) -> concurrent.futures.Future[None]:
+        return self.call(lambda: self._down(self.runtimes[name]))
+
+    def up(self, name: str) -> concurrent.futures.Future[None]:
+        def bring_up() -> None:
+            rt = self.runtimes[name]
+            if rt.acceptor is None:
+                self._listen(rt)
+
+        return self.call(bring_up)
+
+    def drop_connections(self, name: str) -> concurrent.futures.Future[int]:
+        def drop() -> int:
+            rt = self.runtimes[name]
+            conns = list(rt.connections.values())
+            for conn in conns:
+                conn.condition = _error_condition(
+                    "amqp:connection:forced",
+                    "The connection was closed by the broker (control API).",
+                )
+                conn.close()
+            return len(conns)
+
+        return self.call(drop)
+
+    def wake(self, name: str) -> None:
+        """Any thread: messages may have become deliverable in this namespace."""
+        if self._thread is not None and self._thread.is_alive():
+            self.call(lambda: self.pump_namespace(name))
+
+
+def _cut(conn: Any) -> None:
+    """Drop a connection's socket without an AMQP close, like a network failure."""
+    transport = conn.transport
+    if transport is None:
+        return
+    sel = getattr(transport, "_selectable", None)
+    transport.close_head()
+    transport.close_tail()
+    if sel is not None and not sel.is_terminal:
+        sel.terminate()
+        sel._transport = None
+        transport._selectable = None
+        sel.update()
