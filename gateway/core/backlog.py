@@ -1,0 +1,150 @@
+"""Backlog queues: their paths, and the message rewrite into them and back (SPEC §1).
+
+Messages for many entities share one backlog queue, so the properties that would act on the
+backlog queue itself move into application properties, and the syphon moves them back:
+
+============================  =====================================================
+original                      in the backlog queue
+============================  =====================================================
+destination entity path       ``x-ms-path``
+SessionId                     ``x-ms-sessionid``
+TimeToLive                    ``x-ms-timetolive`` (milliseconds, AMQP long)
+ScheduledEnqueueTimeUtc       ``x-ms-scheduledenqueuetimeutc`` (AMQP timestamp)
+PartitionKey                  ``x-ms-partitionkey``
+(acceptance time)             ``x-ms-acceptedtimeutc`` (AMQP timestamp): the syphon
+                              sends on with the *remaining* TTL
+============================  =====================================================
+
+MessageId, CorrelationId, ContentType, Subject (Label), ReplyTo, ReplyToSessionId, To and
+every application property are kept untouched.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, replace
+
+from gateway.core.message import AppValue, OutboundMessage, estimate_size
+
+PATH = "x-ms-path"
+SESSION_ID = "x-ms-sessionid"
+TIME_TO_LIVE = "x-ms-timetolive"
+SCHEDULED = "x-ms-scheduledenqueuetimeutc"
+PARTITION_KEY = "x-ms-partitionkey"
+ACCEPTED = "x-ms-acceptedtimeutc"
+REWRITE_KEYS = (PATH, SESSION_ID, TIME_TO_LIVE, SCHEDULED, PARTITION_KEY, ACCEPTED)
+PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
+
+
+def backlog_path(primary_namespace: str, index: int) -> str:
+    """``<primary-namespace>/x-servicebus-transfer/<index>``."""
+    return f"{primary_namespace}/x-servicebus-transfer/{index}"
+
+
+def _seconds(value: object) -> float | None:
+    """A timestamp property as unix seconds (AMQP timestamp, or ms as an integer)."""
+    if isinstance(value, dt.datetime):
+        return value.timestamp() if value.tzinfo else value.replace(tzinfo=dt.UTC).timestamp()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value / 1000
+    return None
+
+
+def rewrite(m: OutboundMessage, entity_path: str, accepted_at: float) -> OutboundMessage:
+    """`m` as it is stored in a backlog queue (see the module table)."""
+    props: dict[str, AppValue] = dict(m.application_properties)
+    props[PATH] = entity_path
+    props[ACCEPTED] = dt.datetime.fromtimestamp(accepted_at, dt.UTC)
+    if m.session_id is not None:
+        props[SESSION_ID] = m.session_id
+    if m.time_to_live is not None:
+        props[TIME_TO_LIVE] = int(m.time_to_live.total_seconds() * 1000)
+    if m.scheduled_enqueue_time_utc is not None:
+        props[SCHEDULED] = m.scheduled_enqueue_time_utc
+    if m.partition_key is not None:
+        props[PARTITION_KEY] = m.partition_key
+    return replace(
+        m,
+        session_id=None,
+        time_to_live=None,
+        scheduled_enqueue_time_utc=None,
+        partition_key=None,
+        application_properties=props,
+    )
+
+
+def rewritten_size(m: OutboundMessage, entity_path: str) -> int:
+    """The size `m` will have in a backlog queue (the rewrite adds bytes)."""
+    return rewrite(m, entity_path, 0.0).size
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """A backlog message translated back: where it goes and how long it may still live."""
+
+    entity_path: str
+    message: OutboundMessage
+    expired: bool  # its original TTL ran out while it waited in the backlog
+
+
+def restore(m: OutboundMessage, now: float) -> Restored | None:
+    """The original message from a backlog message, with the *remaining* TTL.
+
+    Returns None if `m` carries no ``x-ms-path`` (not a backlog message).
+    """
+    props = dict(m.application_properties)
+    path = props.pop(PATH, None)
+    if not isinstance(path, str):
+        return None
+    accepted = _seconds(props.pop(ACCEPTED, None))
+    session_id = props.pop(SESSION_ID, None)
+    ttl_ms = props.pop(TIME_TO_LIVE, None)
+    scheduled_at = _seconds(props.pop(SCHEDULED, None))
+    partition_key = props.pop(PARTITION_KEY, None)
+    ttl: dt.timedelta | None = None
+    expired = False
+    if isinstance(ttl_ms, int | float) and not isinstance(ttl_ms, bool):
+        start = accepted if accepted is not None else now
+        if scheduled_at is not None:  # the TTL of a scheduled message runs from its schedule
+            start = max(start, scheduled_at)
+        remaining = start + ttl_ms / 1000 - now
+        if remaining <= 0:
+            expired = True
+        ttl = dt.timedelta(seconds=max(remaining, 0.001))
+    scheduled = (
+        dt.datetime.fromtimestamp(scheduled_at, dt.UTC) if scheduled_at is not None else None
+    )
+    original = replace(
+        m,
+        session_id=session_id if isinstance(session_id, str) else None,
+        partition_key=partition_key if isinstance(partition_key, str) else None,
+        time_to_live=ttl,
+        scheduled_enqueue_time_utc=scheduled,
+        application_properties=props,
+    )
+    return Restored(entity_path=path, message=original, expired=expired)
+
+
+def ping_message(message_id: str) -> OutboundMessage:
+    """The SPEC's ping: empty body, ContentType application/vnd.ms-servicebus-ping, TTL 1 s."""
+    return OutboundMessage(
+        body=b"",
+        message_id=message_id,
+        content_type=PING_CONTENT_TYPE,
+        time_to_live=dt.timedelta(seconds=1),
+    )
+
+
+__all__ = [
+    "ACCEPTED",
+    "PATH",
+    "PING_CONTENT_TYPE",
+    "REWRITE_KEYS",
+    "Restored",
+    "backlog_path",
+    "estimate_size",
+    "ping_message",
+    "restore",
+    "rewrite",
+    "rewritten_size",
+]

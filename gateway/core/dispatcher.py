@@ -1,0 +1,360 @@
+"""Settled, bounded, micro-batched sends: the accumulator and the sender workers.
+
+Layers (as in aiokafka): `Dispatcher.send` (API) → a per-destination `_Lane` (the pending
+buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
+
+* **Settled**: `send` returns only when the broker stored every message, or raises.
+* **Bounded**: an `AdmissionGate` caps bytes held for pending sends (a request waits at most
+  `admission_timeout`, then gets `Saturated` → 503); a semaphore caps broker operations in
+  flight across all destinations (`max_in_flight`).
+* **Micro-batched without a linger timer**: a free worker takes *everything pending* for its
+  destination (up to the batch limits) after yielding one event-loop tick, so batches grow
+  with load by themselves and a lone request is sent at once. A request's messages always
+  travel in one broker batch, so a request never partially succeeds.
+* **Owned**: every worker task belongs to the dispatcher, which cancels and awaits it in
+  `close()`; a worker never dies from a send error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from gateway.config import LimitSettings, TimeoutSettings
+from gateway.core.admission import AdmissionGate
+from gateway.core.message import OutboundMessage
+from gateway.core.ports import NamespaceClient, Sender
+from gateway.errors import Classification, Draining, FailureKind, SendFailure
+
+log = logging.getLogger(__name__)
+
+TIMEOUT = Classification(
+    kind=FailureKind.TIMEOUT,
+    transient=True,
+    counts_toward_failover=True,
+    http_status=503,
+    retry_after=1.0,
+    recreate_sender=True,
+)
+SHUTDOWN = Classification(
+    kind=FailureKind.UNKNOWN,
+    transient=True,
+    counts_toward_failover=False,
+    http_status=503,
+    retry_after=1.0,
+    recreate_sender=True,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """Where a lane sends: an entity path in one namespace."""
+
+    client: NamespaceClient
+    path: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.client.name, self.path.lower())
+
+    def __str__(self) -> str:
+        return f"{self.client.name}/{self.path}"
+
+
+@dataclass(slots=True, eq=False)
+class _Group:
+    """The messages of one request: sent together, settled together."""
+
+    messages: Sequence[OutboundMessage]
+    size: int
+    future: asyncio.Future[None]
+    batch_key: str | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batch_key = self.messages[0].batch_key if self.messages else None
+
+
+class DispatchObserver:
+    """Hooks for metrics. The default does nothing."""
+
+    def batch_sent(self, dest: str, messages: int, seconds: float, outcome: str) -> None:
+        """One broker operation finished (`outcome` is "ok" or a FailureKind value)."""
+
+    def in_flight(self, delta: int) -> None:
+        """Broker operations in flight changed by `delta`."""
+
+    def sender_recreated(self, dest: str) -> None:
+        """A suspect sender was closed and will be reopened."""
+
+
+class _Lane:
+    """Pending requests for one destination and the workers that send them."""
+
+    def __init__(self, dest: Destination) -> None:
+        self.dest = dest
+        self.pending: deque[_Group] = deque()
+        self.wakeup = asyncio.Event()
+        self.workers: list[asyncio.Task[None]] = []
+        self.busy = 0
+
+    def take(self, max_messages: int, max_bytes: int) -> list[_Group]:
+        """Whole groups from the front, within the limits and sharing one batch key."""
+        taken: list[_Group] = []
+        count = size = 0
+        key: str | None = None
+        skipped: list[_Group] = []
+        while self.pending:
+            g = self.pending[0]
+            if taken and (count + len(g.messages) > max_messages or size + g.size > max_bytes):
+                break
+            self.pending.popleft()
+            if taken and g.batch_key != key:
+                skipped.append(g)  # another partition/session: keep for the next batch
+                if len(skipped) > 64:
+                    break
+                continue
+            if not taken:
+                key = g.batch_key
+            taken.append(g)
+            count += len(g.messages)
+            size += g.size
+        self.pending.extendleft(reversed(skipped))
+        if not self.pending:
+            self.wakeup.clear()
+        return taken
+
+
+class Dispatcher:
+    """Sends messages to destinations, bounded and micro-batched. See the module docstring."""
+
+    def __init__(
+        self,
+        limits: LimitSettings,
+        timeouts: TimeoutSettings,
+        observer: DispatchObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limits = limits
+        self._timeouts = timeouts
+        self._observer = observer or DispatchObserver()
+        self._clock = clock
+        self._gate = AdmissionGate(limits.max_pending_bytes)
+        self._in_flight = asyncio.Semaphore(limits.max_in_flight)
+        self._lanes: dict[tuple[str, str], _Lane] = {}
+        self._spare: dict[tuple[str, str], list[Sender]] = {}
+        self._closing = False
+
+    @property
+    def gate(self) -> AdmissionGate:
+        return self._gate
+
+    def pending_messages(self) -> int:
+        return sum(len(g.messages) for lane in self._lanes.values() for g in lane.pending)
+
+    # -- API -----------------------------------------------------------------------------
+
+    async def send(self, dest: Destination, messages: Sequence[OutboundMessage]) -> None:
+        """Send `messages` to `dest` as one unit and wait until it is settled.
+
+        Raises `Saturated` when no room frees up within `admission_timeout`, `Draining`
+        during shutdown, `SendFailure` when the broker did not store them. If the caller is
+        cancelled before its messages were handed to a worker, they are never sent.
+        """
+        if self._closing:
+            raise Draining("the gateway is shutting down")
+        size = sum(m.size for m in messages)
+        await self._gate.acquire(size, self._limits.admission_timeout)
+        try:
+            lane = self._lane(dest)
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            group = _Group(messages, size, fut)
+            lane.pending.append(group)
+            lane.wakeup.set()
+            try:
+                await fut
+            except asyncio.CancelledError:
+                with contextlib.suppress(ValueError):
+                    lane.pending.remove(group)  # not handed to a worker yet: never sent
+                raise
+        finally:
+            self._gate.release(size)
+
+    async def warm(self, dests: Iterable[Destination]) -> dict[str, str | None]:
+        """Create lanes and open their senders now (opening one costs ~0.5 s).
+
+        Returns, per destination, None if every sender opened, else the error. Never raises:
+        a destination that cannot be opened now is retried on first use.
+        """
+        lanes = [self._lane(d) for d in dests]
+        results = await asyncio.gather(*(self._open_all(lane) for lane in lanes))
+        return {str(lane.dest): err for lane, err in zip(lanes, results, strict=True)}
+
+    async def close(self, grace: float) -> None:
+        """Stop taking work, let pending sends finish for up to `grace` seconds, then cancel
+        and await every worker; whatever did not go out fails with a 503-class error."""
+        self._closing = True
+        deadline = self._clock() + grace
+        while any(lane.pending or lane.busy for lane in self._lanes.values()):
+            if self._clock() >= deadline:
+                break
+            await asyncio.sleep(0.01)
+        workers = [t for lane in self._lanes.values() for t in lane.workers]
+        for t in workers:
+            t.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        for lane in self._lanes.values():
+            self._fail(lane.pending, SendFailure(SHUTDOWN, "the gateway shut down"))
+            lane.pending.clear()
+        spares = [s for group in self._spare.values() for s in group]
+        self._spare.clear()
+        await asyncio.gather(*(_close_quietly(s) for s in spares))
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _lane(self, dest: Destination) -> _Lane:
+        lane = self._lanes.get(dest.key)
+        if lane is None:
+            lane = _Lane(dest)
+            self._lanes[dest.key] = lane
+            for i in range(self._limits.senders_per_entity):
+                lane.workers.append(
+                    asyncio.create_task(self._worker(lane, i), name=f"sender {dest} #{i}")
+                )
+        return lane
+
+    async def _open_all(self, lane: _Lane) -> str | None:
+        """Open one sender per worker; they are handed to the workers on first use."""
+
+        async def open_one() -> Sender:
+            async with asyncio.timeout(self._timeouts.connect_timeout):
+                return await lane.dest.client.open_sender(lane.dest.path)
+
+        results = await asyncio.gather(*(open_one() for _ in lane.workers), return_exceptions=True)
+        error: str | None = None
+        for r in results:
+            if isinstance(r, BaseException):
+                if isinstance(r, asyncio.CancelledError):
+                    raise r
+                error = str(r) or type(r).__name__
+            else:
+                self._spare.setdefault(lane.dest.key, []).append(r)
+        return error
+
+    async def _worker(self, lane: _Lane, index: int) -> None:
+        sender: Sender | None = None
+        try:
+            while True:
+                await lane.wakeup.wait()
+                async with self._in_flight:
+                    await asyncio.sleep(0)  # one tick: requests arriving now join this batch
+                    groups = lane.take(
+                        self._limits.max_batch_messages, self._limits.max_batch_bytes
+                    )
+                    if not groups:
+                        continue
+                    lane.busy += 1
+                    self._observer.in_flight(1)
+                    try:
+                        sender = await self._deliver(lane, sender, groups)
+                    finally:
+                        lane.busy -= 1
+                        self._observer.in_flight(-1)
+        finally:
+            if sender is not None:
+                await _close_quietly(sender)
+
+    async def _deliver(
+        self, lane: _Lane, sender: Sender | None, groups: list[_Group]
+    ) -> Sender | None:
+        """Send `groups` as one batch; settle every group's future. Returns the sender to
+        keep (None when it must be reopened)."""
+        messages = [m for g in groups for m in g.messages]
+        started = self._clock()
+        try:
+            if sender is None:
+                sender = self._take_spare(lane)
+            if sender is None:
+                async with asyncio.timeout(self._timeouts.connect_timeout):
+                    sender = await lane.dest.client.open_sender(lane.dest.path)
+            async with asyncio.timeout(self._timeouts.send_timeout):
+                await sender.send(messages)
+        except asyncio.CancelledError:
+            # Shutdown mid-send: the outcome is unknown, so it must not be reported as stored.
+            self._fail(groups, SendFailure(SHUTDOWN, "the gateway shut down during the send"))
+            raise
+        except TimeoutError:
+            timeout_failure = SendFailure(
+                TIMEOUT,
+                f"no answer from Service Bus within {self._timeouts.send_timeout:g}s",
+            )
+            await self._discard(lane, sender)
+            self._settle(lane, groups, started, timeout_failure)
+            return None
+        except SendFailure as failure:
+            if failure.classification.recreate_sender:
+                await self._discard(lane, sender)
+                sender = None
+            self._settle(lane, groups, started, failure)
+            return sender
+        except Exception as exc:  # a bug in an adapter must fail the requests, not the worker
+            log.exception("unexpected error sending to %s", lane.dest)
+            unknown = SendFailure(
+                Classification(
+                    kind=FailureKind.UNKNOWN,
+                    transient=True,
+                    counts_toward_failover=True,
+                    http_status=503,
+                    retry_after=self._timeouts.retry_after,
+                    recreate_sender=True,
+                ),
+                f"unexpected error: {type(exc).__name__}",
+            )
+            await self._discard(lane, sender)
+            self._settle(lane, groups, started, unknown)
+            return None
+        self._settle(lane, groups, started, None)
+        return sender
+
+    def _take_spare(self, lane: _Lane) -> Sender | None:
+        spares = self._spare.get(lane.dest.key)
+        return spares.pop() if spares else None
+
+    async def _discard(self, lane: _Lane, sender: Sender | None) -> None:
+        if sender is not None:
+            self._observer.sender_recreated(str(lane.dest))
+            await _close_quietly(sender)
+        return None
+
+    def _settle(
+        self, lane: _Lane, groups: list[_Group], started: float, failure: SendFailure | None
+    ) -> None:
+        n = sum(len(g.messages) for g in groups)
+        outcome = "ok" if failure is None else failure.kind.value
+        self._observer.batch_sent(str(lane.dest), n, self._clock() - started, outcome)
+        if failure is None:
+            for g in groups:
+                if not g.future.done():
+                    g.future.set_result(None)
+        else:
+            self._fail(groups, failure)
+
+    @staticmethod
+    def _fail(groups: Iterable[_Group], failure: SendFailure) -> None:
+        for g in groups:
+            if not g.future.done():
+                g.future.set_exception(failure)
+
+
+async def _close_quietly(sender: Sender) -> None:
+    try:
+        async with asyncio.timeout(5.0):
+            await sender.close()
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # closing a broken link may fail in any way; it is gone either way
+        log.debug("closing a sender failed", exc_info=True)

@@ -1,0 +1,394 @@
+"""Send availability: per-entity failover to backlog queues, pings, cluster-shared state.
+
+Per entity (SPEC §1, state shared through a `StateStore`):
+
+    healthy ──(first counting failure at t0)──▶ failing ──(no success by t0 + interval)──▶
+    failed_over ──(a ping is delivered, or an operator marks it healthy)──▶ healthy
+    failing ──(a successful send anywhere in the cluster)──▶ healthy
+
+* healthy / failing: send to the primary. While *failing*, a request whose primary send
+  fails with a counting error goes to a backlog queue instead (202), unless
+  `strict_primary` (then the failure is answered 503).
+* failed_over: send straight to a backlog queue; one replica in the cluster (holder of a
+  lease) pings the primary entity every `ping_primary_interval` until a ping is delivered.
+* Server-busy and unauthorized errors never count (the error table says so).
+
+Backlog queues: each replica picks a random healthy one per entity; a send failure takes
+that queue out of rotation for the whole cluster for `backlog_reprobe_interval` (then the
+next send to it is the re-probe) and the request is retried on another queue; with none
+left, 503. The hot path reads only memory: the store persists transitions in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import FailoverSettings, LimitSettings
+from gateway.core.backlog import ping_message, rewrite, rewritten_size
+from gateway.core.dispatcher import Destination, Dispatcher
+from gateway.core.entities import EntityRef
+from gateway.core.message import OutboundMessage
+from gateway.core.ports import NamespaceClient
+from gateway.core.router import Delivery
+from gateway.errors import FailureKind, GatewayError, PayloadTooLarge, SendFailure
+from gateway.ledger import EventLedger, NullLedger
+from gateway.state.base import BacklogState, EntityState, StateStore, Status
+
+log = logging.getLogger(__name__)
+
+MAX_BACKLOG_ATTEMPTS = 3
+
+
+class NoBacklogAvailable(GatewayError):
+    """The primary failed and no backlog queue could take the message."""
+
+    status = 503
+    code = "no_backlog_available"
+    retry_after = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PairClients:
+    """A namespace pair as the failover logic sees it."""
+
+    primary: NamespaceClient
+    secondary: NamespaceClient | None
+    backlog_queues: tuple[str, ...]  # the usable backlog queue paths in `secondary`
+
+
+class FailoverObserver:
+    """Metric hooks; the default does nothing."""
+
+    def entity_state(self, entity: str, status: Status) -> None: ...
+
+    def backlog_send(self, queue: str, ok: bool) -> None: ...
+
+    def backlog_disabled(self, count: int) -> None: ...
+
+    def ping(self, entity: str, ok: bool) -> None: ...
+
+
+class Failover:
+    """The failover router (`submit`) and its pinger supervisor. Owned tasks: the ping loops,
+    started on transitions to failed_over, cancelled and awaited by `close()`."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        pairs: Mapping[str, PairClients],
+        store: StateStore,
+        settings: FailoverSettings,
+        limits: LimitSettings,
+        observer: FailoverObserver | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        ledger: EventLedger | None = None,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._pairs = pairs
+        self._store = store
+        self._settings = settings
+        self._limits = limits
+        self._observer = observer or FailoverObserver()
+        self._ledger: EventLedger = ledger or NullLedger()
+        self._clock = clock
+        self._rng = rng or random.Random()  # noqa: S311  # nosec B311  # load spreading, not security
+        self._choice: dict[str, str] = {}  # entity key -> this replica's backlog queue
+        self._entities: dict[str, EntityRef] = {}
+        self._pingers: dict[str, asyncio.Task[None]] = {}
+        self._timers: dict[str, asyncio.Task[None]] = {}
+        self._wake: dict[str, asyncio.Event] = {}
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self, entities: Sequence[EntityRef]) -> None:
+        """Register the entities and react to state changes (from any replica)."""
+        for e in entities:
+            self._entities[e.path.lower()] = e
+        self._store.subscribe(self._on_entity, self._on_backlog)
+        for key, st in self._store.snapshot().items():
+            self._on_entity(st)
+            del key
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._pingers.values()) + list(self._timers.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pingers.clear()
+        self._timers.clear()
+
+    # -- the router ----------------------------------------------------------------------
+
+    async def submit(self, entity: EntityRef, messages: Sequence[OutboundMessage]) -> Delivery:
+        key = entity.path.lower()
+        pair = self._pairs[entity.pair]
+        state = self._store.get(key)
+        if state.status == "failed_over" and pair.backlog_queues:
+            return await self._to_backlog(entity, pair, messages, cause=None)
+        try:
+            await self._dispatcher.send(Destination(pair.primary, entity.path), messages)
+        except SendFailure as failure:
+            if not failure.classification.counts_toward_failover:
+                raise
+            self._record_failure(key, failure)
+            if self._settings.strict_primary or not pair.backlog_queues:
+                raise
+            return await self._to_backlog(entity, pair, messages, cause=failure)
+        self._record_success(key)
+        return Delivery("primary", entity.path)
+
+    def _record_failure(self, key: str, failure: SendFailure) -> None:
+        now = self._clock()
+        st = self._store.get(key)
+        reason = failure.kind.value
+        if st.status == "healthy":
+            if self._settings.failover_interval <= 0:
+                self._propose(st, "failed_over", reason)
+            else:
+                self._propose(st, "failing", reason, since=now)
+        elif st.status == "failing" and now - st.since >= self._settings.failover_interval:
+            self._propose(st, "failed_over", reason)
+
+    def _record_success(self, key: str) -> None:
+        st = self._store.get(key)
+        if st.status == "failing":  # a success resets the timer, cluster-wide
+            self._propose(st, "healthy", "send succeeded")
+
+    def _propose(
+        self, st: EntityState, status: Status, reason: str, since: float | None = None
+    ) -> None:
+        new = self._store.propose(st, status, reason, since=since)
+        if new is not None and status == "failed_over":
+            self._ledger.emit("failover_start", entity=st.entity, reason=reason)
+        elif new is not None and st.status == "failed_over":
+            self._ledger.emit("failover_end", entity=st.entity, reason=reason)
+        if new is not None:
+            log.warning(
+                "entity %s: %s -> %s (%s)",
+                st.entity,
+                st.status,
+                status,
+                reason,
+                extra={"entity": st.entity, "from": st.status, "to": status, "epoch": new.epoch},
+            )
+
+    async def _to_backlog(
+        self,
+        entity: EntityRef,
+        pair: PairClients,
+        messages: Sequence[OutboundMessage],
+        cause: SendFailure | None,
+    ) -> Delivery:
+        assert pair.secondary is not None
+        for m in messages:
+            size = rewritten_size(m, entity.path)
+            if size > self._limits.max_message_bytes:
+                raise PayloadTooLarge(
+                    f"message {m.message_id!r} fits the primary entity but not a backlog "
+                    f"queue: with the failover properties it is {size} bytes, over the "
+                    f"{self._limits.max_message_bytes}-byte limit, and the primary is "
+                    "unavailable; retry later or send a smaller message",
+                    messageId=m.message_id,
+                    size=size,
+                    limit=self._limits.max_message_bytes,
+                )
+        now = self._clock()
+        rewritten = [rewrite(m, entity.path, now) for m in messages]
+        key = entity.path.lower()
+        tried: set[str] = set()
+        last: SendFailure | None = cause
+        for _ in range(MAX_BACKLOG_ATTEMPTS):
+            queue = self._pick_backlog(key, pair, tried)
+            if queue is None:
+                break
+            tried.add(queue)
+            try:
+                await self._dispatcher.send(Destination(pair.secondary, queue), rewritten)
+            except SendFailure as failure:
+                last = failure
+                self._observer.backlog_send(queue, False)
+                if failure.kind is FailureKind.MESSAGE_TOO_LARGE:
+                    raise
+                self._store.disable_backlog(
+                    queue,
+                    self._clock() + self._settings.backlog_reprobe_interval,
+                    failure.kind.value,
+                )
+                log.warning(
+                    "backlog queue %s out of rotation: %s",
+                    queue,
+                    failure.message,
+                    extra={"backlog": queue, "entity": entity.path},
+                )
+                continue
+            self._observer.backlog_send(queue, True)
+            return Delivery("backlog", queue)
+        detail = f" (last error: {last.message})" if last is not None else ""
+        raise NoBacklogAvailable(
+            f"{entity.path!r} is unavailable at the primary and no backlog queue could take "
+            f"the message{detail}",
+            entity=entity.path,
+        )
+
+    def _pick_backlog(self, key: str, pair: PairClients, exclude: set[str]) -> str | None:
+        disabled = self._store.backlogs_disabled(self._clock())
+        current = self._choice.get(key)
+        if current is not None and current not in disabled and current not in exclude:
+            return current
+        healthy = [q for q in pair.backlog_queues if q not in disabled and q not in exclude]
+        if not healthy:
+            return None
+        choice = self._rng.choice(healthy)
+        self._choice[key] = choice
+        return choice
+
+    # -- operator actions ----------------------------------------------------------------
+
+    def mark_healthy(self, entity: EntityRef) -> EntityState:
+        """The old SDK's MarkPathHealthy: back to the primary at once, cluster-wide."""
+        st = self._store.get(entity.path.lower())
+        if st.status == "healthy":
+            return st
+        new = self._store.propose(st, "healthy", "operator")
+        if new is not None and st.status == "failed_over":
+            self._ledger.emit("failover_end", entity=st.entity, reason="operator")
+        return new or self._store.get(st.entity)
+
+    def force_failover(self, entity: EntityRef) -> EntityState:
+        """Send `entity`'s traffic to the backlog now (pings start), cluster-wide."""
+        st = self._store.get(entity.path.lower())
+        if st.status == "failed_over":
+            return st
+        new = self._store.propose(st, "failed_over", "operator")
+        if new is not None:
+            self._ledger.emit("failover_start", entity=st.entity, reason="operator")
+        return new or self._store.get(st.entity)
+
+    async def describe(self) -> list[dict[str, Any]]:
+        """The admin view: state, since, by whom, backlog rotation, pinger."""
+        disabled = self._store.backlogs_disabled(self._clock())
+        out: list[dict[str, Any]] = []
+        for key, ref in sorted(self._entities.items()):
+            st = self._store.get(key)
+            pair = self._pairs[ref.pair]
+            pinger = (
+                await self._store.lease_holder(_lease(key)) if st.status == "failed_over" else None
+            )
+            out.append(
+                {
+                    "entity": ref.path,
+                    "kind": ref.kind,
+                    "state": st.status,
+                    "epoch": st.epoch,
+                    "since": st.since or None,
+                    "by": st.by or None,
+                    "reason": st.reason or None,
+                    "backlog": self._choice.get(key),
+                    "backlogQueues": [
+                        {"path": q, "inRotation": q not in disabled} for q in pair.backlog_queues
+                    ],
+                    "pinger": pinger,
+                }
+            )
+        return out
+
+    # -- reacting to state changes (local or from other replicas) ------------------------
+
+    def _on_entity(self, st: EntityState) -> None:
+        self._observer.entity_state(st.entity, st.status)
+        if st.status == "failing" and not self._closed and st.entity in self._entities:
+            self._arm_failover_timer(st)
+        wake = self._wake.get(st.entity)
+        if wake is not None:
+            wake.set()
+        if st.status == "failed_over" and not self._closed:
+            task = self._pingers.get(st.entity)
+            if (task is None or task.done()) and st.entity in self._entities:
+                self._wake[st.entity] = asyncio.Event()
+                self._pingers[st.entity] = asyncio.create_task(
+                    self._ping_loop(self._entities[st.entity]), name=f"pinger {st.entity}"
+                )
+
+    def _arm_failover_timer(self, st: EntityState) -> None:
+        """SPEC §1: failover engages when `failover_interval` elapses after t0 with no
+        successful send — on a timer, not on the next failure. Every replica that sees the
+        failing state arms one; the epoch compare-and-set lets exactly one transition win."""
+        old = self._timers.pop(st.entity, None)
+        if old is not None:
+            old.cancel()
+        delay = max(st.since + self._settings.failover_interval - self._clock(), 0.0)
+
+        async def fire() -> None:
+            await asyncio.sleep(delay)
+            current = self._store.get(st.entity)
+            if current.status == "failing" and current.epoch == st.epoch:
+                self._propose(
+                    current,
+                    "failed_over",
+                    f"no success within {self._settings.failover_interval:g}s",
+                )
+
+        task = asyncio.create_task(fire(), name=f"failover timer {st.entity}")
+        self._timers[st.entity] = task
+        task.add_done_callback(
+            lambda t: (
+                self._timers.pop(st.entity, None) if self._timers.get(st.entity) is t else None
+            )
+        )
+
+    def _on_backlog(self, b: BacklogState) -> None:
+        self._observer.backlog_disabled(len(self._store.backlogs_disabled(self._clock())))
+
+    async def _ping_loop(self, entity: EntityRef) -> None:
+        """While `entity` is failed over: if this replica holds the ping lease, ping the
+        primary every `ping_primary_interval`; the first delivered ping makes it healthy."""
+        key = entity.path.lower()
+        lease = _lease(key)
+        interval = self._settings.ping_primary_interval
+        wake = self._wake[key]
+        pair = self._pairs[entity.pair]
+        try:
+            while self._store.get(key).status == "failed_over":
+                if await self._store.acquire_lease(lease, ttl=max(3 * interval, 1.0)):
+                    ok = await self._ping(pair, entity)
+                    self._observer.ping(entity.path, ok)
+                    self._ledger.emit("ping", entity=entity.path, ok=ok)
+                    st = self._store.get(key)
+                    if ok and st.status == "failed_over":
+                        self._propose(st, "healthy", "ping delivered")
+                        break
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(interval):
+                        await wake.wait()  # a state change ends the wait early
+        finally:
+            with contextlib.suppress(Exception):
+                await self._store.release_lease(lease)
+            self._pingers.pop(key, None)
+
+    async def _ping(self, pair: PairClients, entity: EntityRef) -> bool:
+        try:
+            await self._dispatcher.send(
+                Destination(pair.primary, entity.path), [ping_message(uuid.uuid4().hex)]
+            )
+        except GatewayError as exc:
+            log.info(
+                "ping to %s failed: %s", entity.path, exc.message, extra={"entity": entity.path}
+            )
+            return False
+        return True
+
+
+def _lease(key: str) -> str:
+    return f"ping:{key}"

@@ -1,0 +1,78 @@
+"""The message the gateway sends: independent of HTTP and of the Service Bus SDK."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+AppValue = str | int | float | bool | bytes | dt.datetime
+
+# Fixed per-message overhead of the AMQP encoding (header, section descriptors, ...). Service
+# Bus counts the whole encoded message against its size limit; we count body + properties +
+# this allowance, which errs on the side of answering 413 rather than having the broker reject.
+_OVERHEAD = 64
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundMessage:
+    """One message as a client asked for it (the REST BrokerProperties, named as the SDK does)."""
+
+    body: bytes
+    message_id: str
+    content_type: str | None = None
+    correlation_id: str | None = None
+    session_id: str | None = None
+    subject: str | None = None  # REST "Label"
+    reply_to: str | None = None
+    reply_to_session_id: str | None = None
+    to: str | None = None
+    time_to_live: dt.timedelta | None = None
+    scheduled_enqueue_time_utc: dt.datetime | None = None
+    partition_key: str | None = None
+    application_properties: dict[str, AppValue] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """Bytes as Service Bus counts them against the message size limit (an upper estimate)."""
+        return estimate_size(self)
+
+    @property
+    def batch_key(self) -> str | None:
+        """Messages with different partition/session keys must not share one broker batch."""
+        return self.partition_key or self.session_id
+
+
+def _value_size(v: AppValue) -> int:
+    if isinstance(v, bool):
+        return 1
+    if isinstance(v, int | float | dt.datetime):
+        return 8
+    if isinstance(v, bytes):
+        return len(v)
+    return len(v.encode("utf-8"))
+
+
+def estimate_size(m: OutboundMessage, extra_properties: dict[str, AppValue] | None = None) -> int:
+    """Body + system properties + application properties (+ `extra_properties`), in bytes."""
+    n = _OVERHEAD + len(m.body)
+    for s in (
+        m.message_id,
+        m.content_type,
+        m.correlation_id,
+        m.session_id,
+        m.subject,
+        m.reply_to,
+        m.reply_to_session_id,
+        m.to,
+        m.partition_key,
+    ):
+        if s:
+            n += len(s.encode("utf-8")) + 2
+    if m.time_to_live is not None:
+        n += 9
+    if m.scheduled_enqueue_time_utc is not None:
+        n += 30
+    for props in (m.application_properties, extra_properties or {}):
+        for k, v in props.items():
+            n += len(k.encode("utf-8")) + _value_size(v) + 4
+    return n

@@ -1,0 +1,48 @@
+"""Logging set-up: JSON lines in production, plain text for development."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import sys
+from typing import Any
+
+import orjson
+
+# Attributes every LogRecord has; anything else passed with `extra=` is a structured field.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, plus every `extra=` field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(out, default=str).decode()
+
+
+def setup_logging(fmt: str, level: str) -> None:
+    """Configure the root logger once (idempotent)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # The SDK and the AMQP stack are chatty at INFO; their errors still come through us.
+    for noisy in ("azure", "uamqp", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,229 @@
+"""Prometheus metrics. One registry per app (tests run several apps in one process).
+
+Every metric is listed in the README's "Metrics" section; names follow Prometheus
+conventions (`sbgate_` prefix, base units, `_total` for counters).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway import __version__
+from gateway.core.dispatcher import DispatchObserver
+from gateway.core.failover import FailoverObserver
+from gateway.ledger import EventLedger
+from gateway.state.base import SEVERITY, Status
+from gateway.syphon.syphon import SyphonObserver
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
+    """All of the gateway's metrics, and the dispatcher's and failover's observer."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.build_info = Info("sbgate_build", "Version of the running gateway.", registry=r)
+        self.build_info.info({"version": __version__, "python": platform.python_version()})
+        self.http_requests = Counter(
+            "sbgate_http_requests_total",
+            "HTTP requests answered, by entity, status code and route.",
+            ["entity", "status", "route"],
+            registry=r,
+        )
+        self.http_duration = Histogram(
+            "sbgate_http_request_duration_seconds",
+            "Time from request received to answer, for message requests.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.messages = Counter(
+            "sbgate_messages_total",
+            "Messages accepted (stored by Service Bus), by entity and route.",
+            ["entity", "route"],
+            registry=r,
+        )
+        self.broker_duration = Histogram(
+            "sbgate_broker_send_duration_seconds",
+            "Duration of one broker send operation (one batch), by destination and outcome.",
+            ["namespace", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "sbgate_broker_batch_messages",
+            "Messages per broker send operation.",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.sends_in_flight = Gauge(
+            "sbgate_broker_sends_in_flight",
+            "Broker send operations in flight.",
+            registry=r,
+        )
+        self.admission_rejected = Counter(
+            "sbgate_admission_rejected_total",
+            "Requests answered 503 because no room freed up within admission_timeout.",
+            registry=r,
+        )
+        self.admission_waiting = Gauge(
+            "sbgate_admission_waiting_requests",
+            "Requests waiting for room (admission).",
+            registry=r,
+        )
+        self.pending_bytes = Gauge(
+            "sbgate_pending_bytes",
+            "Bytes of accepted-but-unsettled messages held in memory.",
+            registry=r,
+        )
+        self.senders_recreated = Counter(
+            "sbgate_senders_recreated_total",
+            "Senders closed after a failure made their link suspect.",
+            ["namespace"],
+            registry=r,
+        )
+        self.ready = Gauge("sbgate_ready", "1 when /readyz answers 200, 0 otherwise.", registry=r)
+        self.failover_state = Gauge(
+            "sbgate_failover_state",
+            "Failover state per entity: 0 healthy, 1 failing, 2 failed over.",
+            ["entity"],
+            registry=r,
+        )
+        self.failover_transitions = Counter(
+            "sbgate_failover_transitions_total",
+            "Failover state changes applied on this replica, by entity and new state.",
+            ["entity", "state"],
+            registry=r,
+        )
+        self.backlog_sends = Counter(
+            "sbgate_backlog_sends_total",
+            "Send operations to backlog queues, by queue and outcome (ok, failed).",
+            ["queue", "outcome"],
+            registry=r,
+        )
+        self.backlog_out_of_rotation = Gauge(
+            "sbgate_backlog_queues_out_of_rotation",
+            "Backlog queues currently out of rotation (cluster-wide view of this replica).",
+            registry=r,
+        )
+        self.pings = Counter(
+            "sbgate_pings_total",
+            "Pings sent to failed-over primary entities, by entity and outcome.",
+            ["entity", "outcome"],
+            registry=r,
+        )
+        self.syphon_moved = Counter(
+            "sbgate_syphon_moved_total",
+            "Messages the syphon moved from a backlog queue to their entity, by entity.",
+            ["entity"],
+            registry=r,
+        )
+        self.syphon_expired = Counter(
+            "sbgate_syphon_expired_total",
+            "Backlogged messages whose TTL ran out, dead-lettered in the backlog, by entity.",
+            ["entity"],
+            registry=r,
+        )
+        self.syphon_abandoned = Counter(
+            "sbgate_syphon_abandoned_total",
+            "Backlogged messages abandoned because their move failed (retried later).",
+            registry=r,
+        )
+        self.syphon_dead_lettered = Counter(
+            "sbgate_syphon_dead_lettered_total",
+            "Backlogged messages dead-lettered by the syphon, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.syphon_operations = Counter(
+            "sbgate_syphon_broker_operations_total",
+            "Broker operations made by the syphon, by kind (receive, send, complete, "
+            "abandon, dead_letter, renew_lock, depth_check).",
+            ["kind"],
+            registry=r,
+        )
+        self.redis_connected = Gauge(
+            "sbgate_redis_connected",
+            "1 while the shared state backend (Redis) is reachable; 1 without Redis.",
+            registry=r,
+        )
+
+    def bind_ledger(self, ledger: EventLedger) -> None:
+        """Export the ledger's own counters (read at scrape time)."""
+        self.registry.register(_LedgerCollector(ledger))
+
+    def bind_admission(self, waiting: Callable[[], int], used: Callable[[], int]) -> None:
+        self.admission_waiting.set_function(lambda: float(waiting()))
+        self.pending_bytes.set_function(lambda: float(used()))
+
+    # DispatchObserver
+    def batch_sent(self, dest: str, messages: int, seconds: float, outcome: str) -> None:
+        namespace = dest.split("/", 1)[0]
+        self.broker_duration.labels(namespace, outcome).observe(seconds)
+        self.batch_size.observe(messages)
+
+    def in_flight(self, delta: int) -> None:
+        self.sends_in_flight.inc(delta)
+
+    def sender_recreated(self, dest: str) -> None:
+        self.senders_recreated.labels(dest.split("/", 1)[0]).inc()
+
+    # FailoverObserver
+    def entity_state(self, entity: str, status: Status) -> None:
+        self.failover_state.labels(entity).set(SEVERITY[status])
+        self.failover_transitions.labels(entity, status).inc()
+
+    def backlog_send(self, queue: str, ok: bool) -> None:
+        self.backlog_sends.labels(queue, "ok" if ok else "failed").inc()
+
+    def backlog_disabled(self, count: int) -> None:
+        self.backlog_out_of_rotation.set(count)
+
+    def ping(self, entity: str, ok: bool) -> None:
+        self.pings.labels(entity, "ok" if ok else "failed").inc()
+
+    # SyphonObserver
+    def moved(self, entity: str, n: int) -> None:
+        self.syphon_moved.labels(entity).inc(n)
+
+    def expired(self, entity: str) -> None:
+        self.syphon_expired.labels(entity).inc()
+
+    def abandoned(self, n: int) -> None:
+        self.syphon_abandoned.inc(n)
+
+    def dead_lettered(self, reason: str) -> None:
+        self.syphon_dead_lettered.labels(reason).inc()
+
+    def operation(self, kind: str) -> None:
+        self.syphon_operations.labels(kind).inc()
+
+
+class _LedgerCollector(Collector):
+    def __init__(self, ledger: EventLedger) -> None:
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        lg = self._ledger
+        yield CounterMetricFamily(
+            "sbgate_ledger_events_written", "Ledger events written.", value=lg.written
+        )
+        yield CounterMetricFamily(
+            "sbgate_ledger_events_dropped",
+            "Ledger events dropped because the buffer was full or the sink failing.",
+            value=lg.dropped,
+        )
+        yield CounterMetricFamily(
+            "sbgate_ledger_write_errors", "Failed ledger sink writes.", value=lg.write_errors
+        )
+        yield GaugeMetricFamily(
+            "sbgate_ledger_queue_depth", "Ledger events buffered in memory.", value=lg.queue_depth
+        )

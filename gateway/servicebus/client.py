@@ -1,0 +1,179 @@
+"""The Service Bus adapter: the only module that drives the azure-servicebus SDK for sending.
+
+One `ServiceBusClient` per namespace, opened at start-up and closed at shutdown. Senders are
+opened once and reused (opening one costs ~0.5 s); the dispatcher uses each one for one
+send at a time (sharing a sender across concurrent sends is unreliable in the SDK, see
+azure-sdk-for-python#36334) and asks for a new one when a failure makes the link suspect.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
+from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
+from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
+from azure.servicebus.exceptions import MessageSizeExceededError
+
+from gateway.config import NamespaceSettings, TimeoutSettings
+from gateway.core.message import OutboundMessage
+from gateway.errors import SendFailure
+from gateway.servicebus.errors import INVALID_MESSAGE, translate
+
+log = logging.getLogger(__name__)
+
+
+_INT32 = range(-(2**31), 2**31)
+
+
+def _amqp_value(value: Any) -> Any:
+    """The SDK encodes a Python int as a 32-bit AMQP int and fails beyond it: send larger
+    integers as typed AMQP longs (received back as plain ints)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _INT32:
+        return {TYPE: AMQPTypes.long, VALUE: value}
+    return value
+
+
+def to_sdk(m: OutboundMessage) -> ServiceBusMessage:
+    """An `OutboundMessage` as the SDK's message (every property mapped one to one)."""
+    props = {k: _amqp_value(v) for k, v in m.application_properties.items()}
+    msg = ServiceBusMessage(
+        m.body,
+        application_properties=props or None,  # type: ignore[arg-type]
+        session_id=m.session_id,
+        message_id=m.message_id,
+        scheduled_enqueue_time_utc=m.scheduled_enqueue_time_utc,
+        time_to_live=m.time_to_live,
+        content_type=m.content_type,
+        correlation_id=m.correlation_id,
+        subject=m.subject,
+        partition_key=m.partition_key,
+        to=m.to,
+        reply_to=m.reply_to,
+        reply_to_session_id=m.reply_to_session_id,
+    )
+    if m.time_to_live is not None:
+        _set_ttl_ms(msg, m.time_to_live)
+    return msg
+
+
+def _set_ttl_ms(msg: ServiceBusMessage, ttl: dt.timedelta) -> None:
+    """The SDK's setter truncates a TTL to whole seconds (0.5 s would become *no* TTL):
+    write the AMQP header's milliseconds, and the absolute expiry to match."""
+    ms = max(1, round(ttl.total_seconds() * 1000))
+    raw = msg.raw_amqp_message
+    header = raw.header
+    assert header is not None  # the constructor's time_to_live created it
+    header.time_to_live = ms
+    if raw.properties is not None and raw.properties.creation_time:
+        raw.properties.absolute_expiry_time = raw.properties.creation_time + ms
+
+
+class SdkSender:
+    """A `Sender` over one open `ServiceBusSender`."""
+
+    def __init__(self, namespace: str, path: str, sender: ServiceBusSender) -> None:
+        self._where = f"{namespace}/{path}"
+        self._sender = sender
+
+    async def send(self, messages: Sequence[OutboundMessage]) -> None:
+        try:
+            sdk_messages = [to_sdk(m) for m in messages]
+        except (ValueError, TypeError) as exc:
+            raise SendFailure(
+                INVALID_MESSAGE, f"{self._where}: the message is invalid: {exc}"
+            ) from exc
+        try:
+            if len(sdk_messages) == 1:
+                await self._sender.send_messages(sdk_messages[0])
+                return
+            batch: ServiceBusMessageBatch = await self._sender.create_message_batch()
+            for sdk_message in sdk_messages:
+                try:
+                    batch.add_message(sdk_message)
+                except MessageSizeExceededError:
+                    if len(batch) == 0:
+                        raise
+                    # Our size estimate let more in than the link takes: send what fits,
+                    # then go on. A failure below fails every message of this call.
+                    await self._sender.send_messages(batch)
+                    batch = await self._sender.create_message_batch()
+                    batch.add_message(sdk_message)
+            await self._sender.send_messages(batch)
+        except SendFailure:
+            raise
+        except Exception as exc:  # every SDK error is translated in one table
+            raise translate(exc, self._where) from exc
+
+    async def close(self) -> None:
+        try:
+            await self._sender.close()
+        except Exception:  # a broken link may fail to close; it is discarded anyway
+            log.debug("closing sender %s failed", self._where, exc_info=True)
+
+
+class SdkNamespaceClient:
+    """A `NamespaceClient` over one `ServiceBusClient`."""
+
+    def __init__(self, settings: NamespaceSettings, timeouts: TimeoutSettings) -> None:
+        self._settings = settings
+        self._credential: Any = None
+        retry: dict[str, Any] = {
+            "retry_total": timeouts.sdk_retry_total,
+            "retry_backoff_factor": 0.2,
+            "retry_backoff_max": 2.0,
+        }
+        if settings.connection_string is not None:
+            self._client = ServiceBusClient.from_connection_string(
+                settings.connection_string.get(), **retry
+            )
+        else:
+            from azure.identity.aio import DefaultAzureCredential
+
+            assert settings.fully_qualified_namespace is not None
+            self._credential = DefaultAzureCredential()
+            self._client = ServiceBusClient(
+                settings.fully_qualified_namespace, self._credential, **retry
+            )
+        self._topics: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        return self._settings.name
+
+    @property
+    def sdk_client(self) -> ServiceBusClient:
+        """The SDK client, for the syphon's receivers (same connection, same credential)."""
+        return self._client
+
+    def mark_topic(self, path: str) -> None:
+        """Topic senders are opened with `get_topic_sender` (queues otherwise)."""
+        self._topics.add(path.lower())
+
+    async def open_sender(self, path: str) -> SdkSender:
+        if path.lower() in self._topics:
+            sender = self._client.get_topic_sender(path)
+        else:
+            sender = self._client.get_queue_sender(path)
+        try:
+            await sender.__aenter__()
+        except BaseException as exc:
+            try:
+                await sender.close()
+            except Exception:  # the half-open sender is discarded either way
+                log.debug("closing a half-open sender failed", exc_info=True)
+            if isinstance(exc, Exception):
+                raise translate(exc, f"{self.name}/{path}") from exc
+            raise
+        return SdkSender(self.name, path, sender)
+
+    async def close(self) -> None:
+        try:
+            await self._client.close()
+        except Exception:  # shutting down: nothing useful to do with the error
+            log.debug("closing namespace client %s failed", self.name, exc_info=True)
+        if self._credential is not None:
+            await self._credential.close()
