@@ -1,0 +1,793 @@
+"""Failover state shared by every replica through Redis, with memory as the source of reads.
+
+Layout under `<prefix>:` (default `sbgate:`):
+
+* `entity:<entity>` — a hash per entity: `status`, `epoch`, `since`, `by`, `reason`;
+* `backlog:<queue>` — a hash (`until`, `by`, `reason`) that expires when the disable ends;
+* `lease:<name>` — the holder's replica id, set `NX PX ttl`;
+* `events` — the pub/sub channel every applied change is published on (JSON).
+
+Every change is one Lua script, so "check, write, publish" is atomic: a transition applies
+only if the stored epoch is still the one the proposal was built on (compare-and-set); a
+restore applies only if Redis lacks the entity or holds something older. The loser of a
+CAS race adopts what Redis holds, so all replicas converge on the first writer.
+
+Hot path: `get`, `snapshot`, `propose`, `backlogs_disabled`, `disable_backlog` and
+`enable_backlog` read and write memory only; persisting is the owned writer task's job
+(pending writes coalesce by key: only the newest state of an entity is written).
+
+Failure: every Redis call has our own deadline (`op_timeout`). Any failed call marks the
+session broken: `connected` turns False, the supervisor task tears the connections down and
+reconnects with capped exponential backoff, and each new session subscribes, then reads
+everything and merges it with memory (resync) before it writes again. Meanwhile the replica
+keeps working on memory (fail open) and no Redis error reaches a caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from gateway.state.base import SEVERITY, BacklogState, EntityState, StateStore, Status
+from gateway.state.memory import LocalState
+
+log = logging.getLogger(__name__)
+
+# What a failed Redis call can raise (besides our own deadline's TimeoutError).
+_REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+
+_SEVERITY_LUA = "{" + ", ".join(f"{k}={v}" for k, v in SEVERITY.items()) + "}"
+
+# KEYS[1] entity hash. ARGV: base epoch, epoch, status, since, by, reason, channel, event.
+# -> {1} applied, {0} absent, {0, epoch, status, since, by, reason} stored.
+_TRANSITION_LUA = """
+local cur = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'since', 'by', 'reason')
+if (tonumber(cur[1]) or 0) == tonumber(ARGV[1]) then
+  redis.call('HSET', KEYS[1], 'status', ARGV[3], 'epoch', ARGV[2], 'since', ARGV[4],
+             'by', ARGV[5], 'reason', ARGV[6])
+  redis.call('PUBLISH', ARGV[7], ARGV[8])
+  return {1}
+end
+if not cur[1] then return {0} end
+return {0, cur[1], cur[2] or '', cur[3] or '0', cur[4] or '', cur[5] or ''}
+"""
+
+# Restore-if-absent-or-older (what a resync writes back). Same ARGV as the transition minus
+# the base epoch; "older" is `EntityState.newer_than`: lower epoch, or same epoch and less
+# severe.
+_RESTORE_LUA = (
+    "local sev = "
+    + _SEVERITY_LUA
+    + """
+local cur = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'since', 'by', 'reason')
+local apply = false
+if not cur[1] then
+  apply = true
+else
+  local e, ne = tonumber(cur[1]) or 0, tonumber(ARGV[1])
+  if ne > e or (ne == e and (sev[ARGV[2]] or 0) > (sev[cur[2]] or 0)) then apply = true end
+end
+if apply then
+  redis.call('HSET', KEYS[1], 'status', ARGV[2], 'epoch', ARGV[1], 'since', ARGV[3],
+             'by', ARGV[4], 'reason', ARGV[5])
+  redis.call('PUBLISH', ARGV[6], ARGV[7])
+  return {1}
+end
+return {0, cur[1], cur[2] or '', cur[3] or '0', cur[4] or '', cur[5] or ''}
+"""
+)
+
+# KEYS[1] backlog hash. ARGV: until, px, by, reason, channel, event. The later `until` wins.
+# -> {1} applied, {0, until, by, reason} stored (already out at least as long).
+_DISABLE_LUA = """
+local cur = redis.call('HMGET', KEYS[1], 'until', 'by', 'reason')
+if cur[1] and tonumber(cur[1]) >= tonumber(ARGV[1]) then
+  return {0, cur[1], cur[2] or '', cur[3] or ''}
+end
+redis.call('HSET', KEYS[1], 'until', ARGV[1], 'by', ARGV[3], 'reason', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return {1}
+"""
+
+# KEYS[1] backlog hash. ARGV: channel, event. Published even if absent, so a replica that
+# missed the disable's expiry still drops it.
+_ENABLE_LUA = """
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+"""
+
+# KEYS[1] lease. ARGV: replica, ttl ms. Take it if free, renew it only if we hold it.
+_ACQUIRE_LUA = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class _SessionBroken(Exception):
+    """A call on this session failed elsewhere (writer, lease): reconnect and resync."""
+
+
+@dataclass(slots=True)
+class _Session:
+    """One connection generation: the command client and its registered scripts."""
+
+    client: Redis
+    transition: AsyncScript
+    restore: AsyncScript
+    disable: AsyncScript
+    enable: AsyncScript
+    acquire: AsyncScript
+    release: AsyncScript
+
+    @classmethod
+    def open(cls, client: Redis) -> _Session:
+        reg = client.register_script
+        return cls(
+            client,
+            reg(_TRANSITION_LUA),
+            reg(_RESTORE_LUA),
+            reg(_DISABLE_LUA),
+            reg(_ENABLE_LUA),
+            reg(_ACQUIRE_LUA),
+            reg(_RELEASE_LUA),
+        )
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _entity_event(s: EntityState) -> bytes:
+    return orjson.dumps(
+        {
+            "kind": "entity",
+            "entity": s.entity,
+            "status": s.status,
+            "epoch": s.epoch,
+            "since": s.since,
+            "by": s.by,
+            "reason": s.reason,
+        }
+    )
+
+
+def _backlog_event(b: BacklogState) -> bytes:
+    return orjson.dumps(
+        {"kind": "backlog", "queue": b.queue, "until": b.until, "by": b.by, "reason": b.reason}
+    )
+
+
+def _status(value: str) -> Status:
+    if value not in SEVERITY:
+        raise ValueError(f"unknown status {value!r}")
+    return cast(Status, value)
+
+
+def _entity_from_hash(entity: str, h: Mapping[str, str]) -> EntityState:
+    return EntityState(
+        entity=entity,
+        status=_status(h.get("status", "healthy")),
+        epoch=int(h.get("epoch", "0")),
+        since=float(h.get("since", "0")),
+        by=h.get("by", ""),
+        reason=h.get("reason", ""),
+    )
+
+
+def _entity_from_reply(entity: str, reply: list[Any]) -> EntityState | None:
+    """The stored state a script returned with {0, ...}, or None if Redis had none."""
+    if len(reply) < 6:
+        return None
+    _, epoch, status, since, by, reason = reply[:6]
+    return _entity_from_hash(
+        entity,
+        {"epoch": str(epoch), "status": status, "since": since, "by": by, "reason": reason},
+    )
+
+
+def _parse_or_none(entity: str, h: Mapping[str, str] | None) -> EntityState | None:
+    if not h:
+        return None
+    try:
+        return _entity_from_hash(entity, h)
+    except ValueError as exc:
+        # Treated as absent: memory (if any) is written back over it.
+        log.warning("state: ignoring malformed entity hash %r %r: %s", entity, h, exc)
+        return None
+
+
+def _backlog_or_none(queue: str, h: Mapping[str, str] | None) -> BacklogState | None:
+    if not h:
+        return None
+    try:
+        return BacklogState(queue, float(h["until"]), h.get("by", ""), h.get("reason", ""))
+    except (KeyError, ValueError) as exc:
+        log.warning("state: ignoring malformed backlog hash %r %r: %s", queue, h, exc)
+        return None
+
+
+class RedisStateStore(LocalState):
+    """The `StateStore` for several replicas sharing Redis (see the module docstring).
+
+    `op_timeout` bounds every Redis round trip; `reconnect_backoff` is (first, cap) of the
+    reconnect delay; `health_interval` is how long the subscriber may hear nothing before
+    it pings (a stalled Redis is then detected within `health_interval + op_timeout`);
+    `resync_timeout` bounds a whole resync (default `5 * op_timeout`); `max_pending` bounds
+    the write queue (distinct keys; on overflow the write is dropped, counted, and a full
+    resync is scheduled, which writes memory back where Redis is older).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        replica_id: str,
+        *,
+        prefix: str = "sbgate",
+        op_timeout: float = 1.0,
+        reconnect_backoff: tuple[float, float] = (0.1, 2.0),
+        clock: Callable[[], float] = time.time,
+        health_interval: float = 1.0,
+        resync_timeout: float | None = None,
+        max_pending: int = 10_000,
+    ) -> None:
+        super().__init__(replica_id, clock)
+        if op_timeout <= 0 or health_interval <= 0 or max_pending < 1:
+            raise ValueError("op_timeout, health_interval and max_pending must be positive")
+        self._url = url
+        self._prefix = prefix
+        self._channel = f"{prefix}:events"
+        self._op_timeout = op_timeout
+        self._backoff = reconnect_backoff
+        self._health_interval = health_interval
+        self._tick = min(0.1, health_interval)  # how soon the subscriber notices `_broken`
+        self._resync_timeout = resync_timeout if resync_timeout is not None else 5 * op_timeout
+        self._max_pending = max_pending
+        # Writes not yet in Redis, coalesced by key: entity -> the epoch its chain of local
+        # proposals was built on (the CAS base); queue -> True (disable) / False (enable).
+        self._pending_entities: dict[str, int] = {}
+        self._pending_backlogs: dict[str, bool] = {}
+        self._resync_needed = False
+        self._sess: _Session | None = None
+        self._online = asyncio.Event()  # a session is up and resynced
+        self._broken = asyncio.Event()  # a call failed: the supervisor must reconnect
+        self._wake = asyncio.Event()  # the writer has (or may have) something to do
+        self._drained = asyncio.Event()  # the writer found nothing left to write
+        self._first_attempt = asyncio.Event()
+        self._sessions = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- StateStore: lifecycle --------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._online.is_set()
+
+    async def start(self) -> None:
+        """Start the supervisor and writer tasks and wait (bounded) for the first attempt
+        to connect and resync. Never raises because Redis is down or slow: the supervisor
+        keeps retrying in the background. Calling it twice is a no-op."""
+        if self._tasks:
+            return
+        self._bind_loop()
+        self._first_attempt.clear()
+        self._tasks = [
+            asyncio.create_task(self._supervise(), name=f"state-supervisor-{self.replica_id}"),
+            asyncio.create_task(self._write_loop(), name=f"state-writer-{self.replica_id}"),
+        ]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2 * self._op_timeout + self._resync_timeout):
+                await self._first_attempt.wait()
+
+    async def close(self) -> None:
+        """Give the writer up to `op_timeout` to flush pending writes (only if connected),
+        then cancel and await both tasks (bounded) and drop the connections. Never raises;
+        state not flushed stays only in this replica's memory, which is going away."""
+        if not self._tasks:
+            return
+        if self._online.is_set() and self._has_pending():
+            self._drained.clear()
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._op_timeout):
+                    await self._drained.wait()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        # The supervisor's teardown has its own deadlines; this bound is a backstop.
+        _, still = await asyncio.wait(tasks, timeout=3 * self._op_timeout)
+        for task in still:
+            log.error("state task %s did not stop in time", task.get_name())
+        self._online.clear()
+        self._sess = None
+
+    # -- StateStore: hot path (memory only) -------------------------------------------------
+
+    def propose(
+        self, current: EntityState, status: Status, reason: str, since: float | None = None
+    ) -> EntityState | None:
+        base = self.get(current.entity).epoch
+        new = self._propose_local(current, status, reason, since)
+        if new is not None and new.entity not in self._pending_entities:
+            # Already pending: keep the older base, the chain of proposals starts there.
+            if self._room_for_one():
+                self._pending_entities[new.entity] = base
+            self._wake_writer()
+        return new
+
+    def disable_backlog(self, queue: str, until: float, reason: str) -> None:
+        if self._disable_local(queue, until, reason) is not None:
+            self._queue_backlog(queue, True)
+
+    def enable_backlog(self, queue: str) -> None:
+        self._enable_local(queue)
+        # Sent even if memory had nothing: Redis may hold a disable this replica missed.
+        self._queue_backlog(queue, False)
+
+    # -- StateStore: leases (network, bounded) ----------------------------------------------
+
+    async def acquire_lease(self, name: str, ttl: float) -> bool:
+        sess = self._sess
+        if sess is None:
+            return True  # fail open: better two pingers than none
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                got = await sess.acquire(
+                    keys=[self._key("lease", name)],
+                    args=[self.replica_id, max(1, round(ttl * 1000))],
+                    client=sess.client,
+                )
+        except _REDIS_ERRORS as exc:
+            self._call_failed(sess, "acquire_lease", exc)
+            return True
+        return bool(got)
+
+    async def release_lease(self, name: str) -> None:
+        sess = self._sess
+        if sess is None:
+            return  # it expires by itself
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await sess.release(
+                    keys=[self._key("lease", name)], args=[self.replica_id], client=sess.client
+                )
+        except _REDIS_ERRORS as exc:
+            self._call_failed(sess, "release_lease", exc)
+
+    async def lease_holder(self, name: str) -> str | None:
+        sess = self._sess
+        if sess is None:
+            return None
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                holder = await sess.client.get(self._key("lease", name))
+        except _REDIS_ERRORS as exc:
+            self._call_failed(sess, "lease_holder", exc)
+            return None
+        return cast(str | None, holder)
+
+    # -- memory changes from elsewhere ------------------------------------------------------
+
+    def _adopt_entity(self, state: EntityState) -> None:
+        # Whatever was pending for this entity was built on a state the cluster replaced.
+        self._pending_entities.pop(state.entity, None)
+        super()._adopt_entity(state)
+
+    def _on_event(self, data: str | bytes) -> None:
+        """Apply one pub/sub event to memory if it is newer (sync: no await in between)."""
+        try:
+            ev = orjson.loads(data)
+            if ev["kind"] == "entity":
+                self._on_entity_event(
+                    EntityState(
+                        entity=str(ev["entity"]),
+                        status=_status(ev["status"]),
+                        epoch=int(ev["epoch"]),
+                        since=float(ev["since"]),
+                        by=str(ev["by"]),
+                        reason=str(ev["reason"]),
+                    )
+                )
+            elif ev["kind"] == "backlog":
+                self._on_backlog_event(
+                    BacklogState(
+                        queue=str(ev["queue"]),
+                        until=float(ev["until"]),
+                        by=str(ev["by"]),
+                        reason=str(ev["reason"]),
+                    )
+                )
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring a malformed state event %r: %s", data, exc)
+
+    def _on_entity_event(self, s: EntityState) -> None:
+        held = self._entities.get(s.entity)
+        if held is None or s.newer_than(held):
+            self._adopt_entity(s)
+        elif s != held:
+            self.stats.events_stale += 1
+        # s == held: our own transition coming back, or a duplicate.
+
+    def _on_backlog_event(self, b: BacklogState) -> None:
+        if b.queue in self._pending_backlogs:
+            return  # our own later change is on its way to Redis and will be published
+        held = self._backlogs.get(b.queue)
+        if b.until <= 0:
+            if held is not None:
+                self._adopt_backlog(b)
+        elif held is None or b.until > held.until:
+            self._adopt_backlog(b)
+        elif b != held:
+            self.stats.events_stale += 1
+
+    # -- the writer -------------------------------------------------------------------------
+
+    def _has_pending(self) -> bool:
+        return bool(self._pending_entities or self._pending_backlogs or self._resync_needed)
+
+    def _room_for_one(self) -> bool:
+        if len(self._pending_entities) + len(self._pending_backlogs) < self._max_pending:
+            return True
+        # Memory still has the change; a full resync writes back whatever Redis lacks.
+        self.stats.writes_dropped += 1
+        self._resync_needed = True
+        return False
+
+    def _queue_backlog(self, queue: str, disable: bool) -> None:
+        if queue in self._pending_backlogs or self._room_for_one():
+            self._pending_backlogs[queue] = disable
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        self._drained.clear()
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        """Write pending changes one at a time while a session is up. Cancelled by
+        `close`. A failed write breaks the session; its key is queued again unless a newer
+        change replaced it, and the resync of the next session reconciles the rest."""
+        while True:
+            await self._wake.wait()
+            await self._online.wait()
+            sess = self._sess
+            if sess is None:  # the session went down between the two events
+                await asyncio.sleep(0)
+                continue
+            if self._resync_needed:
+                job: tuple[str, str] = ("resync", "")
+            elif self._pending_entities:
+                entity = next(iter(self._pending_entities))
+                job = ("entity", entity)
+            elif self._pending_backlogs:
+                job = ("backlog", next(iter(self._pending_backlogs)))
+            else:
+                self._wake.clear()
+                self._drained.set()
+                continue
+            kind, key = job
+            try:
+                if kind == "resync":
+                    self._resync_needed = False
+                    await self._resync(sess)
+                elif kind == "entity":
+                    base = self._pending_entities.pop(key)
+                    try:
+                        async with asyncio.timeout(self._op_timeout):
+                            await self._write_entity(sess, key, base)
+                    except _REDIS_ERRORS:
+                        self._pending_entities.setdefault(key, base)
+                        raise
+                else:
+                    disable = self._pending_backlogs.pop(key)
+                    try:
+                        async with asyncio.timeout(self._op_timeout):
+                            await self._write_backlog(sess, key, disable)
+                    except _REDIS_ERRORS:
+                        self._pending_backlogs.setdefault(key, disable)
+                        raise
+            except _REDIS_ERRORS as exc:
+                if kind == "resync":
+                    self._resync_needed = True
+                self._call_failed(sess, f"write {kind} {key}", exc)
+            except Exception:
+                # A bug or a malformed reply: drop this write rather than the writer; the
+                # state stays in memory and the next resync writes it back if Redis lacks it.
+                log.exception("state: writing %s %r failed unexpectedly", kind, key)
+
+    async def _write_entity(self, sess: _Session, entity: str, base: int) -> None:
+        state = self._entities.get(entity)
+        if state is None:
+            return
+        reply = await sess.transition(
+            keys=[self._key("entity", entity)],
+            args=[base, *self._entity_args(state)],
+            client=sess.client,
+        )
+        if reply[0] == 1:
+            self.stats.writes += 1
+            return
+        self.stats.write_conflicts += 1
+        stored = _entity_from_reply(entity, reply)
+        if stored is None or stored.epoch < base:
+            # Redis lost what our chain was built on (restarted empty, flushed): put ours back.
+            await self._restore(sess, self.get(entity))
+            return
+        held = self.get(entity)
+        local = held == state or entity in self._pending_entities
+        log.info(
+            "state: %s: our epoch %d lost the race to %s (epoch %d, by %s)",
+            entity,
+            state.epoch,
+            stored.status,
+            stored.epoch,
+            stored.by,
+        )
+        # The cluster moved on from our base first: the CAS loser adopts the winner, even on
+        # a tie, so every replica ends on the state Redis holds.
+        if (local and stored != held) or stored.newer_than(held):
+            self._adopt_entity(stored)
+
+    async def _restore(self, sess: _Session, state: EntityState) -> None:
+        """Write `state` if Redis lacks the entity or holds something older; otherwise
+        adopt what Redis holds (it is newer, or ties and Redis decides)."""
+        reply = await sess.restore(
+            keys=[self._key("entity", state.entity)],
+            args=self._entity_args(state),
+            client=sess.client,
+        )
+        if reply[0] == 1:
+            self.stats.writes += 1
+            if self._entities.get(state.entity) == state:
+                self._pending_entities.pop(state.entity, None)
+            return
+        stored = _entity_from_reply(state.entity, reply)
+        held = self.get(state.entity)
+        if stored is not None and stored != held and not held.newer_than(stored):
+            self._adopt_entity(stored)
+
+    async def _write_backlog(self, sess: _Session, queue: str, disable: bool) -> None:
+        key = self._key("backlog", queue)
+        if not disable:
+            event = _backlog_event(BacklogState(queue, 0.0, self.replica_id, "enabled"))
+            await sess.enable(keys=[key], args=[self._channel, event], client=sess.client)
+            self.stats.writes += 1
+            return
+        held = self._backlogs.get(queue)
+        if held is None:
+            return
+        px = round((held.until - self._clock()) * 1000)
+        if px <= 0:
+            return  # already over: nothing to tell anyone
+        reply = await sess.disable(
+            keys=[key],
+            args=[repr(held.until), px, held.by, held.reason, self._channel, _backlog_event(held)],
+            client=sess.client,
+        )
+        if reply[0] == 1:
+            self.stats.writes += 1
+            return
+        stored = BacklogState(queue, float(reply[1]), str(reply[2]), str(reply[3]))
+        if stored.until > held.until:
+            self._adopt_backlog(stored)
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def _call_failed(self, sess: _Session, where: str, exc: BaseException) -> None:
+        """A call on `sess` failed: break the session, unless it is already a past one."""
+        if sess is self._sess:
+            self._session_failed(where, exc)
+        else:
+            self.stats.redis_errors += 1
+
+    def _session_failed(self, where: str, exc: BaseException | None) -> None:
+        """Mark the session broken (sync: callable from anywhere). Memory keeps serving."""
+        self.stats.redis_errors += 1
+        if self._online.is_set():
+            log.warning(
+                "state: redis unreachable (%s: %r); replica %s works on memory until it returns",
+                where,
+                exc,
+                self.replica_id,
+            )
+        else:
+            log.debug("state: redis call failed while offline (%s: %r)", where, exc)
+        self._online.clear()
+        self._sess = None
+        self._broken.set()
+
+    async def _supervise(self) -> None:
+        """Run sessions forever, reconnecting with capped exponential backoff (jittered so
+        replicas do not stampede a restarted Redis). Cancelled by `close`."""
+        first, cap = self._backoff
+        delay = first
+        while True:
+            sessions_before = self._sessions
+            try:
+                await self._session()
+            except _SessionBroken:
+                pass  # already counted and logged where the call failed
+            except Exception:
+                # A bug (bad data, unexpected reply): log it loudly, keep the replica alive.
+                log.exception("state: session failed unexpectedly; reconnecting")
+                self._session_failed("session", None)
+            self._first_attempt.set()
+            if self._sessions != sessions_before:
+                delay = first  # that session got up: start the backoff from the bottom
+            await asyncio.sleep(delay * random.uniform(0.75, 1.0))  # noqa: S311  # nosec B311  # jitter, not security
+            delay = min(cap, delay * 2)
+
+    async def _session(self) -> None:
+        """Connect, subscribe, resync, go online, then listen until something breaks.
+        Always raises; always closes what it opened (bounded)."""
+        client = Redis.from_url(
+            self._url,
+            decode_responses=True,
+            socket_connect_timeout=self._op_timeout,
+            socket_timeout=self._op_timeout,
+            # No retries inside redis-py: a failure must surface here, so that we resync.
+            retry=Retry(NoBackoff(), 0),
+            client_name=f"sbgate-state-{self.replica_id}",
+        )
+        pubsub = client.pubsub()
+        try:
+            self._broken.clear()
+            async with asyncio.timeout(self._op_timeout):
+                await client.ping()
+            # Subscribe before reading the snapshot: a change made while we read is then
+            # either in what we read or in an event we will get (both are idempotent).
+            async with asyncio.timeout(self._op_timeout):
+                await pubsub.subscribe(self._channel)
+                while True:
+                    msg = await pubsub.get_message(timeout=self._op_timeout)
+                    if msg is not None and msg["type"] == "subscribe":
+                        break
+            sess = _Session.open(client)
+            await self._resync(sess)
+            if self._broken.is_set():
+                raise _SessionBroken
+            self._sess = sess
+            self._online.set()
+            if self._sessions:
+                self.stats.reconnects += 1
+            self._sessions += 1
+            self._first_attempt.set()
+            log.info("state: replica %s connected to redis and resynced", self.replica_id)
+            await self._listen(pubsub)
+        except _REDIS_ERRORS as exc:
+            self._session_failed("session", exc)
+            raise _SessionBroken from exc
+        finally:
+            self._online.clear()
+            self._sess = None
+            await self._dispose(pubsub, client)
+
+    async def _listen(self, pubsub: PubSub) -> None:
+        """Apply events until the connection dies, goes silent (no PONG within
+        `op_timeout` of a ping), or another call breaks the session."""
+        loop = asyncio.get_running_loop()
+        last_heard = loop.time()
+        ping_sent: float | None = None
+        while True:
+            if self._broken.is_set():
+                raise _SessionBroken
+            async with asyncio.timeout(self._tick + self._op_timeout):
+                msg = await pubsub.get_message(timeout=self._tick)
+            now = loop.time()
+            if msg is not None:
+                last_heard, ping_sent = now, None
+                if msg["type"] == "message":
+                    self._on_event(msg["data"])
+                continue
+            if ping_sent is not None:
+                if now - ping_sent > self._op_timeout:
+                    raise TimeoutError("redis did not answer the subscriber's PING")
+            elif now - last_heard >= self._health_interval:
+                async with asyncio.timeout(self._op_timeout):
+                    await pubsub.ping()
+                ping_sent = now
+
+    async def _dispose(self, pubsub: PubSub, client: Redis) -> None:
+        # Best effort and bounded: a stalled server must not hold up a reconnect or close.
+        for closer in (pubsub.aclose, client.aclose):
+            try:
+                async with asyncio.timeout(self._op_timeout):
+                    await closer()
+            except (*_REDIS_ERRORS, RuntimeError) as exc:
+                log.debug("state: closing a redis connection: %r", exc)
+
+    # -- resync -----------------------------------------------------------------------------
+
+    async def _resync(self, sess: _Session) -> None:
+        """Read every entity and backlog from Redis and merge with memory: adopt what Redis
+        holds unless memory is newer; write back (restore) what memory has newer or Redis
+        lacks. Bounded by `resync_timeout`; raises the Redis error if it fails."""
+        async with asyncio.timeout(self._resync_timeout):
+            entities = await self._read_all(sess, "entity")
+            backlogs = await self._read_all(sess, "backlog")
+            now = self._clock()
+            # Decide in one synchronous step against memory as it is now.
+            restore: list[EntityState] = []
+            for entity in set(entities) | set(self._entities):
+                h = entities.get(entity)
+                stored = _parse_or_none(entity, h)
+                held = self._entities.get(entity)
+                if held is None:
+                    if stored is not None:
+                        self._adopt_entity(stored)
+                elif stored is None or held.newer_than(stored):
+                    restore.append(held)
+                    self._pending_entities.pop(entity, None)  # the restore covers it
+                elif stored != held:
+                    self._adopt_entity(stored)
+                else:
+                    self._pending_entities.pop(entity, None)
+            disable: list[str] = []
+            for queue in set(backlogs) | set(self._backlogs):
+                if queue in self._pending_backlogs:
+                    continue  # our later change is queued and will be written after this
+                stored_b = _backlog_or_none(queue, backlogs.get(queue))
+                held_b = self._backlogs.get(queue)
+                if held_b is not None and held_b.until <= now:
+                    del self._backlogs[queue]  # expired: forget it quietly
+                    held_b = None
+                if stored_b is not None and (held_b is None or stored_b.until > held_b.until):
+                    if stored_b.until > now:
+                        self._adopt_backlog(stored_b)
+                elif held_b is not None and (stored_b is None or held_b.until > stored_b.until):
+                    disable.append(queue)
+            for state in restore:
+                await self._restore(sess, state)
+            for queue in disable:
+                await self._write_backlog(sess, queue, True)
+        self.stats.resyncs += 1
+
+    async def _read_all(self, sess: _Session, kind: str) -> dict[str, dict[str, str]]:
+        """Every `<prefix>:<kind>:*` hash, keyed by the name after the prefix."""
+        head = self._key(kind, "")
+        keys = [k async for k in sess.client.scan_iter(match=_glob_escape(head) + "*", count=500)]
+        if not keys:
+            return {}
+        pipe = sess.client.pipeline(transaction=False)
+        for k in keys:
+            pipe.hgetall(k)
+        values = await pipe.execute()
+        return {k[len(head) :]: v for k, v in zip(keys, values, strict=True) if v}
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self._prefix}:{kind}:{name}"
+
+    def _entity_args(self, s: EntityState) -> list[str | int]:
+        event = _entity_event(s).decode()
+        return [s.epoch, s.status, repr(s.since), s.by, s.reason, self._channel, event]
+
+
+if TYPE_CHECKING:  # mypy proves the store satisfies the port
+
+    def _conforms(store: RedisStateStore) -> StateStore:
+        return store
