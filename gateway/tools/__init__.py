@@ -1,0 +1,1 @@
+"""Operational tools: drain (delivered ids for audits and load tests)."""

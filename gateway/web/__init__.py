@@ -1,0 +1,1 @@
+"""sbgate: gateway/web."""

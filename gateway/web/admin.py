@@ -1,0 +1,79 @@
+"""Admin API: failover state per entity, and the operator's two levers.
+
+``GET /admin/entities``; ``POST /admin/entities/{entity}/healthy`` (the old SDK's
+MarkPathHealthy); ``POST /admin/entities/{entity}/failover``. Protected by the ``Manage``
+right once authorization is configured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from aiohttp import web
+
+from gateway.auth import Right
+from gateway.core.entities import validate_entity_path
+from gateway.core.failover import Failover
+from gateway.errors import GatewayError
+from gateway.web.auth import authorize
+from gateway.web.handlers import EDGE, json_response
+
+
+class FailoverNotConfigured(GatewayError):
+    """No namespace pair has a secondary namespace, or failover is disabled."""
+
+    status = 409
+    code = "failover_not_configured"
+
+
+FAILOVER = web.AppKey("failover", Failover)
+
+
+def _failover(request: web.Request) -> Failover:
+    failover = request.app.get(FAILOVER)
+    if failover is None:
+        raise FailoverNotConfigured(
+            "failover is not configured: set a secondary namespace and failover.enabled"
+        )
+    return failover
+
+
+async def list_entities(request: web.Request) -> web.StreamResponse:
+    authorize(request, None, Right.MANAGE)
+    failover = request.app.get(FAILOVER)
+    if failover is None:
+        entities = [
+            {"entity": e.path, "kind": e.kind, "state": "healthy", "failover": False}
+            for e in request.app[EDGE].catalog.all()
+        ]
+        return json_response(200, {"entities": entities})
+    return json_response(200, {"entities": await failover.describe()})
+
+
+def _entity_path(request: web.Request) -> str:
+    path = validate_entity_path(request.match_info["entity"])
+    authorize(request, path, Right.MANAGE)
+    return path
+
+
+async def mark_healthy(request: web.Request) -> web.StreamResponse:
+    path = _entity_path(request)
+    failover = _failover(request)
+    entity = request.app[EDGE].catalog.resolve(path)
+    st = failover.mark_healthy(entity)
+    return json_response(200, dataclasses.asdict(st))
+
+
+async def force_failover(request: web.Request) -> web.StreamResponse:
+    path = _entity_path(request)
+    failover = _failover(request)
+    entity = request.app[EDGE].catalog.resolve(path)
+    st = failover.force_failover(entity)
+    return json_response(200, dataclasses.asdict(st))
+
+
+def add_admin_routes(app: web.Application) -> None:
+    # Registered before the catch-all message routes would match "/admin/.../messages".
+    app.router.add_get("/admin/entities", list_entities)
+    app.router.add_post("/admin/entities/{entity:.+}/healthy", mark_healthy)
+    app.router.add_post("/admin/entities/{entity:.+}/failover", force_failover)

@@ -1,0 +1,368 @@
+"""HTTP edge: routes, the JSON error middleware and the message handlers.
+
+Nothing here knows the Service Bus SDK: handlers parse the REST format into
+`OutboundMessage`s and hand them to the `Router` found in the app state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+from gateway.auth import AuthError, Right
+from gateway.config import LimitSettings
+from gateway.core.entities import EntityCatalog, validate_entity_path
+from gateway.core.message import OutboundMessage
+from gateway.core.router import Router
+from gateway.errors import (
+    GatewayError,
+    InvalidEntityPath,
+    PayloadTooLarge,
+    RequestError,
+    Saturated,
+    SendFailure,
+    UnsupportedMediaType,
+)
+from gateway.ledger import EventLedger, NullLedger
+from gateway.metrics import Metrics
+from gateway.web import rest
+from gateway.web.auth import PRINCIPAL, authorize
+
+log = logging.getLogger("gateway.requests")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """Readiness as `/readyz` reports it. `checks` return a reason when not ready."""
+
+    started: bool = False
+    draining: bool = False
+    checks: list[Callable[[], str | None]] = field(default_factory=list)
+
+    def not_ready_reason(self) -> str | None:
+        if self.draining:
+            return "draining"
+        if not self.started:
+            return "starting"
+        for check in self.checks:
+            reason = check()
+            if reason:
+                return reason
+        return None
+
+    @property
+    def ready(self) -> bool:
+        return self.not_ready_reason() is None
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeState:
+    """What the handlers need, stored once in the app."""
+
+    catalog: EntityCatalog
+    limits: LimitSettings
+    metrics: Metrics
+    lifecycle: Lifecycle
+    ledger: EventLedger = field(default_factory=NullLedger)
+
+
+EDGE = web.AppKey("edge", EdgeState)
+REQUEST_ID = web.RequestKey("request_id", str)
+ROUTER = web.AppKey("router", Router)
+
+
+def json_response(status: int, body: object, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=orjson.dumps(body),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def error_response(err: GatewayError, request_id: str | None = None) -> web.Response:
+    headers: dict[str, str] = {}
+    if err.retry_after is not None:
+        headers["Retry-After"] = str(max(1, round(err.retry_after)))
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    return json_response(err.status, err.body(), headers)
+
+
+def auth_error_response(err: AuthError) -> web.Response:
+    headers = {"WWW-Authenticate": "SharedAccessSignature"} if err.status == 401 else None
+    return json_response(err.status, err.body(), headers)
+
+
+def request_id_of(request: web.Request) -> str:
+    """The client's X-Request-Id when it is sane, else a new one; the same for the request."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        rid = request.headers.get("X-Request-Id") or ""
+        if not rid or len(rid) > 128 or not rid.isascii() or not rid.isprintable():
+            rid = uuid.uuid4().hex
+        request[REQUEST_ID] = rid
+    return rid
+
+
+async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every answer carries X-Request-Id."""
+    if "X-Request-Id" not in response.headers:
+        response.headers["X-Request-Id"] = request_id_of(request)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as JSON ``{"error", "message"}``; never a stack trace."""
+    request_id_of(request)
+    try:
+        return await handler(request)
+    except GatewayError as err:
+        return error_response(err, request.get(REQUEST_ID))
+    except AuthError as err:
+        return auth_error_response(err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = exc.reason.lower().replace(" ", "_")
+        return json_response(
+            exc.status,
+            {"error": code, "message": exc.reason},
+            {k: v for k, v in exc.headers.items() if k.lower() == "allow"},
+        )
+
+
+def _raw_path_ok(raw_path: str) -> None:
+    """Refuse percent-encoding and dot segments before the router normalises them away."""
+    path = raw_path.split("?", 1)[0]
+    if "%" in path:
+        raise InvalidEntityPath("percent-encoded characters are not allowed in the path")
+    for seg in path.split("/"):
+        if seg in {".", ".."}:
+            raise InvalidEntityPath("'.' and '..' segments are not allowed in the path")
+    if "//" in path:
+        raise InvalidEntityPath("empty path segments are not allowed")
+
+
+@web.middleware
+async def path_guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    _raw_path_ok(request.raw_path)
+    return await handler(request)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    length = request.content_length
+    if length is not None and length > limit:
+        raise PayloadTooLarge(f"the request body is {length} bytes; the limit is {limit}")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"the request body is larger than {limit} bytes") from None
+
+
+def _check_sizes(messages: list[OutboundMessage], limits: LimitSettings) -> None:
+    total = 0
+    for m in messages:
+        size = m.size
+        if size > limits.max_message_bytes:
+            raise PayloadTooLarge(
+                f"message {m.message_id!r} is {size} bytes with its properties; "
+                f"the limit is {limits.max_message_bytes}",
+                messageId=m.message_id,
+                size=size,
+                limit=limits.max_message_bytes,
+            )
+        total += size
+    if total > limits.max_batch_bytes:
+        raise PayloadTooLarge(
+            f"the batch is {total} bytes with its properties; "
+            f"the limit is {limits.max_batch_bytes}",
+            size=total,
+            limit=limits.max_batch_bytes,
+        )
+
+
+async def post_messages(request: web.Request) -> web.StreamResponse:
+    """POST /queues/{name}/messages, /topics/{name}/messages, /{name}/messages."""
+    state = request.app[EDGE]
+    started = time.perf_counter()
+    request_id = request_id_of(request)
+    kind_segment = request.match_info.get("kind")
+    kind = {"queues": "queue", "topics": "topic"}.get(kind_segment or "")
+    entity_label = "_unknown"
+    status = 500
+    route = "none"
+    message_ids: list[str] = []
+    error: GatewayError | None = None
+    try:
+        name = request.match_info["name"]
+        validate_entity_path(name)  # 400 before 401: a bad path names no resource
+        authorize(request, name, Right.SEND)  # 401/403 before 404: don't reveal entities
+        entity = state.catalog.resolve(name, kind)  # type: ignore[arg-type]
+        entity_label = entity.path
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in {"", "identity"}:
+            raise UnsupportedMediaType(
+                f"Content-Encoding {encoding!r} is not supported; send the body uncompressed"
+            )
+        body = await _read_body(request, state.limits.max_body_bytes)
+        content_type = request.headers.get("Content-Type")
+        base_type = (content_type or "").split(";")[0].strip().lower()
+        if base_type == rest.BATCH_CONTENT_TYPE:
+            messages = rest.parse_batch(
+                body, request.headers.get("Idempotency-Key"), state.limits.max_batch_messages
+            )
+        else:
+            messages = [
+                rest.parse_single(
+                    body,
+                    content_type,
+                    request.headers.items(),
+                    request.headers.get("BrokerProperties"),
+                    request.headers.get("Idempotency-Key"),
+                )
+            ]
+        _check_sizes(messages, state.limits)
+        message_ids = [m.message_id for m in messages]
+        delivery = await request.app[ROUTER].submit(entity, messages)
+    except GatewayError as err:
+        error = err
+        status = err.status
+        if isinstance(err, Saturated):
+            state.metrics.admission_rejected.inc()
+        response = error_response(err, request_id)
+    except AuthError as err:
+        status = err.status
+        response = auth_error_response(err)
+        response.headers["X-Request-Id"] = request_id
+    else:
+        status = delivery.status
+        route = delivery.route
+        state.metrics.messages.labels(entity.path, route).inc(len(messages))
+        if state.ledger.enabled:
+            latency_ms = (time.perf_counter() - started) * 1000
+            backlog = delivery.destination if route == "backlog" else None
+            for m in messages:
+                state.ledger.emit(
+                    "accepted",
+                    message_id=m.message_id,
+                    entity=entity.path,
+                    route=delivery.route,
+                    backlog=backlog,
+                    size=m.size,
+                    latency_ms=latency_ms,
+                )
+        response = json_response(
+            status,
+            {
+                "messageIds": message_ids,
+                "entity": entity.path,
+                "route": route,
+                **({"backlog": delivery.destination} if route == "backlog" else {}),
+            },
+            {
+                "X-Request-Id": request_id,
+                "X-Route": delivery.destination if route == "backlog" else "primary",
+            },
+        )
+    elapsed = time.perf_counter() - started
+    if status >= 400 and state.ledger.enabled and message_ids:
+        for mid in message_ids:
+            state.ledger.emit(
+                "rejected",
+                message_id=mid,
+                entity=entity_label,
+                latency_ms=elapsed * 1000,
+                status=status,
+                error=error.code if error else "unauthorized",
+            )
+    state.metrics.http_requests.labels(entity_label, str(status), route).inc()
+    state.metrics.http_duration.labels(route).observe(elapsed)
+    principal = request.get(PRINCIPAL)
+    _log_outcome(
+        request_id,
+        entity_label,
+        status,
+        route,
+        message_ids,
+        elapsed,
+        error,
+        principal.key_name if principal else None,
+    )
+    return response
+
+
+def _log_outcome(
+    request_id: str,
+    entity: str,
+    status: int,
+    route: str,
+    message_ids: list[str],
+    elapsed: float,
+    error: GatewayError | None,
+    key_name: str | None = None,
+) -> None:
+    level = logging.INFO
+    if error is not None:
+        level = logging.WARNING if isinstance(error, SendFailure | Saturated) else logging.INFO
+    if not log.isEnabledFor(level):
+        return
+    extra: dict[str, object] = {
+        "request_id": request_id,
+        "entity": entity,
+        "status": status,
+        "route": route,
+        "message_ids": message_ids[:20],
+        "messages": len(message_ids),
+        "latency_ms": round(elapsed * 1000, 3),
+    }
+    if key_name:
+        extra["key_name"] = key_name
+    if error is not None:
+        extra["error"] = error.code
+        extra["error_message"] = error.message
+    log.log(level, "request %s -> %s", request_id, status, extra=extra)
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    """Liveness: the process answers."""
+    return json_response(200, {"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.StreamResponse:
+    """Readiness: started, clients connected, not draining."""
+    reason = request.app[EDGE].lifecycle.not_ready_reason()
+    if reason is None:
+        return json_response(200, {"status": "ready"})
+    return json_response(503, {"status": reason}, {"Retry-After": "1"})
+
+
+def add_health_routes(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+
+
+def add_routes(app: web.Application) -> None:
+    add_health_routes(app)
+    app.router.add_post("/{kind:queues|topics}/{name:.+}/messages", post_messages)
+    app.router.add_post("/{name:.+}/messages", post_messages)
+
+
+__all__ = [
+    "EDGE",
+    "ROUTER",
+    "EdgeState",
+    "Lifecycle",
+    "RequestError",
+    "add_routes",
+    "error_middleware",
+    "path_guard_middleware",
+]

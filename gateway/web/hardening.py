@@ -1,0 +1,276 @@
+"""Deadlines and caps for slow or greedy HTTP clients, enforced in the connection protocol.
+
+aiohttp 3.14 closes a connection that stays idle for ``keepalive_timeout`` (since 3.14 also
+one that never sends a request), caps the size of each header field (``max_field_size``) and
+the number of headers (``max_headers``). It has no deadline of its own for a request head
+that trickles in byte by byte, nor for a body that never finishes, and nothing caps the size
+of all the headers together (count x field size: megabytes per connection). This module adds
+those three, in a `RequestHandler` subclass built by `HardenedAppRunner`:
+
+* **Head deadline** (``http.header_timeout``): the complete request head must arrive within
+  the deadline, counted from the connection's opening or from the first byte of the next
+  request on a kept-alive connection. Otherwise the connection is closed without an answer,
+  as nginx's ``client_header_timeout`` and Go's ``ReadHeaderTimeout`` do: the client has not
+  yet said anything that could be answered.
+* **Body deadline** (``http.body_timeout``): the whole body must arrive within the deadline
+  after the head. A handler waiting for it gets `BodyTimeout` (408, JSON, through the usual
+  error path); the connection is then closed, since the rest of the body is not worth reading.
+* **Head size** (``limits.max_header_bytes``): a request head still incomplete after that
+  many bytes is answered 431 and the connection closed. Bytes are counted per socket read,
+  so a head may overshoot by at most one read (256 KiB) before the check sees it.
+
+Idle keep-alive connections are closed after ``http.keepalive_timeout`` (aiohttp's own
+timer, also covering the rare pipelined head that started while a request was in progress).
+Requests aiohttp cannot parse are answered with the gateway's JSON error body and logged at
+DEBUG, not at ERROR with a traceback (a log flood anyone on the internet could cause).
+
+The subclass uses a few of `RequestHandler`'s private attributes (``_messages``,
+``_request_count``, ``_waiter``, ``_request_in_progress``, ``_lingering_time``); aiohttp is
+pinned below 4 and tests/security/test_slow_clients.py exercises every path over real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from gateway.config import Settings
+from gateway.errors import RequestError
+
+log = logging.getLogger(__name__)
+
+
+class BodyTimeout(RequestError):
+    """The request body did not arrive within ``http.body_timeout`` of the request head."""
+
+    status = 408
+    code = "request_timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """What each connection enforces (see the module docstring)."""
+
+    header_timeout: float
+    body_timeout: float
+    max_head_bytes: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Deadlines:
+        return cls(
+            header_timeout=settings.http.header_timeout,
+            body_timeout=settings.http.body_timeout,
+            max_head_bytes=settings.limits.max_header_bytes,
+        )
+
+
+def handler_kwargs(settings: Settings) -> dict[str, Any]:
+    """aiohttp's own per-connection limits, as `RequestHandler` keyword arguments."""
+    return {
+        "keepalive_timeout": settings.http.keepalive_timeout,
+        "max_headers": settings.http.max_headers,
+        "max_field_size": settings.limits.max_header_bytes,
+    }
+
+
+class HardenedRequestHandler(RequestHandler):
+    """aiohttp's HTTP/1.1 protocol with a head deadline, a body deadline and a head-size cap."""
+
+    __slots__ = ("_deadlines", "_head_bytes", "_head_timer", "_open_bodies")
+
+    def __init__(self, manager: web.Server, *, deadlines: Deadlines, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._deadlines = deadlines
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        # Bodies still arriving, each with the timer that ends its wait.
+        self._open_bodies: dict[StreamReader, asyncio.TimerHandle] = {}
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm_head_timer()
+        for timer in self._open_bodies.values():
+            timer.cancel()
+        self._open_bodies.clear()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._force_close or self._close or self._upgraded:
+            super().data_received(data)
+            return
+        # While a body is arriving, the bytes are body bytes; otherwise they start or
+        # continue a request head.
+        in_head = not self._open_bodies
+        if data and in_head and self._head_timer is None:
+            self._arm_head_timer()
+        before = self._request_count
+        super().data_received(data)
+        completed = self._request_count - before
+        if completed:
+            self._disarm_head_timer()
+            self._head_bytes = 0
+            # The new requests are the last ones queued; start() runs only after we return.
+            for _message, payload in itertools.islice(reversed(self._messages), completed):
+                if not payload.is_eof():
+                    self._watch_body(payload)
+        elif in_head and data:
+            self._head_bytes += len(data)
+            if self._head_bytes > self._deadlines.max_head_bytes:
+                self._refuse_large_head()
+
+    # -- errors aiohttp answers itself --------------------------------------------------
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """Requests aiohttp could not parse (400) and unhandled handler errors (500), as JSON.
+
+        aiohttp logs each one at ERROR with a traceback and answers plain text; a malformed
+        request is the client's problem, and the internet sends plenty: DEBUG for 4xx."""
+        if status < 500:
+            log.debug("malformed request from %s: %s", request.remote, message or exc)
+        else:
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response has started; cannot answer with an error")
+        if status < 500:
+            text = (message or "").strip().splitlines()
+            body = {"error": "bad_request", "message": (text[0] if text else "bad request")[:200]}
+        else:
+            code = {504: "handler_timeout"}.get(status, "internal_error")
+            body = {"error": code, "message": "the gateway could not answer this request"}
+        resp = web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+        resp.force_close()
+        return resp
+
+    # -- the head ------------------------------------------------------------------------
+
+    def _arm_head_timer(self) -> None:
+        self._disarm_head_timer()
+        self._head_timer = self._loop.call_later(self._deadlines.header_timeout, self._head_expired)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _waiting_for_head(self) -> bool:
+        """start() is idle, waiting for the next complete request head."""
+        waiter = self._waiter
+        return waiter is not None and not waiter.done()
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        # A request in progress is never cut short here; a pipelined head that started
+        # during it is left to the keep-alive timer, which runs once the response is out.
+        if self._waiting_for_head():
+            log.debug(
+                "closing connection from %s: no complete request head within %.1f s",
+                self.peername,
+                self._deadlines.header_timeout,
+            )
+            self.force_close()
+
+    def _refuse_large_head(self) -> None:
+        limit = self._deadlines.max_head_bytes
+        log.debug("closing connection from %s: request head over %d bytes", self.peername, limit)
+        transport = self.transport
+        if transport is not None and self._waiting_for_head():
+            body = orjson.dumps(
+                {
+                    "error": "request_header_fields_too_large",
+                    "message": f"the request head is larger than {limit} bytes",
+                }
+            )
+            transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                b"Content-Type: application/json\r\n"
+                b"Content-Length: %d\r\n"
+                b"Connection: close\r\n\r\n%s" % (len(body), body)
+            )
+        self.force_close()
+
+    # -- the body ------------------------------------------------------------------------
+
+    def _watch_body(self, payload: StreamReader) -> None:
+        timer = self._loop.call_later(self._deadlines.body_timeout, self._body_expired, payload)
+        self._open_bodies[payload] = timer
+        payload.on_eof(lambda: self._body_complete(payload))
+
+    def _body_complete(self, payload: StreamReader) -> None:
+        timer = self._open_bodies.pop(payload, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _body_expired(self, payload: StreamReader) -> None:
+        self._open_bodies.pop(payload, None)
+        if payload.is_eof():
+            return
+        if self._request_in_progress:
+            # Wake the handler waiting for the body with a 408; then aiohttp must not linger
+            # reading the rest of it (it would log the error as unhandled): close instead.
+            self._lingering_time = 0.0
+            payload.set_exception(
+                BodyTimeout(
+                    "the request body did not arrive within "
+                    f"{self._deadlines.body_timeout:g} seconds"
+                )
+            )
+        else:
+            # The handler answered without reading the body, and aiohttp is discarding it.
+            self.force_close()
+
+
+class _HardenedServer(web.Server):
+    """aiohttp's low-level server, building `HardenedRequestHandler` connections."""
+
+    def __init__(self, base: web.Server, deadlines: Deadlines) -> None:
+        # Same handler, request factory and RequestHandler kwargs (the app's handler_args
+        # included) as the server the app built for itself.
+        super().__init__(
+            base.request_handler,
+            request_factory=base.request_factory,
+            handler_cancellation=base.handler_cancellation,
+            loop=asyncio.get_running_loop(),
+            **base._kwargs,
+        )
+        self._deadlines = deadlines
+
+    def __call__(self) -> RequestHandler:
+        return HardenedRequestHandler(
+            self, loop=self._loop, deadlines=self._deadlines, **self._kwargs
+        )
+
+
+class HardenedAppRunner(web.AppRunner):
+    """`web.AppRunner` whose connections enforce `settings.http` and the head-size cap.
+
+    Use it wherever the app is served (``gateway serve``, and tests over real sockets);
+    extra keyword arguments go to `web.AppRunner` and win over `handler_kwargs`."""
+
+    __slots__ = ("_deadlines",)
+
+    def __init__(self, app: web.Application, *, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(app, **{**handler_kwargs(settings), **kwargs})
+        self._deadlines = Deadlines.from_settings(settings)
+
+    async def _make_server(self) -> web.Server:
+        return _HardenedServer(await super()._make_server(), self._deadlines)

@@ -1,0 +1,363 @@
+"""The Service Bus REST message format → `OutboundMessage`s. Pure functions (fuzzed).
+
+Single message: body = message body, ``Content-Type`` = its content type, header
+``BrokerProperties`` = JSON, every other non-standard header = an application property.
+Batch: ``Content-Type: application/vnd.microsoft.servicebus.json``, body = JSON array of
+``{"Body": str, "IsBodyBase64": bool, "BrokerProperties": {...}, "UserProperties": {...}}``;
+custom request headers are not applied to batch items (as in Service Bus).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import email.utils
+import math
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from gateway.core.message import AppValue, OutboundMessage
+from gateway.errors import PayloadTooLarge, RequestError, UnsupportedMediaType
+
+BATCH_CONTENT_TYPE = "application/vnd.microsoft.servicebus.json"
+MAX_ID_LENGTH = 128
+MAX_PROPERTY_BYTES = 32 * 1024  # one property (SPEC §4)
+MAX_ALL_PROPERTIES_BYTES = 64 * 1024  # all properties of a message
+# TimeSpan.MaxValue in seconds; Service Bus caps TTL at the entity's default anyway.
+MAX_TTL_SECONDS = 10675199 * 86400.0
+
+# Headers never copied into application properties: hop-by-hop and transport headers,
+# credentials, and the ones this format gives a meaning of their own.
+NEVER_COPIED = frozenset(
+    h.lower()
+    for h in (
+        "Accept",
+        "Accept-Charset",
+        "Accept-Encoding",
+        "Accept-Language",
+        "Authorization",
+        "BrokerProperties",
+        "Cache-Control",
+        "Connection",
+        "Content-Encoding",
+        "Content-Length",
+        "Content-MD5",
+        "Content-Type",
+        "Cookie",
+        "Date",
+        "DNT",
+        "Expect",
+        "Forwarded",
+        "From",
+        "Host",
+        "Idempotency-Key",
+        "If-Match",
+        "If-Modified-Since",
+        "If-None-Match",
+        "If-Range",
+        "If-Unmodified-Since",
+        "Keep-Alive",
+        "Max-Forwards",
+        "Origin",
+        "Pragma",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "Range",
+        "Referer",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "User-Agent",
+        "Via",
+        "Warning",
+        "X-Forwarded-For",
+        "X-Forwarded-Host",
+        "X-Forwarded-Proto",
+        "X-Real-IP",
+        "X-Request-Id",
+        "x-ms-retrypolicy",
+        "traceparent",
+        "tracestate",
+    )
+)
+_NEVER_COPIED_PREFIXES = ("sec-", "x-amzn-", "x-envoy-", "x-b3-", "proxy-", "cf-")
+
+_INT = re.compile(r"-?\d{1,18}\Z")
+_FLOAT = re.compile(r"-?\d+\.\d+([eE][-+]?\d+)?\Z")
+
+# BrokerProperties that carry meaning here; others are ignored, as Service Bus does.
+_STRING_PROPS = {
+    "MessageId": "message_id",
+    "CorrelationId": "correlation_id",
+    "SessionId": "session_id",
+    "Label": "subject",
+    "ReplyTo": "reply_to",
+    "ReplyToSessionId": "reply_to_session_id",
+    "To": "to",
+    "PartitionKey": "partition_key",
+    "ContentType": "content_type",
+}
+
+
+# At most MAX_ID_LENGTH characters (the SDK refuses longer ones with a ValueError).
+_ID_PROPS = frozenset({"MessageId", "SessionId", "PartitionKey", "ReplyToSessionId"})
+
+
+def _is_copied(name: str) -> bool:
+    low = name.lower()
+    return low not in NEVER_COPIED and not low.startswith(_NEVER_COPIED_PREFIXES)
+
+
+def header_value(raw: str) -> AppValue:
+    """A custom-property header value: ``"quoted"`` → string; a number → int/float;
+    ``true``/``false`` → bool; anything else → the string as sent."""
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        return raw[1:-1]
+    if _INT.match(raw):
+        return int(raw)
+    if _FLOAT.match(raw):
+        f = float(raw)
+        if math.isfinite(f):
+            return f
+    if raw in {"true", "false"}:
+        return raw == "true"
+    return raw
+
+
+def _parse_json(raw: bytes | str, what: str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(f"{what} is not valid JSON: {exc.msg}") from None
+
+
+def parse_broker_properties(raw: str | None) -> dict[str, Any]:
+    """The ``BrokerProperties`` header → a JSON object (400 if it is not one)."""
+    if raw is None or not raw.strip():
+        return {}
+    value = _parse_json(raw, "BrokerProperties")
+    if not isinstance(value, dict):
+        raise RequestError("BrokerProperties must be a JSON object")
+    return value
+
+
+def _ttl(value: Any) -> dt.timedelta:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RequestError("BrokerProperties.TimeToLive must be a number of seconds")
+    if not math.isfinite(value) or value <= 0 or value > MAX_TTL_SECONDS:
+        raise RequestError(
+            f"BrokerProperties.TimeToLive must be > 0 and <= {MAX_TTL_SECONDS:.0f} seconds"
+        )
+    return dt.timedelta(seconds=float(value))
+
+
+def _schedule(value: Any) -> dt.datetime:
+    if not isinstance(value, str):
+        raise RequestError("BrokerProperties.ScheduledEnqueueTimeUtc must be an RFC 1123 date")
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        when = None
+    if when is None or when.tzinfo is None:
+        raise RequestError(
+            "BrokerProperties.ScheduledEnqueueTimeUtc must be an RFC 1123 date such as "
+            "'Sun, 06 Nov 1994 08:49:37 GMT'"
+        )
+    when = when.astimezone(dt.UTC)
+    if not 2000 <= when.year <= 9999:
+        raise RequestError("BrokerProperties.ScheduledEnqueueTimeUtc is out of range")
+    return when
+
+
+def _check_text(name: str, value: Any, limit: int | None = None) -> str:
+    if not isinstance(value, str):
+        raise RequestError(f"BrokerProperties.{name} must be a string")
+    if limit is not None and len(value) > limit:
+        raise RequestError(f"BrokerProperties.{name} is longer than {limit} characters")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_PROPERTY_BYTES:
+        raise RequestError(f"BrokerProperties.{name} is larger than 32 KB")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise RequestError(f"BrokerProperties.{name} is not valid UTF-8 text")
+    return value
+
+
+def _check_app_properties(props: Mapping[str, AppValue], where: str) -> None:
+    total = 0
+    for key, value in props.items():
+        if not key or len(key) > 256:
+            raise RequestError(f"{where}: property names must be 1 to 256 characters")
+        size = len(key.encode("utf-8", "surrogatepass"))
+        if _has_surrogates(key) or (isinstance(value, str) and _has_surrogates(value)):
+            raise RequestError(f"{where}: property {key!r} is not valid UTF-8 text")
+        if isinstance(value, str):
+            size += len(value.encode("utf-8", "surrogatepass"))
+        elif isinstance(value, bytes):
+            size += len(value)
+        if size > MAX_PROPERTY_BYTES:
+            raise PayloadTooLarge(f"{where}: property {key!r} is larger than 32 KB")
+        total += size
+    if total > MAX_ALL_PROPERTIES_BYTES:
+        raise PayloadTooLarge(f"{where}: properties together are larger than 64 KB")
+
+
+def build_message(
+    body: bytes,
+    content_type: str | None,
+    props: Mapping[str, Any],
+    app_properties: dict[str, AppValue],
+    *,
+    default_message_id: str | None,
+    where: str = "BrokerProperties",
+) -> OutboundMessage:
+    """One message from its parts. Raises `RequestError` (400/413) with a clear message."""
+    fields: dict[str, Any] = {}
+    for rest_name, attr in _STRING_PROPS.items():
+        if rest_name in props and props[rest_name] is not None:
+            limit = MAX_ID_LENGTH if rest_name in _ID_PROPS else None
+            fields[attr] = _check_text(rest_name, props[rest_name], limit)
+    if props.get("TimeToLive") is not None:
+        fields["time_to_live"] = _ttl(props["TimeToLive"])
+    if props.get("ScheduledEnqueueTimeUtc") is not None:
+        fields["scheduled_enqueue_time_utc"] = _schedule(props["ScheduledEnqueueTimeUtc"])
+    sid, pkey = fields.get("session_id"), fields.get("partition_key")
+    if sid is not None and pkey is not None and sid != pkey:
+        raise RequestError(f"{where}: PartitionKey must equal SessionId when both are set")
+    if not fields.get("message_id"):
+        fields["message_id"] = default_message_id or uuid.uuid4().hex
+    # The Content-Type header wins over a ContentType broker property.
+    ct = content_type if content_type else fields.pop("content_type", None)
+    fields.pop("content_type", None)
+    if ct is not None and _has_surrogates(ct):
+        raise RequestError("Content-Type is not valid UTF-8 text")
+    _check_app_properties(app_properties, where)
+    return OutboundMessage(
+        body=body, content_type=ct, application_properties=app_properties, **fields
+    )
+
+
+def parse_single(
+    body: bytes,
+    content_type: str | None,
+    headers: Iterable[tuple[str, str]],
+    broker_properties: str | None,
+    idempotency_key: str | None,
+) -> OutboundMessage:
+    """A single-message request → one message."""
+    app: dict[str, AppValue] = {}
+    for name, value in headers:
+        if _is_copied(name):
+            app[name] = header_value(value)
+    key = _idempotency(idempotency_key)
+    return build_message(
+        body, content_type, parse_broker_properties(broker_properties), app, default_message_id=key
+    )
+
+
+def _idempotency(key: str | None) -> str | None:
+    if key is None:
+        return None
+    key = key.strip()
+    if not key or len(key) > MAX_ID_LENGTH:
+        raise RequestError(f"Idempotency-Key must be 1 to {MAX_ID_LENGTH} characters")
+    if _has_surrogates(key):
+        raise RequestError("Idempotency-Key is not valid UTF-8 text")
+    return key
+
+
+def _has_surrogates(text: str) -> bool:
+    """aiohttp decodes invalid UTF-8 in headers to lone surrogates; Service Bus refuses them."""
+    return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+def parse_batch(
+    raw: bytes, idempotency_key: str | None, max_messages: int
+) -> list[OutboundMessage]:
+    """A batch request body → messages. The whole batch is rejected if any item is bad."""
+    items = _parse_json(raw, "the batch body")
+    if not isinstance(items, list):
+        raise RequestError("a batch body must be a JSON array of messages")
+    if not items:
+        raise RequestError("a batch must contain at least one message")
+    if len(items) > max_messages:
+        raise PayloadTooLarge(
+            f"a batch may contain at most {max_messages} messages; this one has {len(items)}"
+        )
+    key = _idempotency(idempotency_key)
+    if key is not None and len(f"{key}:{len(items) - 1}") > MAX_ID_LENGTH:
+        raise RequestError(
+            f"Idempotency-Key is too long for a batch of {len(items)}: the MessageIds "
+            f"'<key>:<index>' it gives must be at most {MAX_ID_LENGTH} characters"
+        )
+    out: list[OutboundMessage] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        where = f"batch[{i}]"
+        if not isinstance(item, dict):
+            raise RequestError(f"{where} must be a JSON object")
+        unknown = set(item) - {"Body", "IsBodyBase64", "BrokerProperties", "UserProperties"}
+        if unknown:
+            raise RequestError(f"{where} has unknown field(s) {sorted(unknown)}")
+        body_value = item.get("Body", "")
+        if not isinstance(body_value, str):
+            raise RequestError(f"{where}.Body must be a string (set IsBodyBase64 for binary)")
+        is_b64 = item.get("IsBodyBase64", False)
+        if not isinstance(is_b64, bool):
+            raise RequestError(f"{where}.IsBodyBase64 must be true or false")
+        if is_b64:
+            try:
+                body = base64.b64decode(body_value, validate=True)
+            except (binascii.Error, ValueError):
+                raise RequestError(f"{where}.Body is not valid base64") from None
+        else:
+            body = body_value.encode("utf-8", "surrogatepass")
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in body_value):
+                raise RequestError(f"{where}.Body is not valid UTF-8 text")
+        props = item.get("BrokerProperties") or {}
+        if not isinstance(props, dict):
+            raise RequestError(f"{where}.BrokerProperties must be a JSON object")
+        user = item.get("UserProperties") or {}
+        if not isinstance(user, dict):
+            raise RequestError(f"{where}.UserProperties must be a JSON object")
+        app: dict[str, AppValue] = {}
+        for k, v in user.items():
+            if isinstance(v, bool | str | int | float) and not (
+                isinstance(v, float) and not math.isfinite(v)
+            ):
+                if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+                    raise RequestError(f"{where}.UserProperties.{k} is out of the 64-bit range")
+                app[k] = v
+            else:
+                raise RequestError(
+                    f"{where}.UserProperties.{k} must be a string, number or boolean"
+                )
+        ct = props.get("ContentType")
+        msg = build_message(
+            body,
+            ct if isinstance(ct, str) else None,
+            props,
+            app,
+            default_message_id=f"{key}:{i}" if key else None,
+            where=where,
+        )
+        if msg.message_id in seen:
+            raise RequestError(f"{where}: MessageId {msg.message_id!r} repeats within the batch")
+        seen.add(msg.message_id)
+        out.append(msg)
+    return out
+
+
+def check_batch_content_type(content_type: str | None) -> None:
+    """Batch requests must say they are a Service Bus JSON batch."""
+    base = (content_type or "").split(";")[0].strip().lower()
+    if base != BATCH_CONTENT_TYPE:
+        raise UnsupportedMediaType(
+            f"a batch must be sent with Content-Type: {BATCH_CONTENT_TYPE}",
+            received=base or None,
+        )
