@@ -1,0 +1,89 @@
+"""Shared fixtures: the local broker (a real subprocess) and gateways pointed at it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web import BaseRunner
+
+from gateway.app import create_app
+from gateway.config import Settings, load_settings
+from gateway.web.hardening import HardenedAppRunner
+from sblocal.testing import BrokerProcess, ControlClient
+from tests.support.redis import redis_server, redis_server_factory  # noqa: F401 (fixtures)
+
+GatewayFactory = Callable[..., Awaitable[TestClient[Any, web.Application]]]
+
+
+class HardenedTestServer(TestServer):
+    """`TestServer` with the production runner (head/body deadlines, head-size cap), so
+    every test exercises the protocol `gateway serve` uses."""
+
+    def __init__(self, app: web.Application, *, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._settings = settings
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return HardenedAppRunner(self.app, settings=self._settings, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[BrokerProcess]:
+    """One local broker pair (``primary``, ``secondary``) for the whole session."""
+    with BrokerProcess() as b:
+        yield b
+
+
+@pytest.fixture
+async def control(broker: BrokerProcess) -> AsyncIterator[ControlClient]:
+    """The broker's control API, reset (messages, faults, latency, counters) before the test."""
+    ctl = broker.control
+    await ctl.reset()
+    yield ctl
+    await ctl.reset()
+
+
+def broker_env(broker: BrokerProcess, **overrides: str) -> dict[str, str]:
+    """Gateway settings (as SBGATE_* variables) for the local broker pair."""
+    env = {
+        "SBGATE_PRIMARY_CONNECTION_STRING": broker.connection_string("primary"),
+        "SBGATE_PRIMARY_NAME": "primary",
+        "SBGATE_SECONDARY_CONNECTION_STRING": broker.connection_string("secondary"),
+        "SBGATE_SECONDARY_NAME": "secondary",
+        "SBGATE_SECONDARY_ADMIN_CONNECTION_STRING": broker.management_connection_string("secondary")
+        or "",
+        "SBGATE_SECONDARY_ADMIN_CA_CERT": broker.ca_cert or "",
+        "SBGATE_ENTITIES": "queue:orders,topic:events",
+        "SBGATE_LOG_FORMAT": "text",
+        "SBGATE_SEND_TIMEOUT": "3",
+        "SBGATE_CONNECT_TIMEOUT": "5",
+        "SBGATE_ENABLE_FAILOVER": "false",
+        "SBGATE_ENABLE_SYPHON": "false",
+    }
+    env.update(overrides)
+    return {k: v for k, v in env.items() if v != ""}
+
+
+@pytest.fixture
+async def gateway(broker: BrokerProcess, control: ControlClient) -> AsyncIterator[GatewayFactory]:
+    """Start gateways (real servers on 127.0.0.1, the production runner) against the broker."""
+    clients: list[TestClient[Any, web.Application]] = []
+
+    async def make(
+        env: dict[str, str] | None = None, **factory_kwargs: Any
+    ) -> TestClient[Any, web.Application]:
+        settings = load_settings(broker_env(broker, **(env or {})))
+        app = create_app(settings, **factory_kwargs)
+        server = HardenedTestServer(app, settings=settings, host="127.0.0.1")
+        client: TestClient[Any, web.Application] = TestClient(server)
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in reversed(clients):
+        await c.close()

@@ -1,0 +1,95 @@
+"""SAS authorization at the HTTP edge, against the real broker."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from gateway.auth import mint_token, resource_uri
+from tests.conftest import GatewayFactory
+
+SEND_KEY = "c2VuZGVyLWtleS1mb3ItdGVzdHMtb25seS0wMDAwMDAwMDA="
+ADMIN_KEY = "YWRtaW4ta2V5LWZvci10ZXN0cy1vbmx5LTAwMDAwMDAwMDA="
+RULES = orjson.dumps(
+    {
+        "rules": [
+            {"name": "sender", "primary_key": SEND_KEY, "rights": ["Send"], "entities": ["orders"]},
+            {"name": "admin", "primary_key": ADMIN_KEY, "rights": ["Manage"], "entities": ["*"]},
+        ]
+    }
+).decode()
+ENV = {"SBGATE_AUTH_RULES": RULES, "SBGATE_PUBLIC_HOSTS": "gw.example.com"}
+
+
+def token(
+    entity: str | None,
+    name: str = "sender",
+    key: str = SEND_KEY,
+    ttl: float = 600,
+    now: float | None = None,
+) -> str:
+    return mint_token(resource_uri("gw.example.com", entity), name, key, ttl, now=now)
+
+
+@pytest.fixture
+async def gw(gateway: GatewayFactory):
+    return await gateway(ENV)
+
+
+async def test_a_valid_send_token_is_accepted(gw, control):
+    resp = await gw.post("/orders/messages", data=b"x", headers={"Authorization": token("orders")})
+    assert resp.status == 201
+    assert (await control.entity("primary", "orders"))["active"] == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "path", "status", "code"),
+    [
+        ({}, "/orders/messages", 401, "missing_token"),
+        ({"Authorization": "Bearer abc"}, "/orders/messages", 401, "malformed_token"),
+        (
+            {"Authorization": token("orders", key=ADMIN_KEY)},
+            "/orders/messages",
+            401,
+            "invalid_signature",
+        ),
+        (
+            {"Authorization": token("orders", ttl=60, now=time.time() - 3600)},
+            "/orders/messages",
+            401,
+            "token_expired",
+        ),
+        ({"Authorization": token("events")}, "/topics/events/messages", 403, "entity_not_allowed"),
+        ({"Authorization": token("orders")}, "/topics/events/messages", 401, "resource_mismatch"),
+        ({"Authorization": token("nope")}, "/queues/nope/messages", 403, "entity_not_allowed"),
+    ],
+)
+async def test_unauthorized_and_forbidden_send_nothing(gw, control, headers, path, status, code):
+    resp = await gw.post(path, data=b"x", headers=headers)
+    body = await resp.json()
+    assert resp.status == status and body["error"] == code, body
+    if status == 401:
+        assert resp.headers["WWW-Authenticate"] == "SharedAccessSignature"
+    assert (await control.counters("primary")).get("sends", 0) == 0
+
+
+async def test_unknown_entity_is_not_revealed_before_authorization(gw):
+    resp = await gw.post("/queues/secret-queue/messages", data=b"x")
+    assert resp.status == 401
+
+
+async def test_admin_needs_manage(gw):
+    resp = await gw.get("/admin/entities", headers={"Authorization": token(None)})
+    assert resp.status == 403 and (await resp.json())["error"] == "missing_right"
+    assert resp.headers["X-Request-Id"]
+    resp = await gw.get(
+        "/admin/entities", headers={"Authorization": token(None, "admin", ADMIN_KEY)}
+    )
+    assert resp.status == 200
+
+
+async def test_probes_and_metrics_stay_open(gw):
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert (await gw.get(path)).status == 200

@@ -1,0 +1,95 @@
+"""Configuration: env + TOML into frozen dataclasses, validated with messages naming the setting."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gateway.config import ConfigError, describe, load_settings
+
+CS = "Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=secret"
+CS2 = "Endpoint=sb://fabrikam.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s2"
+
+
+def test_defaults_are_embedded_and_loopback():
+    s = load_settings({})
+    assert s.embedded and s.listen_host == "127.0.0.1" and s.listen_port == 8080
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.listen_port = 1  # type: ignore[misc]
+
+
+def test_env_builds_the_default_pair_and_entities():
+    s = load_settings(
+        {
+            "SBGATE_PRIMARY_CONNECTION_STRING": CS,
+            "SBGATE_SECONDARY_CONNECTION_STRING": CS2,
+            "SBGATE_ENTITIES": "queue:orders, topic:events",
+            "SBGATE_MAX_IN_FLIGHT": "8",
+            "SBGATE_FAILOVER_INTERVAL": "2.5",
+            "SBGATE_ENABLE_SYPHON": "false",
+            "SBGATE_REDIS_URL": "redis://:pw@r:6379/0",
+            "PATH": "/usr/bin",
+        }
+    )
+    pair = s.pair("default")
+    assert pair.primary.name == "contoso" and pair.secondary and pair.secondary.name == "fabrikam"
+    assert [(e.path, e.kind) for e in s.entities] == [("orders", "queue"), ("events", "topic")]
+    assert s.limits.max_in_flight == 8 and s.failover.failover_interval == 2.5
+    assert s.syphon.enabled is False
+    text = repr(s) + str(describe(s))
+    assert "secret" not in text and "pw" not in text
+
+
+def test_toml_file_and_env_override(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text(
+        f"""
+listen_port = 9000
+[limits]
+max_in_flight = 16
+[pairs.default]
+primary = "{CS}"
+[pairs.default.secondary]
+connection_string = "{CS2}"
+name = "dr"
+[[entities]]
+path = "orders"
+kind = "queue"
+"""
+    )
+    s = load_settings({"SBGATE_LISTEN_PORT": "9100"}, f)
+    assert s.listen_port == 9100 and s.limits.max_in_flight == 16
+    assert s.pair("default").secondary.name == "dr"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"SBGATE_MAX_IN_FLIGHT": "0"}, "limits.max_in_flight"),
+        ({"SBGATE_SEND_TIMEOUT": "soon"}, "timeouts.send_timeout"),
+        ({"SBGATE_ENABLE_SYPHON": "maybe"}, "syphon.enabled"),
+        ({"SBGATE_LOG_FORMAT": "xml"}, "log_format"),
+        ({"SBGATE_NOPE": "1"}, "SBGATE_NOPE"),
+        ({"SBGATE_PRIMARY_CONNECTION_STRING": "Endpoint=http://x;SharedAccessKeyName=a"}, "sb://"),
+        ({"SBGATE_PRIMARY_CONNECTION_STRING": CS}, "declare at least one entity"),
+        (
+            {"SBGATE_PRIMARY_CONNECTION_STRING": CS, "SBGATE_ENTITIES": "queue:a/$DeadLetterQueue"},
+            "not a valid entity path",
+        ),
+        (
+            {"SBGATE_PRIMARY_CONNECTION_STRING": CS, "SBGATE_ENTITIES": "queue:a,topic:A"},
+            "declared twice",
+        ),
+        ({"SBGATE_MAX_MESSAGE_BYTES": "999999999"}, "max_message_bytes"),
+    ],
+)
+def test_invalid_settings_name_the_setting(env, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_settings(env)
+    assert fragment in str(info.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings({}, tmp_path / "missing.toml")

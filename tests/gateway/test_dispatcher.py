@@ -1,0 +1,185 @@
+"""The dispatcher: settled, bounded, micro-batched sends (fakes at the NamespaceClient port)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from gateway.config import LimitSettings, TimeoutSettings
+from gateway.core.dispatcher import Destination, Dispatcher
+from gateway.core.message import OutboundMessage
+from gateway.errors import Classification, FailureKind, Saturated, SendFailure
+from tests.gateway.fakes import FakeClient, msg
+from tests.support.waiting import eventually, next_tick
+
+LIMITS = LimitSettings(
+    max_in_flight=4, senders_per_entity=2, admission_timeout=0.2, max_batch_messages=50
+)
+TIMEOUTS = TimeoutSettings(send_timeout=0.3, connect_timeout=1.0)
+BROKEN = Classification(FailureKind.CONNECTION, False, True, 503, 10.0, True)
+
+
+@pytest.fixture
+async def make():
+    made: list[Dispatcher] = []
+
+    def factory(limits: LimitSettings = LIMITS, timeouts: TimeoutSettings = TIMEOUTS) -> Dispatcher:
+        d = Dispatcher(limits, timeouts)
+        made.append(d)
+        return d
+
+    yield factory
+    for d in made:
+        await d.close(grace=0.5)
+
+
+async def test_concurrent_requests_are_coalesced_into_batches(make):
+    client = FakeClient()
+    d = make()
+    dest = Destination(client, "orders")
+    await asyncio.gather(*(d.send(dest, [msg(i)]) for i in range(200)))
+    assert sorted(client.sent_ids(), key=int) == [str(i) for i in range(200)]
+    assert len(client.batches) < 200 / 5, "200 concurrent requests should need few batches"
+    assert max(len(ids) for _, ids in client.batches) <= LIMITS.max_batch_messages
+
+
+async def test_a_lone_request_is_sent_at_once_without_a_linger_timer(make):
+    client = FakeClient()
+    d = make()
+    await d.send(Destination(client, "orders"), [msg(1)])
+    assert client.batches == [("orders", ["1"])]
+
+
+async def test_a_request_is_never_split_across_batches(make):
+    client = FakeClient()
+    d = make()
+    dest = Destination(client, "orders")
+    groups = [[msg(f"{g}-{i}") for i in range(7)] for g in range(30)]
+    await asyncio.gather(*(d.send(dest, g) for g in groups))
+    for g in groups:
+        ids = {m.message_id for m in g}
+        holding = [b for _, b in client.batches if ids & set(b)]
+        assert len(holding) == 1 and ids <= set(holding[0])
+
+
+async def test_different_sessions_never_share_a_batch(make):
+    client = FakeClient()
+    d = make()
+    dest = Destination(client, "orders")
+    await asyncio.gather(*(d.send(dest, [msg(i, session=f"s{i % 3}")]) for i in range(60)))
+    for _, ids in client.batches:
+        assert len({int(i) % 3 for i in ids}) == 1
+
+
+async def test_a_failed_batch_fails_exactly_its_requests(make):
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        if any(m.message_id.startswith("bad") for m in messages):
+            raise SendFailure(BROKEN, "boom")
+
+    client = FakeClient(behaviour=behaviour)
+    d = make(LimitSettings(max_in_flight=4, senders_per_entity=1, max_batch_messages=1))
+    dest = Destination(client, "orders")
+    results = await asyncio.gather(
+        d.send(dest, [msg("good-1")]),
+        d.send(dest, [msg("bad-1")]),
+        d.send(dest, [msg("good-2")]),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], SendFailure) and results[1].kind is FailureKind.CONNECTION
+
+
+async def test_a_hanging_broker_is_answered_within_send_timeout_and_the_sender_recreated(make):
+    hang = asyncio.Event()
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        if not hang.is_set():
+            await asyncio.Event().wait()  # never settles
+
+    client = FakeClient(behaviour=behaviour)
+    d = make(LimitSettings(senders_per_entity=1))
+    dest = Destination(client, "orders")
+    with pytest.raises(SendFailure) as info:
+        await d.send(dest, [msg(1)])
+    assert info.value.kind is FailureKind.TIMEOUT and info.value.status == 503
+    assert client.closed_senders == 1
+    hang.set()
+    await d.send(dest, [msg(2)])
+    assert client.opened == 2, "the suspect sender was replaced by a new one"
+
+
+async def test_saturation_answers_503_and_memory_stays_bounded(make):
+    gate = asyncio.Event()
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        await gate.wait()
+
+    client = FakeClient(behaviour=behaviour)
+    limits = LimitSettings(
+        max_in_flight=1,
+        senders_per_entity=1,
+        admission_timeout=0.05,
+        max_pending_bytes=2048,
+        max_batch_bytes=2048,
+        max_message_bytes=1024,
+    )
+    d = make(limits, TimeoutSettings(send_timeout=30))
+    dest = Destination(client, "orders")
+    tasks = [asyncio.create_task(d.send(dest, [msg(i, size=200)])) for i in range(50)]
+    done, _ = await asyncio.wait(tasks, timeout=5, return_when=asyncio.FIRST_EXCEPTION)
+    saturated = [t for t in done if isinstance(t.exception(), Saturated)]
+    assert saturated, "requests beyond the byte budget must be refused"
+    assert saturated[0].exception().status == 503 and saturated[0].exception().retry_after
+    assert d.gate.used <= limits.max_pending_bytes
+    gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    accepted = [r for r in results if r is None]
+    refused = [r for r in results if isinstance(r, Saturated)]
+    assert len(accepted) + len(refused) == 50 and accepted
+    assert d.gate.used == 0
+
+
+async def test_close_fails_what_could_not_be_sent(make):
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        await asyncio.Event().wait()
+
+    client = FakeClient(behaviour=behaviour)
+    d = make(LimitSettings(senders_per_entity=1), TimeoutSettings(send_timeout=60))
+    dest = Destination(client, "orders")
+    tasks = [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(3)]
+    await eventually(lambda: bool(client.batches))
+    await d.close(grace=0.05)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, SendFailure) for r in results)
+
+
+async def test_cancelled_request_that_was_not_handed_over_is_never_sent(make):
+    gate = asyncio.Event()
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        await gate.wait()
+
+    client = FakeClient(behaviour=behaviour)
+    d = make(LimitSettings(senders_per_entity=1, max_in_flight=1), TimeoutSettings(send_timeout=60))
+    dest = Destination(client, "orders")
+    first = asyncio.create_task(d.send(dest, [msg("first")]))
+    await eventually(lambda: bool(client.batches))
+    second = asyncio.create_task(d.send(dest, [msg("second")]))
+    await next_tick()
+    second.cancel()
+    gate.set()
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert client.sent_ids() == ["first"]
+
+
+async def test_warm_opens_senders_before_traffic(make):
+    client = FakeClient()
+    d = make()
+    result = await d.warm([Destination(client, "orders")])
+    assert result == {"primary/orders": None} and client.opened == LIMITS.senders_per_entity
+    await d.send(Destination(client, "orders"), [msg(1)])
+    assert client.opened == LIMITS.senders_per_entity

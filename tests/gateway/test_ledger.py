@@ -1,0 +1,300 @@
+"""The ledger writer against real files: partitioning, gzip, ids, drops, failures, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import io
+import re
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gateway.ledger import (
+    LEDGER_EVENTS,
+    DirectorySink,
+    EncodedLine,
+    EventLedger,
+    Ledger,
+    LedgerSettings,
+    NullLedger,
+    StreamSink,
+    create_ledger,
+)
+
+TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+CONTRACT_KEYS = [
+    "v",
+    "event_id",
+    "ts",
+    "replica",
+    "message_id",
+    "entity",
+    "event",
+    "route",
+    "backlog",
+    "size",
+    "latency_ms",
+]
+# 2025-03-04T05:59:59.5Z and one second later: two different hours.
+T0 = 1741067999.5
+
+
+class StepClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def read_lines(path: Path) -> list[dict[str, object]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        return [orjson.loads(line) for line in f.read().splitlines()]
+
+
+def all_records(root: Path) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for path in sorted(root.rglob("*.jsonl*")):
+        out.extend(read_lines(path))
+    return out
+
+
+class FlakySink:
+    """A sink that fails while ``failing`` is set, like a full disk, and records the rest."""
+
+    def __init__(self) -> None:
+        self.failing = True
+        self.lines: list[bytes] = []
+        self.closed = False
+
+    def write(self, lines: Sequence[EncodedLine]) -> None:
+        if self.failing:
+            raise OSError(28, "No space left on device")
+        self.lines.extend(line for _, line in lines)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class BlockingSink:
+    """A sink whose write hangs until released (a stuck NFS mount)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, lines: Sequence[EncodedLine]) -> None:
+        self.entered.set()
+        self.release.wait(10)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_directory_sink_partitions_by_event_hour(tmp_path: Path) -> None:
+    clock = StepClock(T0)
+    ledger = Ledger(DirectorySink(tmp_path, "gw-0"), replica="gw-0", clock=clock)
+    async with ledger:
+        ledger.emit(
+            "accepted",
+            message_id="m1",
+            entity="orders",
+            route="primary",
+            size=10,
+            latency_ms=1.5,
+        )
+        clock.now = T0 + 1
+        ledger.emit("accepted", message_id="m2", entity="orders", route="backlog", backlog="b/0")
+        ledger.emit("failover_start", entity="orders")
+    assert ledger.written == 3 and ledger.dropped == 0
+
+    first = tmp_path / "dt=2025-03-04" / "hour=05" / "gw-0.jsonl"
+    second = tmp_path / "dt=2025-03-04" / "hour=06" / "gw-0.jsonl"
+    assert sorted(tmp_path.rglob("*.jsonl")) == [first, second]
+    [rec1] = read_lines(first)
+    assert list(rec1) == CONTRACT_KEYS
+    assert rec1["ts"] == "2025-03-04T05:59:59.500000Z"
+    assert rec1["v"] == 1 and rec1["replica"] == "gw-0" and rec1["event"] == "accepted"
+    assert (rec1["size"], rec1["latency_ms"], rec1["backlog"]) == (10, 1.5, None)
+    rec2, rec3 = read_lines(second)
+    assert rec2["ts"] == "2025-03-04T06:00:00.500000Z"
+    assert (rec2["route"], rec2["backlog"]) == ("backlog", "b/0")
+    assert rec3["event"] == "failover_start" and rec3["message_id"] is None
+
+
+async def test_event_ids_are_unique_uuid4_and_ts_has_microseconds(tmp_path: Path) -> None:
+    ledger = Ledger(DirectorySink(tmp_path, "gw-1"), replica="gw-1", batch_size=100)
+    async with ledger:
+        for i in range(1000):
+            ledger.emit("accepted", message_id=f"m{i}", entity="orders", route="primary")
+            if i % 250 == 0:
+                await asyncio.sleep(0)  # let the writer take partial batches
+    records = all_records(tmp_path)
+    assert len(records) == 1000
+    ids = [str(r["event_id"]) for r in records]
+    assert len(set(ids)) == 1000
+    for event_id in ids:
+        assert re.fullmatch(r"[0-9a-f]{32}", event_id)
+        assert uuid.UUID(hex=event_id).version == 4
+        assert uuid.UUID(hex=event_id).variant == uuid.RFC_4122
+    assert all(TS_RE.match(str(r["ts"])) for r in records)
+    assert [r["message_id"] for r in records] == [f"m{i}" for i in range(1000)]
+
+
+async def test_gzip_appends_one_member_per_batch_and_reads_whole(tmp_path: Path) -> None:
+    ledger = Ledger(
+        DirectorySink(tmp_path, "gw/2", compress=True), replica="gw/2", clock=StepClock(T0)
+    )
+    async with ledger:
+        ledger.emit("ping", entity="orders")
+        await ledger.flush()
+        ledger.emit("failover_end", entity="orders")
+        await ledger.flush()
+        ledger.emit("syphoned", message_id="m1", entity="orders", backlog="b/1")
+    [path] = list(tmp_path.rglob("*"))[-1:]
+    assert path.name == "gw_2.jsonl.gz"  # the replica name is made path-safe
+    assert [r["event"] for r in read_lines(path)] == ["ping", "failover_end", "syphoned"]
+    with path.open("rb") as f:
+        assert f.read().count(b"\x1f\x8b\x08") >= 3  # three gzip members
+
+
+async def test_full_buffer_drops_and_counts(tmp_path: Path) -> None:
+    ledger = Ledger(DirectorySink(tmp_path, "gw"), replica="gw", capacity=10)
+    for i in range(15):  # not started yet: buffered up to capacity
+        ledger.emit("accepted", message_id=str(i))
+    assert (ledger.emitted, ledger.dropped, ledger.queue_depth) == (10, 5, 10)
+    async with ledger:
+        pass
+    assert ledger.written == 10
+    assert [r["message_id"] for r in all_records(tmp_path)] == [str(i) for i in range(10)]
+
+
+async def test_failing_sink_counts_and_recovers() -> None:
+    sink = FlakySink()
+    ledger = Ledger(sink, replica="gw")
+    async with ledger:
+        for i in range(5):
+            ledger.emit("accepted", message_id=str(i))  # never raises on the hot path
+        async with asyncio.timeout(5):
+            await ledger.flush()
+        assert ledger.write_errors == 1 and ledger.dropped == 5 and ledger.written == 0
+        assert ledger.last_error is not None and "No space left" in ledger.last_error
+        sink.failing = False
+        ledger.emit("accepted", message_id="after")
+        async with asyncio.timeout(5):
+            await ledger.flush()
+    assert ledger.written == 1 and sink.closed
+    assert orjson.loads(sink.lines[0])["message_id"] == "after"
+
+
+async def test_unwritable_directory_is_counted_not_raised(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the ledger directory should be")
+    ledger = Ledger(DirectorySink(blocker / "ledger", "gw"), replica="gw")
+    async with ledger:
+        ledger.emit("accepted", message_id="m1")
+        async with asyncio.timeout(5):
+            await ledger.flush()
+        ledger.emit("accepted", message_id="m2")
+    assert ledger.write_errors == 2 and ledger.dropped == 2 and ledger.written == 0
+
+
+async def test_unencodable_event_is_dropped_alone() -> None:
+    sink = FlakySink()
+    sink.failing = False
+    ledger = Ledger(sink, replica="gw")
+    async with ledger:
+        ledger.emit("accepted", message_id="ok1", when=object(), tags={1: "x"})
+        ledger.emit("accepted", message_id="bad", size=2**70)  # beyond 64-bit JSON ints
+        ledger.emit("accepted", message_id="ok2", v=99, region="weu")
+    assert (ledger.written, ledger.encode_errors, ledger.dropped) == (2, 1, 1)
+    first, second = (orjson.loads(line) for line in sink.lines)
+    assert first["message_id"] == "ok1" and first["tags"] == {"1": "x"}
+    assert str(first["when"]).startswith("<object object")
+    assert second["v"] == 1 and second["region"] == "weu"  # extras never override the contract
+
+
+async def test_clean_shutdown_flushes_without_waiting_for_the_interval(tmp_path: Path) -> None:
+    ledger = Ledger(DirectorySink(tmp_path, "gw"), replica="gw", flush_interval=60.0)
+    await ledger.start()
+    for i in range(100):
+        ledger.emit("accepted", message_id=str(i))
+    started = time.monotonic()
+    await ledger.aclose()
+    assert time.monotonic() - started < 5
+    assert ledger.written == 100 and len(all_records(tmp_path)) == 100
+    ledger.emit("accepted", message_id="late")  # after close: counted, not raised
+    assert ledger.dropped == 1
+    await ledger.aclose()  # idempotent
+
+
+async def test_close_deadline_bounds_a_stuck_sink() -> None:
+    sink = BlockingSink()
+    ledger = Ledger(sink, replica="gw", close_timeout=0.3)
+    await ledger.start()
+    ledger.emit("accepted", message_id="stuck")
+    async with asyncio.timeout(5):
+        await asyncio.to_thread(sink.entered.wait, 5)
+    ledger.emit("accepted", message_id="buffered")
+    try:
+        started = time.monotonic()
+        await ledger.aclose()
+        assert time.monotonic() - started < 2
+        assert ledger.dropped >= 1 and ledger.written == 0
+    finally:
+        sink.release.set()
+
+
+async def test_flush_returns_once_written(tmp_path: Path) -> None:
+    ledger = Ledger(DirectorySink(tmp_path, "gw"), replica="gw", flush_interval=60.0)
+    async with ledger:
+        ledger.emit("accepted", message_id="m1")
+        async with asyncio.timeout(5):
+            await ledger.flush()
+        assert ledger.written == 1
+        assert [r["message_id"] for r in all_records(tmp_path)] == ["m1"]
+
+
+async def test_stream_sink_writes_lines() -> None:
+    stream = io.BytesIO()
+    ledger = Ledger(StreamSink(stream), replica="gw")
+    async with ledger:
+        ledger.emit("rejected", message_id="m1", entity="orders", status=503)
+    [line] = stream.getvalue().splitlines()
+    record = orjson.loads(line)
+    assert record["event"] == "rejected" and record["status"] == 503
+
+
+async def test_null_ledger_and_factory(tmp_path: Path) -> None:
+    off: EventLedger = create_ledger(LedgerSettings(), replica="gw")
+    assert isinstance(off, NullLedger) and not off.enabled
+    async with off:
+        off.emit("accepted", message_id="m1")
+        await off.flush()
+    assert (off.emitted, off.written, off.dropped, off.write_errors) == (0, 0, 0, 0)
+
+    on = create_ledger(LedgerSettings(sink="dir", directory=tmp_path, compress=True), replica="r")
+    assert isinstance(on, Ledger) and on.enabled
+    async with on:
+        on.emit("ping", entity="orders")
+    assert [p.name for p in tmp_path.rglob("*.gz")] == ["r.jsonl.gz"]
+    assert isinstance(create_ledger(LedgerSettings(sink="stdout"), replica="r"), Ledger)
+
+    with pytest.raises(ValueError, match="directory"):
+        LedgerSettings(sink="dir")
+    with pytest.raises(ValueError, match="sink"):
+        LedgerSettings(sink="file")  # type: ignore[arg-type]
+
+
+def test_event_names_match_the_contract() -> None:
+    expected = "accepted syphoned expired dead_lettered rejected failover_start failover_end ping"
+    assert frozenset(expected.split()) == LEDGER_EVENTS

@@ -1,0 +1,158 @@
+"""The Service Bus REST format parser (pure logic)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+
+import orjson
+import pytest
+
+from gateway.errors import PayloadTooLarge, RequestError
+from gateway.web import rest
+
+
+def single(headers=(), props=None, body=b"x", ct="text/plain", key=None):
+    return rest.parse_single(body, ct, list(headers), props, key)
+
+
+def test_every_broker_property_maps():
+    props = orjson.dumps(
+        {
+            "MessageId": "m-1",
+            "CorrelationId": "c-1",
+            "SessionId": "s-1",
+            "Label": "lbl",
+            "ReplyTo": "rt",
+            "ReplyToSessionId": "rts",
+            "To": "to-x",
+            "TimeToLive": 90.5,
+            "ScheduledEnqueueTimeUtc": "Sun, 06 Nov 2033 08:49:37 GMT",
+            "PartitionKey": "s-1",
+            "SequenceNumber": 7,  # read-only in Service Bus: ignored, as the service does
+        }
+    ).decode()
+    m = single(props=props)
+    assert (m.message_id, m.correlation_id, m.session_id, m.subject) == ("m-1", "c-1", "s-1", "lbl")
+    assert (m.reply_to, m.reply_to_session_id, m.to, m.partition_key) == (
+        "rt",
+        "rts",
+        "to-x",
+        "s-1",
+    )
+    assert m.time_to_live == dt.timedelta(seconds=90.5)
+    assert m.scheduled_enqueue_time_utc == dt.datetime(2033, 11, 6, 8, 49, 37, tzinfo=dt.UTC)
+    assert m.content_type == "text/plain"
+
+
+def test_custom_headers_become_typed_properties_and_standard_ones_do_not():
+    m = single(
+        headers=[
+            ("Priority", '"High"'),
+            ("Count", "12"),
+            ("Ratio", "0.5"),
+            ("Flag", "true"),
+            ("Plain", "just text"),
+            ("Authorization", "SharedAccessSignature sr=x"),
+            ("Host", "h"),
+            ("Connection", "keep-alive"),
+            ("Content-Type", "text/plain"),
+            ("BrokerProperties", "{}"),
+            ("Idempotency-Key", "k"),
+            ("X-Forwarded-For", "1.2.3.4"),
+            ("Sec-Fetch-Mode", "cors"),
+        ]
+    )
+    assert m.application_properties == {
+        "Priority": "High",
+        "Count": 12,
+        "Ratio": 0.5,
+        "Flag": True,
+        "Plain": "just text",
+    }
+
+
+def test_message_id_defaults_idempotency_key_then_uuid():
+    assert single(key="order-77").message_id == "order-77"
+    assert single(props='{"MessageId": "explicit"}', key="k").message_id == "explicit"
+    generated = single().message_id
+    assert len(generated) == 32 and generated != single().message_id
+
+
+@pytest.mark.parametrize(
+    ("props", "fragment"),
+    [
+        ("{bad", "not valid JSON"),
+        ("[1]", "must be a JSON object"),
+        ('{"TimeToLive": "ten"}', "TimeToLive"),
+        ('{"TimeToLive": -1}', "TimeToLive"),
+        ('{"TimeToLive": 0}', "TimeToLive"),
+        ('{"TimeToLive": 1e300}', "TimeToLive"),
+        ('{"TimeToLive": true}', "TimeToLive"),
+        ('{"ScheduledEnqueueTimeUtc": "tomorrow"}', "RFC 1123"),
+        ('{"ScheduledEnqueueTimeUtc": 5}', "RFC 1123"),
+        ('{"ScheduledEnqueueTimeUtc": "Sun, 06 Nov 1994 08:49:37"}', "RFC 1123"),
+        ('{"MessageId": 5}', "MessageId must be a string"),
+        ('{"MessageId": "' + "x" * 129 + '"}', "longer than 128"),
+        ('{"SessionId": "a", "PartitionKey": "b"}', "PartitionKey must equal SessionId"),
+    ],
+)
+def test_bad_broker_properties_are_400_with_a_clear_message(props, fragment):
+    with pytest.raises(RequestError) as info:
+        single(props=props)
+    assert info.value.status == 400
+    assert fragment in info.value.message
+
+
+def test_batch_with_base64_user_properties_and_idempotency():
+    raw = orjson.dumps(
+        [
+            {"Body": "hello", "BrokerProperties": {"Label": "a"}, "UserProperties": {"n": 1}},
+            {"Body": base64.b64encode(b"\x00\x01").decode(), "IsBodyBase64": True},
+        ]
+    )
+    msgs = rest.parse_batch(raw, "batch-9", max_messages=10)
+    assert [m.body for m in msgs] == [b"hello", b"\x00\x01"]
+    assert [m.message_id for m in msgs] == ["batch-9:0", "batch-9:1"]
+    assert msgs[0].subject == "a" and msgs[0].application_properties == {"n": 1}
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"{}", "JSON array"),
+        (b"[]", "at least one"),
+        (b"[1]", "must be a JSON object"),
+        (b'[{"Body": 5}]', "Body must be a string"),
+        (b'[{"Body": "!!", "IsBodyBase64": true}]', "not valid base64"),
+        (b'[{"Body": "a", "IsBodyBase64": "yes"}]', "IsBodyBase64"),
+        (b'[{"Body": "a", "UserProperties": {"x": {"y": 1}}}]', "string, number or boolean"),
+        (b'[{"Body": "a", "Extra": 1}]', "unknown field"),
+        (
+            b'[{"Body":"a","BrokerProperties":{"MessageId":"d"}},{"Body":"b","BrokerProperties":{"MessageId":"d"}}]',
+            "repeats",
+        ),
+        (b"\xff\xfe", "not valid JSON"),
+    ],
+)
+def test_bad_batches_are_rejected_whole(raw, fragment):
+    with pytest.raises(RequestError) as info:
+        rest.parse_batch(raw, None, max_messages=10)
+    assert fragment in info.value.message
+
+
+def test_batch_length_limit_is_413():
+    with pytest.raises(PayloadTooLarge):
+        rest.parse_batch(orjson.dumps([{"Body": "a"}] * 11), None, max_messages=10)
+
+
+def test_oversized_property_is_413():
+    with pytest.raises(PayloadTooLarge):
+        single(headers=[("Big", "x" * 40_000)])
+
+
+def test_batch_content_type_check():
+    rest.check_batch_content_type("application/vnd.microsoft.servicebus.json; charset=utf-8")
+    with pytest.raises(RequestError) as info:
+        rest.check_batch_content_type("application/json")
+    assert info.value.status == 415

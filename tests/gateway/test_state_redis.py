@@ -1,0 +1,494 @@
+"""RedisStateStore against real redis-server processes: 2-3 stores (replicas) on one server.
+
+Faults are real: SIGKILL, SIGSTOP/SIGCONT, a restart on the same port, a cut TCP link.
+Nothing sleeps to wait for a condition: tests await listener events or poll with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from gateway.state import BacklogState, EntityState, RedisStateStore, StateStore
+from tests.support.redis import RedisServer, TcpProxy, free_port
+
+# The fixture, until a conftest imports it for every test module.
+from tests.support.redis import redis_server as redis_server
+
+pytestmark = pytest.mark.timeout(60)
+
+OP_TIMEOUT = 0.5
+FAST = {
+    "op_timeout": OP_TIMEOUT,
+    "health_interval": 0.2,
+    "reconnect_backoff": (0.05, 0.3),
+}
+
+
+class Recorder:
+    """Listener pair that records every change a store reports."""
+
+    def __init__(self) -> None:
+        self.entities: list[EntityState] = []
+        self.backlogs: list[BacklogState] = []
+
+    def on_entity(self, s: EntityState) -> None:
+        self.entities.append(s)
+
+    def on_backlog(self, b: BacklogState) -> None:
+        self.backlogs.append(b)
+
+
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0, what: str = ""
+) -> None:
+    """Poll `check` until it is true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"not true within {timeout} s: {what or check}")
+        await asyncio.sleep(0.01)
+
+
+@asynccontextmanager
+async def replicas(
+    urls: str | list[str], n: int = 3, **kw: Any
+) -> AsyncIterator[tuple[list[RedisStateStore], list[Recorder]]]:
+    url_list = urls if isinstance(urls, list) else [urls] * n
+    opts = {**FAST, **kw}
+    stores = [RedisStateStore(u, f"r{i}", **opts) for i, u in enumerate(url_list)]
+    recs = [Recorder() for _ in stores]
+    for s, r in zip(stores, recs, strict=True):
+        s.subscribe(r.on_entity, r.on_backlog)
+    await asyncio.gather(*(s.start() for s in stores))
+    try:
+        yield stores, recs
+    finally:
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(s.close() for s in stores))
+
+
+@pytest.fixture
+async def raw(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def stored(raw: Redis, entity: str) -> EntityState | None:
+    h = await raw.hgetall(f"sbgate:entity:{entity}")
+    if not h:
+        return None
+    return EntityState(
+        entity, h["status"], int(h["epoch"]), float(h["since"]), h["by"], h["reason"]
+    )
+
+
+def agree(stores: list[RedisStateStore], entity: str, want: EntityState | None = None) -> bool:
+    states = {s.get(entity) for s in stores}
+    return len(states) == 1 and (want is None or states == {want})
+
+
+# -- basics ---------------------------------------------------------------------------------
+
+
+async def test_is_a_state_store(redis_server: RedisServer) -> None:
+    store: StateStore = RedisStateStore(redis_server.url, "r0")
+    assert store.replica_id == "r0"
+    assert not store.connected  # not started
+
+
+async def test_a_proposal_reaches_every_replica_with_the_same_epoch(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url) as (stores, recs):
+        assert all(s.connected for s in stores)
+        r0 = stores[0]
+        failing = r0.propose(r0.get("orders"), "failing", "timeout")
+        assert failing is not None and failing.epoch == 1 and failing.by == "r0"
+        await eventually(lambda: all(r.entities == [failing] for r in recs), what="listeners")
+        assert all(s.get("orders") == failing for s in stores)
+        assert await stored(raw, "orders") == failing
+
+        # The next decision is made on another replica, from what it learned.
+        r2 = stores[2]
+        over = r2.propose(r2.get("orders"), "failed_over", "timeout")
+        assert over is not None and over.epoch == 2
+        await eventually(lambda: agree(stores, "orders", over))
+        await eventually(lambda: all(r.entities == [failing, over] for r in recs))
+        assert await stored(raw, "orders") == over
+        assert sum(s.stats.write_conflicts for s in stores) == 0
+
+
+async def test_concurrent_conflicting_proposals_converge_on_one_winner(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url) as (stores, recs):
+        entities = [f"queue-{i}" for i in range(20)]
+        for e in entities:
+            # Same base (epoch 0) on all three, in one loop turn: a real race to Redis.
+            stores[0].propose(stores[0].get(e), "failing", "timeout")
+            stores[1].propose(stores[1].get(e), "failed_over", "operator")
+            stores[2].propose(stores[2].get(e), "healthy", "ping")
+
+        def last_word(r: Recorder, e: str) -> EntityState | None:
+            seen = [x for x in r.entities if x.entity == e]
+            return seen[-1] if seen else None
+
+        async def converged() -> bool:
+            for e in entities:
+                redis_state = await stored(raw, e)
+                if redis_state is None or not agree(stores, e, redis_state):
+                    return False
+                # Listeners run on a later loop turn than the memory change they report.
+                if any(last_word(r, e) != redis_state for r in recs):
+                    return False
+            return True
+
+        await eventually(converged, what="every replica holds and reported what Redis holds")
+        for e in entities:
+            winner = stores[0].get(e)
+            assert winner.epoch == 1  # exactly one transition applied
+            for r in recs:  # every replica's last word on the entity is the winner
+                assert last_word(r, e) == winner
+        # Exactly one transition per entity reached Redis; each loser either lost the CAS or
+        # heard the winner first (and dropped its own pending write).
+        assert sum(s.stats.writes for s in stores) == len(entities)
+        assert sum(s.stats.write_conflicts for s in stores) <= 2 * len(entities)
+
+
+async def test_a_stale_proposal_and_a_stale_event_are_ignored(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url, n=2) as (stores, recs):
+        r0, r1 = stores
+        one = r0.propose(r0.get("orders"), "failing", "timeout")
+        assert one is not None
+        two = r0.propose(one, "failed_over", "timeout")
+        assert two is not None
+        await eventually(lambda: agree(stores, "orders", two))
+        assert r1.propose(one, "healthy", "ping") is None  # built on epoch 1: stale
+
+        # A late event (epoch 1) published after epoch 2, then a marker to know it was read.
+        late = {"kind": "entity", "entity": "orders", "status": "healthy", "epoch": 1}
+        late |= {"since": 1.0, "by": "ghost", "reason": "late"}
+        await raw.publish("sbgate:events", orjson.dumps(late))
+        marker = r0.propose(r0.get("marker"), "failing", "timeout")
+        await eventually(lambda: r1.get("marker") == marker)
+        assert r1.get("orders") == two
+        assert r1.stats.events_stale >= 1
+        assert all(x.by != "ghost" for r in recs for x in r.entities)
+
+
+async def test_coalesced_writes_end_with_the_newest_state(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url, n=2) as (stores, _):
+        r0, r1 = stores
+        state = r0.get("orders")
+        for i in range(50):
+            nxt = r0.propose(state, "failing" if i % 2 == 0 else "healthy", f"step-{i}")
+            assert nxt is not None
+            state = nxt
+        await eventually(lambda: r1.get("orders") == state)
+        assert await stored(raw, "orders") == state
+        assert state.epoch == 50
+        assert r0.stats.writes < 50  # coalesced: only the newest pending state is written
+        assert r0.stats.write_conflicts == 0
+
+
+async def test_a_full_write_queue_falls_back_to_a_resync(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url, n=2, max_pending=2) as (stores, _):
+        r0, r1 = stores
+        made = [r0.propose(r0.get(f"e{i}"), "failing", "timeout") for i in range(6)]
+        assert r0.stats.writes_dropped >= 1
+        await eventually(lambda: all(r1.get(m.entity) == m for m in made if m is not None))
+        for m in made:
+            assert m is not None and await stored(raw, m.entity) == m
+
+
+async def test_a_failing_listener_does_not_stop_the_subscriber(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with replicas(redis_server.url, n=2) as (stores, recs):
+        r0, r1 = stores
+
+        def broken(_: EntityState) -> None:
+            raise RuntimeError("listener bug")
+
+        r1.subscribe(broken, recs[1].on_backlog)
+        with caplog.at_level(logging.ERROR):
+            a = r0.propose(r0.get("a"), "failing", "timeout")
+            await eventually(lambda: r1.get("a") == a)
+            b = r0.propose(r0.get("b"), "failing", "timeout")
+            await eventually(lambda: r1.get("b") == b and recs[1].entities[-1:] == [b])
+        assert "listener bug" in caplog.text
+        assert r1.connected
+
+
+# -- backlogs -------------------------------------------------------------------------------
+
+
+async def test_a_backlog_disable_is_seen_everywhere_and_expires(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url) as (stores, recs):
+        queue = "contoso/x-servicebus-transfer/4"
+        until = time.time() + 0.8
+        stores[1].disable_backlog(queue, until, "send failed")
+        await eventually(lambda: all(s.backlogs_disabled(time.time()) == {queue} for s in stores))
+        want = BacklogState(queue, until, "r1", "send failed")
+        await eventually(lambda: all(r.backlogs == [want] for r in recs))
+        ttl = await raw.pttl(f"sbgate:backlog:{queue}")
+        assert 0 < ttl <= 800
+        # Expiry: Redis drops the key, and memory stops reporting it, with no event needed.
+        await eventually(
+            lambda: all(not s.backlogs_disabled(time.time()) for s in stores), timeout=3
+        )
+
+        async def gone() -> bool:
+            return await raw.exists(f"sbgate:backlog:{queue}") == 0
+
+        await eventually(gone, timeout=3)
+
+
+async def test_enabling_a_backlog_puts_it_back_everywhere(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url) as (stores, _):
+        far = time.time() + 300
+        stores[0].disable_backlog("q1", far, "send failed")
+        stores[2].disable_backlog("q1", far - 100, "shorter")  # the later until wins
+        await eventually(lambda: all(s.backlogs_disabled(time.time()) == {"q1"} for s in stores))
+        await eventually(lambda: all(s.backlog_states()["q1"].until == far for s in stores))
+        stores[1].enable_backlog("q1")
+        await eventually(lambda: all(not s.backlogs_disabled(time.time()) for s in stores))
+        assert await raw.exists("sbgate:backlog:q1") == 0
+
+
+# -- leases ---------------------------------------------------------------------------------
+
+
+async def test_exactly_one_of_three_holds_a_lease(redis_server: RedisServer) -> None:
+    async with replicas(redis_server.url) as (stores, _):
+        got = await asyncio.gather(*(s.acquire_lease("ping:orders", 5) for s in stores))
+        assert sorted(got) == [False, False, True]
+        holder = stores[got.index(True)]
+        assert {await s.lease_holder("ping:orders") for s in stores} == {holder.replica_id}
+        assert await holder.acquire_lease("ping:orders", 5)  # renewal by the holder
+        others = [s for s in stores if s is not holder]
+        assert not any([await s.acquire_lease("ping:orders", 5) for s in others])
+        await others[0].release_lease("ping:orders")  # not the holder: no effect
+        assert await holder.lease_holder("ping:orders") == holder.replica_id
+
+
+async def test_a_released_lease_moves_to_another_replica(redis_server: RedisServer) -> None:
+    async with replicas(redis_server.url) as (stores, _):
+        assert await stores[0].acquire_lease("ping:orders", 30)
+        assert not await stores[1].acquire_lease("ping:orders", 30)
+        await stores[0].release_lease("ping:orders")
+        assert await stores[1].acquire_lease("ping:orders", 30)
+        assert await stores[2].lease_holder("ping:orders") == "r1"
+
+
+async def test_a_lease_not_renewed_moves_after_its_ttl(redis_server: RedisServer) -> None:
+    async with replicas(redis_server.url) as (stores, _):
+        ttl = 0.5
+        assert await stores[0].acquire_lease("ping:orders", ttl)
+        taken = time.monotonic()
+        # r0 stops renewing (its pinger died); r1 and r2 keep trying, as pingers do.
+        winners: list[str] = []
+
+        async def someone_else_holds() -> bool:
+            for s in stores[1:]:
+                if await s.acquire_lease("ping:orders", ttl):
+                    winners.append(s.replica_id)
+            return bool(winners)
+
+        await eventually(someone_else_holds, timeout=3)
+        assert time.monotonic() - taken >= ttl * 0.8
+        assert len(winners) == 1
+        assert await stores[0].lease_holder("ping:orders") == winners[0]
+        assert not await stores[0].acquire_lease("ping:orders", ttl)
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+
+async def test_redis_killed_mid_failover_then_restarted_empty_no_flapping(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url) as (stores, recs):
+        r0, r1, r2 = stores
+        failing = r0.propose(r0.get("orders"), "failing", "timeout")
+        assert failing is not None
+        await eventually(lambda: agree(stores, "orders", failing))
+        over = r1.propose(r1.get("orders"), "failed_over", "timeout")
+        assert over is not None
+        await eventually(lambda: agree(stores, "orders", over))
+
+        redis_server.kill()
+        await eventually(lambda: not any(s.connected for s in stores), what="disconnected")
+        # Fail open: everything keeps working on memory, nothing raises, nothing waits long.
+        other = r2.propose(r2.get("billing"), "failing", "connection")
+        assert other is not None and other.epoch == 1 and r2.get("billing") == other
+        r2.disable_backlog("q2", time.time() + 300, "send failed")
+        started = time.monotonic()
+        assert await r0.acquire_lease("ping:orders", 5)
+        assert await r0.lease_holder("ping:orders") is None
+        await r0.release_lease("ping:orders")
+        assert time.monotonic() - started < 3 * OP_TIMEOUT
+        assert all(s.get("orders") == over for s in stores)
+        assert all(s.stats.redis_errors >= 1 for s in stores)
+
+        redis_server.restart(empty=True)
+        await eventually(lambda: all(s.connected for s in stores), what="reconnected")
+        # Memory was written back to the empty Redis, and everyone learned r2's changes.
+        await eventually(lambda: agree(stores, "billing", other))
+        await eventually(lambda: all(s.backlogs_disabled(time.time()) == {"q2"} for s in stores))
+
+        async def restored() -> bool:
+            return await stored(raw, "orders") == over and await stored(raw, "billing") == other
+
+        await eventually(restored)
+        assert all(s.get("orders") == over for s in stores)
+        for r in recs:  # no flapping: nobody ever reported "orders" healthy after failover
+            seen = [x for x in r.entities if x.entity == "orders"]
+            assert seen[-1] == over
+            assert all(x.status != "healthy" for x in seen)
+        assert all(s.stats.reconnects >= 1 and s.stats.resyncs >= 2 for s in stores)
+
+
+async def test_redis_paused_calls_stay_bounded_then_replicas_converge(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url) as (stores, _):
+        r0, r1, _r2 = stores
+        before = r0.propose(r0.get("orders"), "failing", "timeout")
+        await eventually(lambda: agree(stores, "orders", before))
+
+        redis_server.pause()
+        try:
+            # The first lease call finds the stall: it returns (fail open) within the deadline.
+            started = time.monotonic()
+            assert await r1.acquire_lease("ping:orders", 5)
+            assert time.monotonic() - started < OP_TIMEOUT + 0.3
+            started = time.monotonic()
+            assert await r0.lease_holder("ping:orders") is None
+            assert time.monotonic() - started < OP_TIMEOUT + 0.3
+            assert before is not None
+            after = r0.propose(before, "failed_over", "timeout")
+            assert after is not None and r0.get("orders") == after
+            # The subscribers notice the silence (no PONG) by themselves.
+            await eventually(lambda: not any(s.connected for s in stores), timeout=3)
+        finally:
+            redis_server.resume()
+
+        await eventually(lambda: all(s.connected for s in stores), what="reconnected")
+        await eventually(lambda: agree(stores, "orders", after))
+
+        async def in_redis() -> bool:
+            return await stored(raw, "orders") == after
+
+        await eventually(in_redis)
+
+
+async def test_resync_adopts_newer_state_written_while_a_replica_was_away(
+    redis_server: RedisServer,
+) -> None:
+    proxy = await TcpProxy(redis_server.port).start()
+    try:
+        async with replicas([proxy.url, redis_server.url], n=2) as (stores, recs):
+            away, here = stores
+            one = here.propose(here.get("orders"), "failing", "timeout")
+            await eventually(lambda: agree(stores, "orders", one))
+
+            proxy.cut()
+            await eventually(lambda: not away.connected, what="the away replica lost Redis")
+            assert one is not None
+            two = here.propose(one, "failed_over", "timeout")
+            here.disable_backlog("q7", time.time() + 300, "send failed")
+            assert two is not None and here.connected
+            assert away.get("orders") == one  # it cannot know yet
+
+            resyncs = away.stats.resyncs
+            proxy.heal()
+            await eventually(lambda: away.connected, what="the away replica is back")
+            assert away.stats.resyncs > resyncs
+            await eventually(lambda: away.get("orders") == two)
+            assert away.backlogs_disabled(time.time()) == {"q7"}
+            await eventually(lambda: recs[0].entities[-1:] == [two])
+    finally:
+        await proxy.close()
+
+
+async def test_start_with_redis_down_returns_then_connects_when_it_comes_up() -> None:
+    server = RedisServer(free_port())
+    store = RedisStateStore(server.url, "r0", **FAST)  # type: ignore[arg-type]
+    try:
+        started = time.monotonic()
+        await store.start()
+        assert time.monotonic() - started < 3 * OP_TIMEOUT
+        assert not store.connected
+        early = store.propose(store.get("orders"), "failing", "timeout")
+        assert early is not None and await store.acquire_lease("ping:orders", 5)
+
+        server.start()
+        await eventually(lambda: store.connected, what="connected once Redis is up")
+        raw = Redis.from_url(server.url, decode_responses=True)
+        try:
+
+            async def written() -> bool:
+                return await stored(raw, "orders") == early
+
+            await eventually(written)
+        finally:
+            await raw.aclose()
+    finally:
+        await store.close()
+        server.close()
+
+
+async def test_close_is_bounded_while_redis_is_paused(redis_server: RedisServer) -> None:
+    store = RedisStateStore(redis_server.url, "r0", **FAST)  # type: ignore[arg-type]
+    await store.start()
+    assert store.connected
+    tasks = list(store._tasks)
+    redis_server.pause()
+    try:
+        store.propose(store.get("orders"), "failing", "timeout")
+        started = time.monotonic()
+        await store.close()
+        assert time.monotonic() - started < 4 * OP_TIMEOUT
+        assert all(t.done() for t in tasks)
+        assert not store.connected
+    finally:
+        redis_server.resume()
+
+
+def test_the_redis_server_helper_restarts_on_the_same_port(redis_server: RedisServer) -> None:
+    port = redis_server.port
+    assert redis_server.command("SET", "k", "v") == b"+OK"
+    redis_server.restart(empty=False)
+    assert redis_server.port == port and redis_server.command("GET", "k") == b"$1"
+    redis_server.restart()  # empty
+    assert redis_server.command("GET", "k") == b"$-1"
+    redis_server.pause()
+    assert redis_server.command("PING", check=False) is None  # stalled: no answer
+    redis_server.resume()
+    assert redis_server.command("PING") == b"+PONG"

@@ -1,0 +1,118 @@
+"""Syphon logic with fakes at its ports: idle cost over a simulated hour, fault coordination,
+and the backlog rewrite/restore round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+from gateway.config import LimitSettings, SyphonSettings, TimeoutSettings
+from gateway.core.backlog import restore, rewrite
+from gateway.core.dispatcher import Dispatcher
+from gateway.core.message import OutboundMessage
+from gateway.state.memory import MemoryStateStore
+from gateway.syphon.syphon import Syphon
+from tests.gateway.fakes import FakeClient
+from tests.support.syphon import FakeBacklog, FakeClock
+from tests.support.waiting import eventually
+
+QUEUES = [f"primary/x-servicebus-transfer/{i}" for i in range(10)]
+
+
+def make_syphon(port: FakeBacklog, clock: FakeClock | None, store: MemoryStateStore) -> Syphon:
+    return Syphon(
+        backlog=port,
+        queues=QUEUES,
+        dispatcher=Dispatcher(LimitSettings(), TimeoutSettings()),
+        primary=FakeClient(),
+        store=store,
+        settings=SyphonSettings(idle_check_interval=900.0),
+        timeouts=TimeoutSettings(),
+        clock=clock,
+    )
+
+
+async def test_idle_for_a_simulated_hour_costs_at_most_4_operations():
+    clock = FakeClock()
+    port = FakeBacklog()
+    store = MemoryStateStore("r1")
+    await store.start()
+    syphon = make_syphon(port, clock, store)
+    syphon.start()
+    try:
+        await eventually(lambda: port.ops == ["depths"], within=5)  # start-up check
+        start_ops = len(port.ops)
+        while clock.t < 3600:
+            await clock.advance()
+        await eventually(clock.parked, within=5)  # settled at the hour mark
+        hour_ops = port.ops[start_ops:]
+        assert len(hour_ops) <= 4, hour_ops
+        assert "receive" not in hour_ops, "no polling while every backlog is known empty"
+        assert syphon.stats.operations["depth_check"] == len(port.ops)
+    finally:
+        await syphon.close(grace=1)
+        await store.close()
+
+
+async def test_a_failback_wakes_the_syphon_without_polling_in_between():
+    clock = FakeClock()
+    port = FakeBacklog()
+    store = MemoryStateStore("r1")
+    await store.start()
+    syphon = make_syphon(port, clock, store)
+    syphon.start()
+    try:
+        await eventually(lambda: port.ops == ["depths"], within=5)
+        st = store.propose(store.get("orders"), "failed_over", "test")
+        assert st is not None
+        await eventually(clock.parked, within=5)
+        assert port.ops == ["depths"], "failing over costs the syphon nothing"
+        store.propose(store.get("orders"), "healthy", "ping")
+        clock.t += 2  # past the minimum spacing between checks
+        await clock.advance()
+        await eventually(lambda: port.ops.count("depths") == 2, within=5)
+    finally:
+        await syphon.close(grace=1)
+        await store.close()
+
+
+async def test_a_namespace_fault_closes_the_partner_within_5_seconds():
+    port = FakeBacklog(fail_receive=True)
+    store = MemoryStateStore("r1")
+    await store.start()
+    syphon = make_syphon(port, None, store)  # real clock
+    syphon.start()
+    try:
+        async with asyncio.timeout(5):
+            await port.reset_called.wait()
+        assert syphon.last_fault is not None
+    finally:
+        await syphon.close(grace=1)
+        await store.close()
+
+
+def test_rewrite_and_restore_round_trip_with_the_remaining_ttl():
+    when = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    original = OutboundMessage(
+        body=b"b",
+        message_id="m",
+        session_id="s",
+        partition_key="s",
+        time_to_live=dt.timedelta(seconds=100),
+        scheduled_enqueue_time_utc=when,
+        correlation_id="c",
+        application_properties={"k": "v"},
+    )
+    stored = rewrite(original, "orders", accepted_at=1000.0)
+    assert stored.session_id is None and stored.time_to_live is None
+    assert stored.scheduled_enqueue_time_utc is None and stored.message_id == "m"
+    assert stored.application_properties["x-ms-path"] == "orders"
+    back = restore(stored, now=when.timestamp() + 40)
+    assert back is not None and back.entity_path == "orders" and not back.expired
+    m = back.message
+    assert (m.session_id, m.partition_key, m.correlation_id) == ("s", "s", "c")
+    assert m.scheduled_enqueue_time_utc == when
+    assert m.time_to_live == dt.timedelta(seconds=60), "TTL runs from the scheduled time"
+    assert m.application_properties == {"k": "v"}
+    expired = restore(stored, now=when.timestamp() + 101)
+    assert expired is not None and expired.expired

@@ -1,0 +1,1 @@
+"""Test helpers shared across suites (real processes and sockets, no mocks)."""

@@ -1,0 +1,267 @@
+"""A real `redis-server` process for tests: our own, on a free 127.0.0.1 port.
+
+Never touches a system Redis (e.g. on 6379). No persistence (`--save "" --appendonly no`), so
+a restart is empty unless asked otherwise. Faults are real signals: `kill()` (SIGKILL),
+`pause()`/`resume()` (SIGSTOP/SIGCONT, a stalled server whose TCP stays up), `stop()`
+(SIGTERM), `restart()` on the same port.
+
+A conftest makes the fixtures available with::
+
+    from tests.support.redis import redis_server, redis_server_factory  # noqa: F401
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REDIS_SERVER = os.environ.get("SBGATE_TEST_REDIS_SERVER") or shutil.which("redis-server")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server process we own. Blocking methods; each bounded by `timeout`."""
+
+    def __init__(self, port: int | None = None, *, timeout: float = 10.0) -> None:
+        if REDIS_SERVER is None:
+            raise RuntimeError("redis-server not found (apt-get install redis-server)")
+        self.port = port if port is not None else free_port()
+        self.timeout = timeout
+        self._dir = Path(tempfile.mkdtemp(prefix="sbgate-redis-"))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._paused = False
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> RedisServer:
+        """Start it and wait until it answers PING."""
+        if self.running:
+            return self
+        args = [
+            str(REDIS_SERVER),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self._dir),
+            "--dbfilename", "dump.rdb",
+            "--protected-mode", "no",
+            "--daemonize", "no",
+            "--loglevel", "warning",
+            "--logfile", str(self._dir / "redis.log"),
+        ]  # fmt: skip
+        self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        self._paused = False
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self._proc.poll() is not None:
+                log = (self._dir / "redis.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-server exited {self._proc.returncode}: {log}")
+            if self.command("PING", check=False) == b"+PONG":
+                return self
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"redis-server on {self.port} did not answer PING")
+            time.sleep(0.01)  # polling a process we just started, with a deadline
+
+    def command(self, *parts: str, check: bool = True) -> bytes | None:
+        """Send one command over a fresh socket; the first reply line (RESP), or None if
+        the server is unreachable and `check` is False."""
+        payload = f"*{len(parts)}\r\n".encode()
+        for p in parts:
+            b = p.encode()
+            payload += b"$%d\r\n%s\r\n" % (len(b), b)
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
+                s.sendall(payload)
+                buf = b""
+                while b"\r\n" not in buf:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                return buf.split(b"\r\n", 1)[0]
+        except OSError:
+            if check:
+                raise
+            return None
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(sig)
+
+    def _wait(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._proc.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(self.timeout)
+        self._proc = None
+        self._paused = False
+
+    def stop(self) -> None:
+        """SIGTERM and wait (SIGKILL if it does not go)."""
+        if self._paused:
+            self.resume()
+        self._signal(signal.SIGTERM)
+        self._wait()
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes, its sockets are reset."""
+        self._signal(signal.SIGKILL)
+        self._wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open but nothing is answered."""
+        self._signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+        self._paused = False
+
+    def restart(self, empty: bool = True) -> RedisServer:
+        """Stop and start again on the same port. `empty=False` keeps the data (SAVE first,
+        then it is loaded back from the dump file)."""
+        if empty:
+            self.kill()
+            with contextlib.suppress(FileNotFoundError):
+                (self._dir / "dump.rdb").unlink()
+        else:
+            if self._paused:
+                self.resume()
+            self.command("SAVE")
+            self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        """Kill it (if running) and remove its directory."""
+        if self._paused:
+            self.resume()
+        self.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TcpProxy:
+    """A loopback TCP forwarder to `127.0.0.1:target_port` that a test can cut and heal:
+    one client loses Redis while the others keep it. Runs on the test's event loop."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._links: set[asyncio.Task[None]] = set()
+        self._open = True
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> TcpProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    def cut(self) -> None:
+        """Drop every connection now and refuse new ones until `heal()`."""
+        self._open = False
+        for task in list(self._links):
+            task.cancel()
+
+    def heal(self) -> None:
+        self._open = True
+
+    async def close(self) -> None:
+        self.cut()
+        if self._links:
+            await asyncio.wait(list(self._links), timeout=5)
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._open:
+            writer.close()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._links.add(task)
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(self._pipe(reader, up_w))
+                    tg.create_task(self._pipe(up_r, writer))
+            finally:
+                up_w.close()
+        except (OSError, asyncio.CancelledError, ExceptionGroup):
+            pass  # a cut or a closed peer: the link ends, which is the point
+        finally:
+            writer.close()
+            self._links.discard(task)
+
+    @staticmethod
+    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+        raise ConnectionResetError("peer closed")
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A fresh redis-server for one test, killed afterwards (even if paused)."""
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_server_factory() -> Iterator[type[RedisServer]]:
+    """Start more servers in one test: `redis_server_factory().start()`; all are closed."""
+    started: list[RedisServer] = []
+
+    class _Tracked(RedisServer):
+        def __init__(self, port: int | None = None, *, timeout: float = 10.0) -> None:
+            super().__init__(port, timeout=timeout)
+            started.append(self)
+
+    yield _Tracked
+    for server in started:
+        server.close()
