@@ -1,0 +1,486 @@
+"""Generated audit inputs with planted anomalies, for the tests and the benchmark.
+
+``generate(out, messages=N)`` writes a ledger (partitioned like the gateway's directory sink,
+one replica plain and one gzipped, with duplicated lines and junk lines), client
+acknowledgements and delivered ids for N messages over two entities (a queue and a topic
+with two subscriptions), with failover windows, backlog routing, syphoning and pings, and
+plants one or more messages of every classification. It returns what the audit must find.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import random
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, cast
+
+import orjson
+
+START = dt.datetime(2025, 3, 4, 10, 0, 0, tzinfo=dt.UTC)
+BACKLOG_PREFIX = "contoso/x-servicebus-transfer/"
+QUEUE = "orders"
+TOPIC = "events"
+SUBSCRIPTIONS = ("events/subscriptions/audit", "events/subscriptions/billing")
+BIG_SIZE = 100 * 1024  # 2 billed operations per stage with 64 KiB chunks
+
+Key = tuple[str, str]  # (entity, message_id)
+
+
+def iso(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverPlan:
+    entity: str
+    start_s: float
+    end_s: float | None  # None: still open at the end of the data
+
+
+@dataclass(slots=True)
+class Expected:
+    """What the audit must report for the generated data."""
+
+    classification: dict[Key, str] = field(default_factory=dict)
+    shadows: set[Key] = field(default_factory=set)  # at the primary and left in a backlog
+    end: dt.datetime = START  # the latest time in any input
+    latest_evidence: dt.datetime = START  # the latest ledger event or delivery
+    windows: list[tuple[str, dt.datetime, dt.datetime | None]] = field(default_factory=list)
+    stage_ops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    ledger_lines: int = 0
+    ledger_valid: int = 0
+    ledger_duplicates: int = 0
+    ack_lines: int = 0
+    delivered_lines: int = 0
+    pings: int = 0
+    syphoned: int = 0
+    waiting_in_backlog: int = 0
+
+    def keys(self, classification: str) -> set[Key]:
+        return {k for k, c in self.classification.items() if c == classification}
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for c in self.classification.values():
+            out[c] += 1
+        return dict(out)
+
+
+class _Writer:
+    """Streams the three inputs to files as they are generated (memory stays flat)."""
+
+    def __init__(self, out: Path, seed: int, track: bool) -> None:
+        self.rng = random.Random(seed)  # noqa: S311 (test data, not secrets)
+        self.out = out
+        self.track = track
+        self.expected = Expected()
+        self._ledger_files: dict[Path, IO[bytes]] = {}
+        self._first_ledger_lines: list[tuple[str, bytes]] = []  # re-sent as duplicates
+        (out / "acks").mkdir(parents=True, exist_ok=True)
+        (out / "delivered").mkdir(parents=True, exist_ok=True)
+        self._acks = (out / "acks" / "acks.jsonl").open("wb")
+        self._delivered = (out / "delivered" / "delivered.jsonl").open("wb")
+        self._max_evidence = ""
+        self._max_any = ""
+
+    def _ledger_file(self, replica: str, ts: str) -> IO[bytes]:
+        part = self.out / "ledger" / f"dt={ts[:10]}" / f"hour={ts[11:13]}"
+        path = part / (f"{replica}.jsonl.gz" if replica == "gw-1" else f"{replica}.jsonl")
+        f = self._ledger_files.get(path)
+        if f is None:
+            part.mkdir(parents=True, exist_ok=True)
+            raw = path.open("ab")
+            if path.suffix == ".gz":
+                f = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="ab", compresslevel=1, mtime=0))
+            else:
+                f = raw
+            self._ledger_files[path] = f
+        return f
+
+    def write_ledger_line(self, replica: str, ts: str, line: bytes) -> None:
+        self._ledger_file(replica, ts).write(line + b"\n")
+        self.expected.ledger_lines += 1
+        self._max_evidence = max(self._max_evidence, ts)
+        self._max_any = max(self._max_any, ts)
+
+    def close(self) -> None:
+        """Finish: duplicated ledger lines (a new gzip member for gw-1), junk lines, times."""
+        exp = self.expected
+        exp.ledger_valid = exp.ledger_lines
+        for f in self._ledger_files.values():
+            if isinstance(f, gzip.GzipFile):
+                raw = f.fileobj
+                f.close()
+                assert raw is not None
+                raw.close()
+            else:
+                f.close()
+        self._ledger_files.clear()
+        for replica, line in self._first_ledger_lines:
+            # Re-opened gzip files get a second member, as the ledger's gzip sink appends.
+            ts = orjson.loads(line)["ts"]
+            self.write_ledger_line(replica, ts, line)
+            exp.ledger_duplicates += 1
+        exp.ledger_valid = exp.ledger_lines
+        first = self._first_ledger_lines[0][1] if self._first_ledger_lines else b""
+        ts0 = orjson.loads(first)["ts"] if first else iso(START)
+        junk = self._ledger_file("gw-0", ts0)
+        junk.write(b"not json at all\n")
+        junk.write(b'{"level":"info","msg":"a log line sharing stdout"}\n')
+        exp.ledger_lines += 2
+        for f in self._ledger_files.values():
+            f.close()
+        self._acks.close()
+        self._delivered.close()
+        exp.latest_evidence = dt.datetime.fromisoformat(self._max_evidence)
+        exp.end = dt.datetime.fromisoformat(self._max_any)
+
+    def event_id(self) -> str:
+        return uuid.UUID(int=self.rng.getrandbits(128), version=4).hex
+
+    def ledger_event(
+        self,
+        t: dt.datetime,
+        event: str,
+        *,
+        message_id: str | None = None,
+        entity: str | None = None,
+        route: str | None = None,
+        backlog: str | None = None,
+        size: int | None = None,
+        latency_ms: float | None = None,
+        replica: str | None = None,
+    ) -> None:
+        replica = replica or self.rng.choice(("gw-0", "gw-1"))
+        ts = iso(t)
+        line = orjson.dumps(
+            {
+                "v": 1,
+                "event_id": self.event_id(),
+                "ts": ts,
+                "replica": replica,
+                "message_id": message_id,
+                "entity": entity,
+                "event": event,
+                "route": route,
+                "backlog": backlog,
+                "size": size,
+                "latency_ms": latency_ms,
+            }
+        )
+        self.write_ledger_line(replica, ts, line)
+        if len(self._first_ledger_lines) < 5 and self.expected.ledger_lines % 97 == 1:
+            self._first_ledger_lines.append((replica, line))
+        ops = max(1, -(-(size or 0) // (64 * 1024)))
+        st = self.expected.stage_ops
+        if event == "accepted" and route == "backlog":
+            st["send_backlog"] += ops
+        elif event == "accepted":
+            st["send_primary"] += ops
+            st["receive_primary"] += ops
+        elif event == "syphoned":
+            st["receive_backlog"] += ops
+            st["send_primary"] += ops
+            st["receive_primary"] += ops
+        elif event in ("expired", "dead_lettered") and backlog:
+            st["receive_backlog"] += ops
+        elif event == "ping":
+            st["ping"] += ops
+            self.expected.pings += 1
+
+    def ack(
+        self,
+        t: dt.datetime,
+        key: Key,
+        outcome: str,
+        *,
+        status: int | None = None,
+        route: str | None = None,
+        latency_ms: float | None = None,
+    ) -> None:
+        default_status = {"acked": 201, "rejected": 400, "failed": 503, "indeterminate": None}
+        ts = iso(t)
+        self._max_any = max(self._max_any, ts)
+        self.expected.ack_lines += 1
+        self._acks.write(
+            orjson.dumps(
+                {
+                    "ts": ts,
+                    "message_id": key[1],
+                    "entity": key[0],
+                    "status": status if status is not None else default_status[outcome],
+                    "outcome": outcome,
+                    "route": route,
+                    "latency_ms": latency_ms,
+                },
+                option=orjson.OPT_APPEND_NEWLINE,
+            )
+        )
+
+    def deliver(
+        self,
+        t: dt.datetime | None,
+        key: Key,
+        *,
+        source: str = "primary",
+        queue: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        queues = [queue] if queue else (list(SUBSCRIPTIONS) if key[0] == TOPIC else [key[0]])
+        if t is not None:
+            self._max_evidence = max(self._max_evidence, iso(t))
+            self._max_any = max(self._max_any, iso(t))
+        for q in queues:
+            self.expected.delivered_lines += 1
+            self._delivered.write(
+                orjson.dumps(
+                    {
+                        "message_id": key[1],
+                        "entity": key[0],
+                        "source": source,
+                        "queue": q,
+                        "enqueued_time": iso(t) if t else None,
+                        "dead_letter_reason": reason,
+                        "delivery_count": 1 if source != "backlog" else 0,
+                    },
+                    option=orjson.OPT_APPEND_NEWLINE,
+                )
+            )
+
+
+def generate(
+    out: Path,
+    *,
+    messages: int = 2000,
+    seed: int = 7,
+    duration_s: float | None = None,
+    grace_s: float = 60.0,
+    failovers: Iterable[FailoverPlan] | None = None,
+    plant: bool = True,
+    track: bool = True,
+) -> Expected:
+    """Write ``out/ledger/``, ``out/acks/acks.jsonl``, ``out/delivered/delivered.jsonl``.
+
+    ``track=False`` leaves the regular messages out of ``Expected.classification`` (they are
+    all "delivered"): for benchmarks with millions of messages.
+    """
+    w = _Writer(out, seed, track)
+    rng = w.rng
+    exp = w.expected
+    duration = duration_s if duration_s is not None else max(600.0, messages / 200.0)
+    plans = list(
+        failovers
+        if failovers is not None
+        else [
+            FailoverPlan(QUEUE, duration * 0.3, duration * 0.5),
+            FailoverPlan(TOPIC, duration * 0.8, None),
+        ]
+    )
+    end = START + dt.timedelta(seconds=duration)
+
+    # Failover transitions, pings every 10 s inside each window; two replicas log the start.
+    for plan in plans:
+        s = START + dt.timedelta(seconds=plan.start_s)
+        e = START + dt.timedelta(seconds=plan.end_s) if plan.end_s is not None else None
+        exp.windows.append((plan.entity, s, e))
+        w.ledger_event(s, "failover_start", entity=plan.entity, replica="gw-0")
+        w.ledger_event(
+            s + dt.timedelta(seconds=0.2), "failover_start", entity=plan.entity, replica="gw-1"
+        )
+        t = s + dt.timedelta(seconds=10)
+        stop = e if e is not None else end
+        while t < stop:
+            w.ledger_event(t, "ping", entity=plan.entity, size=0, replica="gw-0")
+            t += dt.timedelta(seconds=10)
+        if e is not None:
+            w.ledger_event(e, "failover_end", entity=plan.entity, replica="gw-1")
+
+    def in_window(entity: str, t: dt.datetime) -> tuple[dt.datetime, dt.datetime | None] | None:
+        for ent, s, e in exp.windows:
+            if ent == entity and s <= t and (e is None or t < e):
+                return s, e
+        return None
+
+    step = duration * 0.95 / max(1, messages)
+    for i in range(messages):
+        entity = QUEUE if i % 3 else TOPIC
+        key = (entity, f"m-{i:08d}")
+        t = START + dt.timedelta(seconds=1 + i * step)
+        size = BIG_SIZE if i % 997 == 5 else 200 + (i % 700)
+        lat = 2.0 + rng.random() * 8
+        window = in_window(entity, t)
+        if window is None:
+            w.ledger_event(
+                t,
+                "accepted",
+                message_id=key[1],
+                entity=entity,
+                route="primary",
+                size=size,
+                latency_ms=lat,
+            )
+            w.ack(
+                t + dt.timedelta(milliseconds=lat),
+                key,
+                "acked",
+                route="primary",
+                latency_ms=lat + 1,
+            )
+            w.deliver(t + dt.timedelta(milliseconds=1), key)
+        else:
+            backlog = f"{BACKLOG_PREFIX}{i % 4}"
+            lat += 20
+            w.ledger_event(
+                t,
+                "accepted",
+                message_id=key[1],
+                entity=entity,
+                route="backlog",
+                backlog=backlog,
+                size=size,
+                latency_ms=lat,
+            )
+            w.ack(
+                t + dt.timedelta(milliseconds=lat),
+                key,
+                "acked",
+                route="backlog",
+                latency_ms=lat + 1,
+            )
+            _, wend = window
+            if wend is not None:
+                ts = wend + dt.timedelta(seconds=1 + rng.random() * 30)
+                w.ledger_event(
+                    ts,
+                    "syphoned",
+                    message_id=key[1],
+                    entity=entity,
+                    backlog=backlog,
+                    size=size,
+                    replica="gw-0",
+                )
+                w.deliver(ts + dt.timedelta(milliseconds=2), key)
+                exp.syphoned += 1
+            else:  # still in the backlog queue when drained
+                w.deliver(t, key, source="backlog", queue=backlog)
+                exp.waiting_in_backlog += 1
+        if track:
+            exp.classification[key] = "delivered"
+
+    if plant:
+        _plant(w, end, grace_s)
+
+    # A few ledger lines duplicated by an at-least-once shipper.
+    w.close()
+    return exp
+
+
+def _plant(w: _Writer, end: dt.datetime, grace_s: float) -> None:
+    """One or more messages of every classification, at known times."""
+    exp = w.expected
+    early = START + dt.timedelta(seconds=30)
+
+    def at(seconds: float) -> dt.datetime:
+        return early + dt.timedelta(seconds=seconds)
+
+    def accepted(t: dt.datetime, key: Key, route: str = "primary") -> None:
+        w.ledger_event(
+            t, "accepted", message_id=key[1], entity=key[0], route=route, size=300, latency_ms=3.0
+        )
+
+    for n in range(3):  # lost: acked, gateway accepted, never delivered
+        key = (QUEUE, f"lost-{n}")
+        accepted(at(n), key)
+        w.ack(at(n), key, "acked", route="primary", latency_ms=4.0)
+        exp.classification[key] = "lost"
+    key = (QUEUE, "lost-client-only")  # acked by the client, no ledger line at all
+    w.ack(at(5), key, "acked", route="primary", latency_ms=4.0)
+    exp.classification[key] = "lost"
+
+    for n in range(2):  # duplicated: delivered twice to the same queue
+        key = (QUEUE, f"dup-{n}")
+        accepted(at(10 + n), key)
+        w.ack(at(10 + n), key, "acked", route="primary")
+        w.deliver(at(10 + n), key)
+        w.deliver(at(10.5 + n), key)
+        exp.classification[key] = "duplicated"
+    key = (QUEUE, "shadow-0")  # at the primary and left in a backlog: delivered, shadow
+    accepted(at(14), key, route="backlog")
+    w.ack(at(14), key, "acked", route="backlog")
+    w.deliver(at(15), key)
+    w.deliver(at(14), key, source="backlog", queue=f"{BACKLOG_PREFIX}1")
+    exp.classification[key] = "delivered"
+    exp.shadows.add(key)
+    key = (QUEUE, "dup-backlog")  # never at the primary, twice in the backlogs
+    accepted(at(15), key, route="backlog")
+    w.ack(at(15), key, "acked", route="backlog")
+    w.deliver(at(15), key, source="backlog", queue=f"{BACKLOG_PREFIX}1")
+    w.deliver(at(15), key, source="backlog", queue=f"{BACKLOG_PREFIX}2")
+    exp.classification[key] = "duplicated"
+
+    key = (TOPIC, "fanout-ok")  # once per subscription: delivered, not duplicated
+    accepted(at(16), key)
+    w.ack(at(16), key, "acked", route="primary")
+    w.deliver(at(16), key)
+    exp.classification[key] = "delivered"
+
+    for n in range(2):  # pending: acked inside the grace window, not delivered yet
+        key = (QUEUE, f"late-{n}")
+        t = end - dt.timedelta(seconds=grace_s / 3 + n)
+        accepted(t, key)
+        w.ack(t, key, "acked", route="primary")
+        exp.classification[key] = "pending"
+
+    key = (QUEUE, "expired-dlq")  # dead-lettered on expiry
+    accepted(at(20), key)
+    w.ack(at(20), key, "acked", route="primary")
+    w.deliver(
+        at(20), key, source="dlq", queue=f"{QUEUE}/$DeadLetterQueue", reason="TTLExpiredException"
+    )
+    exp.classification[key] = "expired"
+    key = (QUEUE, "expired-ledger")  # expired in a backlog queue, as the syphon logged it
+    accepted(at(21), key, route="backlog")
+    w.ack(at(21), key, "acked", route="backlog")
+    w.ledger_event(
+        at(80), "expired", message_id=key[1], entity=QUEUE, backlog=f"{BACKLOG_PREFIX}2", size=300
+    )
+    exp.classification[key] = "expired"
+
+    key = (QUEUE, "unexpected-0")  # delivered, nobody ever acknowledged it: anomaly
+    w.deliver(at(25), key)
+    exp.classification[key] = "unexpected"
+    key = (QUEUE, "timeout-stored")  # client timed out, the gateway had stored it: allowed
+    accepted(at(26), key)
+    w.ack(at(26), key, "indeterminate", route=None)
+    w.deliver(at(26), key)
+    exp.classification[key] = "unexpected"
+    key = (QUEUE, "timeout-lost")  # client timed out, nothing stored: fine
+    w.ack(at(27), key, "indeterminate")
+    exp.classification[key] = "indeterminate"
+    key = (QUEUE, "retried")  # timeout, then a successful retry: one delivery
+    w.ack(at(28), key, "indeterminate")
+    accepted(at(29), key)
+    w.ack(at(29), key, "acked", route="primary")
+    w.deliver(at(29), key)
+    exp.classification[key] = "delivered"
+
+    key = (QUEUE, "broken-5xx")  # 5xx answered, yet delivered: a broken promise
+    w.ack(at(30), key, "failed", status=500)
+    w.deliver(at(30), key)
+    exp.classification[key] = "failed-but-delivered"
+    key = (QUEUE, "honest-5xx")  # 5xx answered, not stored
+    w.ledger_event(at(31), "rejected", message_id=key[1], entity=QUEUE, size=300)
+    w.ack(at(31), key, "failed", status=503)
+    exp.classification[key] = "failed"
+    key = (QUEUE, "bad-request")  # 4xx, not stored
+    w.ack(at(32), key, "rejected", status=400)
+    exp.classification[key] = "rejected"
+    key = (QUEUE, "broken-4xx")  # 4xx, yet delivered
+    w.ack(at(33), key, "rejected", status=413)
+    w.deliver(at(33), key)
+    exp.classification[key] = "rejected-but-delivered"
