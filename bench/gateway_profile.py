@@ -1,0 +1,307 @@
+"""Where the gateway's CPU goes per request: the real app, in process, with parts switched off.
+
+    .venv/bin/python -m bench.gateway_profile                  # every variant, best of 3 x 12
+    .venv/bin/python -m bench.gateway_profile full metrics uuid # a selection
+
+The app (`create_app` with the null sink), its runner (`HardenedAppRunner`, as `gateway
+serve`) and aiohttp's HTTP/1.1 protocol run on fake in-memory transports: 64 connections,
+one request in flight on each, each answer triggering the next request. No sockets, no load
+generator: the figure is the Python work per request, `time.process_time()` over 10,000
+requests, the best of several runs (noise on a shared machine only ever adds). Each variant
+runs in a fresh interpreter because some switch parts off by patching modules.
+
+Variants (combine with ``+``, e.g. ``router+metrics``):
+
+* ``bare`` — aiohttp's plain runner and a handler that reads the body and answers 201;
+* ``full`` — the gateway as configured (failover on, memory store, log WARNING);
+* ``handler`` — the message routes answered by the bare handler (the gateway's frame only);
+* ``router`` — `submit` returns at once (no dispatcher hop);
+* ``metrics`` — the three per-request Prometheus metrics are no-ops;
+* ``middlewares`` — no middlewares; ``signals`` — no ``on_response_prepare`` handlers;
+* ``runner`` — aiohttp's plain `AppRunner` instead of `HardenedAppRunner`;
+* ``uuid`` — ``uuid.uuid4`` replaced by ``os.urandom(16).hex()``;
+* ``validate`` — entity path validation skipped.
+
+It reaches into the gateway's internals (route handlers, app state keys, module globals) to
+switch parts off: a variant that no longer applies after a refactoring fails loudly.
+Nothing here is part of `make test`; `python -m bench` does not run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from bench.harness import ROOT, pin_self_from_env
+from bench.loadgen import build_request, make_body
+
+VARIANTS = (
+    "bare",
+    "full",
+    "handler",
+    "router",
+    "metrics",
+    "middlewares",
+    "signals",
+    "runner",
+    "uuid",
+    "validate",
+    "router+metrics+middlewares+signals+runner+uuid+validate",
+)
+_ENV = {
+    "SBGATE_PRIMARY_CONNECTION_STRING": (
+        "Endpoint=sb://primary.invalid/;SharedAccessKeyName=b;SharedAccessKey=b"
+    ),
+    "SBGATE_PRIMARY_NAME": "primary",
+    "SBGATE_SECONDARY_CONNECTION_STRING": (
+        "Endpoint=sb://secondary.invalid/;SharedAccessKeyName=b;SharedAccessKey=b"
+    ),
+    "SBGATE_SECONDARY_NAME": "secondary",
+    "SBGATE_ENTITIES": "queue:orders,topic:events",
+    "SBGATE_REPLICA_ID": "profile",
+    "SBGATE_LOG_LEVEL": "WARNING",
+}
+_REQUEST = build_request("http://127.0.0.1:1/queues/orders/messages", make_body(1024), {})
+
+
+class _FakeTransport(asyncio.Transport):
+    """Collects one connection's answers; each complete answer sends the next request."""
+
+    def __init__(self, driver: _Driver, index: int) -> None:
+        super().__init__()
+        self._driver = driver
+        self._index = index
+        self._buf = bytearray()
+        self._closing = False
+        self.protocol: Any = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        extra = {"peername": ("127.0.0.1", 40000 + self._index), "sockname": ("127.0.0.1", 1)}
+        return extra.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._buf += data
+        while (end := self._buf.find(b"\r\n\r\n")) >= 0:
+            head = bytes(self._buf[:end]).lower()
+            i = head.find(b"content-length:")
+            j = head.find(b"\r\n", i)
+            length = int(head[i + 15 : j if j > 0 else len(head)]) if i >= 0 else 0
+            if len(self._buf) < end + 4 + length:
+                return
+            del self._buf[: end + 4 + length]
+            self._driver.answered(self)
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self._closing = True
+
+    def pause_reading(self) -> None:
+        return None
+
+    def resume_reading(self) -> None:
+        return None
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        return None
+
+
+class _Driver:
+    def __init__(self, server: web.Server, connections: int, total: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._left = total
+        self._total = total
+        self._answered = 0
+        self.finished: asyncio.Future[None] = self._loop.create_future()
+        self.transports = [_FakeTransport(self, i) for i in range(connections)]
+        for t in self.transports:
+            t.protocol = server()
+            t.protocol.connection_made(t)
+
+    def start(self) -> None:
+        for t in self.transports:
+            self._send(t)
+
+    def _send(self, t: _FakeTransport) -> None:
+        if self._left > 0:
+            self._left -= 1
+            self._loop.call_soon(t.protocol.data_received, _REQUEST)
+
+    def answered(self, t: _FakeTransport) -> None:
+        self._answered += 1
+        if self._answered >= self._total:
+            if not self.finished.done():
+                self.finished.set_result(None)
+        else:
+            self._send(t)
+
+    def close(self) -> None:
+        for t in self.transports:
+            t.protocol.connection_lost(None)
+
+
+def _patch_modules(parts: set[str]) -> None:
+    """Switch off what lives in module globals (before the app is built)."""
+    if "uuid" in parts:
+        import uuid
+
+        class _FastUUID:
+            __slots__ = ("hex",)
+
+            def __init__(self) -> None:
+                self.hex = os.urandom(16).hex()
+
+        uuid.uuid4 = _FastUUID  # type: ignore[assignment]
+    if "validate" in parts:
+        import gateway.core.entities as entities
+        import gateway.web.handlers as handlers
+
+        def _no_check(path: str) -> str:
+            return path
+
+        entities.validate_entity_path = _no_check
+        handlers.validate_entity_path = _no_check  # type: ignore[attr-defined]
+
+
+def _build(parts: set[str]) -> tuple[web.AppRunner, Callable[[], None]]:
+    """The runner to measure, and what to do once it is set up."""
+    from bench.gateway_server import _bare_post, bare_app, gateway_app, gateway_runner
+
+    if "bare" in parts:
+        return web.AppRunner(bare_app(), access_log=None), lambda: None
+    _patch_modules(parts)
+    app, settings = gateway_app("null")
+    from gateway.app import RUNTIME
+    from gateway.core.router import Delivery
+    from gateway.web.handlers import ROUTER
+
+    if "handler" in parts:
+        for resource in app.router.resources():
+            for route in resource:
+                if route.method == "POST":
+                    route._handler = _bare_post
+    if "middlewares" in parts:
+        app._middlewares = type(app._middlewares)([])
+    if "signals" in parts:
+        app.on_response_prepare.clear()
+    if "metrics" in parts:
+
+        class _Noop:
+            def labels(self, *args: Any, **kwargs: Any) -> _Noop:
+                return self
+
+            def inc(self, *args: Any, **kwargs: Any) -> None:
+                return None
+
+            def observe(self, *args: Any, **kwargs: Any) -> None:
+                return None
+
+        metrics: Any = app[RUNTIME].metrics
+        metrics.http_requests = metrics.http_duration = metrics.messages = _Noop()
+    runner: web.AppRunner
+    if "runner" in parts:
+        runner = web.AppRunner(app, access_log=None)
+    else:
+        runner = gateway_runner(app, settings)
+
+    def after_setup() -> None:
+        if "router" in parts:
+
+            class _Instant:
+                async def submit(self, entity: Any, messages: Any) -> Delivery:
+                    return Delivery("primary", entity.path)
+
+            app._state[ROUTER] = _Instant()
+
+    return runner, after_setup
+
+
+async def _measure(variant: str, requests: int, runs: int) -> list[float]:
+    parts = set(variant.split("+"))
+    runner, after_setup = _build(parts)
+    await runner.setup()
+    after_setup()
+    server = runner.server
+    assert server is not None
+    costs: list[float] = []
+    try:
+        for run in range(runs + 1):  # the first run warms up
+            driver = _Driver(server, 64, requests)
+            started = time.process_time()
+            driver.start()
+            async with asyncio.timeout(120):
+                await driver.finished
+            elapsed = time.process_time() - started
+            driver.close()
+            if run:
+                costs.append(elapsed / requests * 1e6)
+    finally:
+        await runner.cleanup()
+    return costs
+
+
+def _child(variant: str, requests: int, runs: int) -> None:
+    os.environ.update(_ENV)
+    try:
+        import uvloop
+    except ImportError:
+        costs = asyncio.run(_measure(variant, requests, runs))
+    else:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
+            costs = r.run(_measure(variant, requests, runs))
+    print(" ".join(f"{c:.2f}" for c in costs), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    pin_self_from_env()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("variants", nargs="*", help=f"default: {', '.join(VARIANTS)}")
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=12, help="measured runs per process")
+    parser.add_argument("--processes", type=int, default=3, help="fresh processes per variant")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args.child, args.requests, args.runs)
+        return 0
+    variants = args.variants or list(VARIANTS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    best: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(args.processes):  # interleaved, so drift hits every variant alike
+        for v in variants:
+            cmd = [sys.executable, "-m", "bench.gateway_profile", "--child", v]
+            cmd += ["--requests", str(args.requests), "--runs", str(args.runs)]
+            out = subprocess.run(
+                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=True
+            ).stdout
+            best[v].extend(float(x) for x in out.split())
+    base = min(best["full"]) if best.get("full") else None
+    print(f"{'variant':58s} {'best':>7s} {'median':>7s}  µs/request (Python work, no sockets)")
+    for v in variants:
+        b, m = min(best[v]), statistics.median(best[v])
+        delta = f"  ({b - base:+.1f} vs full)" if base is not None and v != "full" else ""
+        print(f"{v:58s} {b:7.1f} {m:7.1f}{delta}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""The server side of the HTTP benchmarks, in its own process: the gateway or a bare handler.
+
+Both modes are served as `gateway serve` serves (an `AppRunner` without an access log, a
+`TCPSite` with backlog 2048, uvloop when installed), on 127.0.0.1 and a port the kernel
+picks. The gateway gets the CLI's runner (`HardenedAppRunner`: per-connection head/body
+deadlines); the bare handler aiohttp's plain `web.AppRunner` — that difference is part of
+what P1 measures.
+
+    python -m bench.gateway_server --mode bare
+    SBGATE_...=... python -m bench.gateway_server --mode gateway --sink null|sdk
+
+``--mode gateway`` reads its settings from the ``SBGATE_*`` environment like the CLI, builds
+the app with `gateway.app.create_app`, and with ``--sink null`` plugs in the null sink
+(`NullNamespaceClient`, every send settled at once) and a provisioner stub that reports every
+backlog queue as usable. ``--mode bare`` answers every POST with 201 and a small JSON body,
+after reading the request body — what any aiohttp service does at the least.
+
+Prints ``READY {"port": N}`` once listening; stops on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from bench.harness import emit, pin_self_from_env
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
+
+# About the size of the gateway's own answer ({"messageIds": [...], "entity", "route"}).
+_BARE_ANSWER = orjson.dumps(
+    {"messageIds": ["5b0f3c1e9a7d4e2f8c6b1a0d9e8f7a6b"], "entity": "orders", "route": "primary"}
+)
+
+
+async def _bare_post(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(status=201, body=_BARE_ANSWER, content_type="application/json")
+
+
+def bare_app() -> web.Application:
+    app = web.Application()
+    app.router.add_post("/{kind:queues|topics}/{name:.+}/messages", _bare_post)
+    return app
+
+
+def gateway_app(sink: str) -> tuple[web.Application, Settings]:
+    from gateway.app import create_app
+    from gateway.config import NamespaceSettings, load_settings
+    from gateway.logs import setup_logging
+
+    settings = load_settings(os.environ)
+    setup_logging(settings.log_format, settings.log_level)
+    if sink == "sdk":
+        return create_app(settings), settings
+
+    from gateway.servicebus.null import NullNamespaceClient
+
+    async def provision(ns: NamespaceSettings, paths: list[str]) -> list[str]:
+        return list(paths)  # the null sink has every backlog queue
+
+    def make(ns: NamespaceSettings) -> NullNamespaceClient:
+        return NullNamespaceClient(ns.name)
+
+    return create_app(settings, client_factory=make, provisioner=provision), settings
+
+
+def gateway_runner(app: web.Application, settings: Settings) -> web.AppRunner:
+    """The runner `gateway serve` uses (its hardened connection handler, when it has one)."""
+    kwargs: dict[str, Any] = {"handle_signals": False, "access_log": None, "shutdown_timeout": 5.0}
+    try:
+        from gateway.web.hardening import HardenedAppRunner
+    except ImportError:
+        return web.AppRunner(app, **kwargs)
+    return HardenedAppRunner(app, settings=settings, **kwargs)
+
+
+async def serve(mode: str, sink: str) -> None:
+    if mode == "bare":
+        runner = web.AppRunner(bare_app(), handle_signals=False, access_log=None)
+    else:
+        app, settings = gateway_app(sink)
+        runner = gateway_runner(app, settings)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
+        await site.start()
+        port = runner.addresses[0][1]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        emit("READY " + orjson.dumps({"port": port, "pid": os.getpid()}).decode())
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    pin_self_from_env()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("bare", "gateway"), required=True)
+    parser.add_argument("--sink", choices=("null", "sdk"), default="null")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(args.mode, args.sink))
+    else:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(args.mode, args.sink))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
