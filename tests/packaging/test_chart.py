@@ -1,0 +1,280 @@
+"""The Helm chart, rendered by Helm's own library, against the gateway's own config loader.
+
+Rendering runs `scripts/helm_check.py render` in .venv-tools (helm-sdkpy needs its own venv;
+`scripts/lint-packaging.sh` creates it). The rendered environment of each container is then
+handed to `gateway.config.load_settings`, so a chart value the gateway would refuse at start-up
+fails here instead of in a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS_PYTHON = ROOT / ".venv-tools" / "bin" / "python"
+PRODUCTION = ROOT / "helm" / "sbgate" / "ci" / "production-values.yaml"
+
+pytestmark = pytest.mark.skipif(
+    not TOOLS_PYTHON.exists(), reason="no .venv-tools: run scripts/lint-packaging.sh first"
+)
+
+PRIMARY_CS = (
+    "Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=cA=="
+)
+SECONDARY_CS = (
+    "Endpoint=sb://contoso-dr.servicebus.windows.net/;SharedAccessKeyName=manage;"
+    "SharedAccessKey=cw=="
+)
+MINIMAL: dict[str, Any] = {
+    "config": {"entities": ["queue:orders", "topic:events"]},
+    "serviceBus": {
+        "primary": {"connectionString": PRIMARY_CS},
+        "secondary": {"connectionString": SECONDARY_CS},
+    },
+    "auth": {"rules": "[[rules]]\n"},
+}
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def render(values: dict[str, Any] | None = None, *files: Path) -> dict[str, Any]:
+    """{"manifests": [...], "notes": str} or {"error": str}, as `helm install` would render."""
+    argv = [str(TOOLS_PYTHON), str(ROOT / "scripts" / "helm_check.py"), "render"]
+    for f in files:
+        argv += ["-f", str(f)]
+    if values:
+        argv += ["--set-json", json.dumps(values)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode not in (0, 2):
+        sys.stderr.write(proc.stderr)
+        raise AssertionError(f"render failed to run: exit {proc.returncode}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def objects(result: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    assert "error" not in result, result.get("error")
+    return {d["metadata"]["name"]: d for d in result["manifests"] if d["kind"] == kind}
+
+
+def container(result: dict[str, Any], deployment: str) -> dict[str, Any]:
+    c: dict[str, Any] = objects(result, "Deployment")[deployment]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    return c
+
+
+def pod_spec(result: dict[str, Any], deployment: str) -> dict[str, Any]:
+    spec: dict[str, Any] = objects(result, "Deployment")[deployment]["spec"]["template"]["spec"]
+    return spec
+
+
+def environment(result: dict[str, Any], deployment: str) -> dict[str, str]:
+    """The container's environment as the kubelet would build it, secrets filled with samples."""
+    c = container(result, deployment)
+    cms = objects(result, "ConfigMap")
+    env: dict[str, str] = {}
+    for src in c.get("envFrom", []):
+        env.update(cms[src["configMapRef"]["name"]]["data"])
+    samples = {
+        "SBGATE_PRIMARY_CONNECTION_STRING": PRIMARY_CS,
+        "SBGATE_SECONDARY_CONNECTION_STRING": SECONDARY_CS,
+        "SBGATE_REDIS_URL": "rediss://:secret@redis.example:6380/0",
+        "SBGATE_REPLICA_ID": f"{deployment}-7d9f8-abcde",
+    }
+    for e in c.get("env", []):
+        env[e["name"]] = e["value"] if "value" in e else samples[e["name"]]
+    return env
+
+
+def settings_of(result: dict[str, Any], deployment: str) -> Any:
+    env = environment(result, deployment)
+    # The mounted files do not exist here; the loader only records these paths.
+    env.pop("SBGATE_CONFIG", None)
+    return load_settings(env)
+
+
+@pytest.fixture(scope="module")
+def production() -> dict[str, Any]:
+    return render(None, PRODUCTION)
+
+
+@pytest.fixture(scope="module")
+def minimal() -> dict[str, Any]:
+    return render(MINIMAL)
+
+
+def test_production_environment_is_accepted_by_the_gateway(production: dict[str, Any]) -> None:
+    gw = settings_of(production, "sbgate")
+    assert gw.listen_host == "0.0.0.0"
+    assert gw.listen_port == 8080
+    assert gw.replica_id.startswith("sbgate-")
+    assert [(e.kind, e.path) for e in gw.entities] == [("queue", "orders"), ("topic", "events")]
+    (pair,) = gw.pairs
+    assert pair.primary.fully_qualified_namespace == "contoso.servicebus.windows.net"
+    assert pair.secondary is not None
+    assert pair.secondary.fully_qualified_namespace == "contoso-dr.servicebus.windows.net"
+    assert pair.primary.connection_string is None
+    assert gw.redis_url is not None
+    assert gw.failover.create_backlog_queues is False
+    assert gw.syphon.enabled is False  # the separate syphon Deployment runs it
+    assert gw.auth_rules_file == "/etc/sbgate/auth-rules"
+    assert gw.allow_open is False
+
+    syphon = settings_of(production, "sbgate-syphon")
+    assert syphon.syphon.enabled is True
+    assert syphon.shutdown.drain_delay == 0
+    assert container(production, "sbgate-syphon")["args"] == ["syphon"]
+
+
+def test_production_objects(production: dict[str, Any]) -> None:
+    assert "Secret" not in {d["kind"] for d in production["manifests"]}  # all existing Secrets
+    sa = objects(production, "ServiceAccount")["sbgate"]
+    assert sa["metadata"]["annotations"]["azure.workload.identity/client-id"]
+    for name in ("sbgate", "sbgate-syphon"):
+        labels = objects(production, "Deployment")[name]["spec"]["template"]["metadata"]["labels"]
+        assert labels["azure.workload.identity/use"] == "true"
+        assert pod_spec(production, name)["serviceAccountName"] == "sbgate"
+    assert "replicas" not in objects(production, "Deployment")["sbgate"]["spec"]  # HPA owns it
+    assert objects(production, "HorizontalPodAutoscaler")["sbgate"]["spec"]["minReplicas"] == 3
+    assert objects(production, "PodDisruptionBudget")["sbgate"]["spec"]["minAvailable"] == 2
+    sm = objects(production, "ServiceMonitor")["sbgate"]
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    np = objects(production, "NetworkPolicy")["sbgate"]
+    egress_ports = {p["port"] for rule in np["spec"]["egress"] for p in rule.get("ports", [])}
+    assert {53, 6379, 6380, 5671, 443} <= egress_ports
+
+
+def test_minimal_environment_is_accepted_by_the_gateway(minimal: dict[str, Any]) -> None:
+    gw = settings_of(minimal, "sbgate")
+    (pair,) = gw.pairs
+    assert pair.primary.endpoint_host == "contoso.servicebus.windows.net"
+    assert pair.secondary is not None
+    assert pair.secondary.endpoint_host == "contoso-dr.servicebus.windows.net"
+    assert gw.syphon.enabled is True
+    assert gw.shutdown.drain_delay == 5
+    assert gw.shutdown.shutdown_timeout == 20
+    assert gw.redis_url is None
+    secret = objects(minimal, "Secret")["sbgate"]
+    assert set(secret["data"]) == {
+        "primary-connection-string",
+        "secondary-connection-string",
+        "auth-rules",
+    }
+    assert objects(minimal, "PodDisruptionBudget")  # two replicas by default
+
+
+@pytest.mark.parametrize("deployment", ["sbgate", "sbgate-syphon"])
+def test_pods_are_locked_down(deployment: str) -> None:
+    result = render(merge(MINIMAL, {"syphon": {"enabled": True}}))
+    pod = pod_spec(result, deployment)
+    c = container(result, deployment)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["enableServiceLinks"] is False  # SBGATE_SERVICE_* would be unknown settings
+    assert pod["automountServiceAccountToken"] is False
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    tmp = next(m for m in c["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp["name"])
+
+
+def test_probes_prestop_and_grace_period(minimal: dict[str, Any]) -> None:
+    c = container(minimal, "sbgate")
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    # preStop 5 + drain 5 + shutdown 20 + margin 10
+    assert pod_spec(minimal, "sbgate")["terminationGracePeriodSeconds"] == 40
+
+
+def test_grace_period_follows_the_settings() -> None:
+    result = render(
+        merge(MINIMAL, {"config": {"drainDelay": 2.5, "shutdownTimeout": 45}, "preStop": {}})
+    )
+    assert pod_spec(result, "sbgate")["terminationGracePeriodSeconds"] == 63  # ceil(62.5)
+
+
+def test_too_short_grace_period_is_refused() -> None:
+    result = render(merge(MINIMAL, {"terminationGracePeriodSeconds": 30}))
+    assert "terminationGracePeriodSeconds=30 is shorter than" in result["error"]
+    assert "= 40" in result["error"]
+
+
+def test_bare_defaults_say_what_to_set() -> None:
+    error = render()["error"]
+    for name in ("config.entities", "serviceBus.primary.connectionString", "auth.rules"):
+        assert name in error
+
+
+def test_probes_are_overridable() -> None:
+    custom = {"tcpSocket": {"port": "http"}, "periodSeconds": 7}
+    result = render(
+        merge(MINIMAL, {"customLivenessProbe": custom, "readinessProbe": {"enabled": False}})
+    )
+    c = container(result, "sbgate")
+    assert c["livenessProbe"] == custom
+    assert "readinessProbe" not in c
+
+
+def test_large_numbers_are_not_written_in_exponent_notation() -> None:
+    # Premium-sized messages; the batch limit must follow (config.extraEnv carries it).
+    premium = {"maxMessageBytes": 1048576, "extraEnv": {"SBGATE_MAX_BATCH_BYTES": 1048576}}
+    result = render(merge(MINIMAL, {"config": premium}))
+    env = environment(result, "sbgate")
+    assert env["SBGATE_MAX_MESSAGE_BYTES"] == "1048576"
+    assert env["SBGATE_MAX_BATCH_BYTES"] == "1048576"
+    assert settings_of(result, "sbgate").limits.max_message_bytes == 1048576
+
+
+def test_existing_secrets_and_single_replica() -> None:
+    values = {
+        "replicaCount": 1,
+        "config": {"entities": ["queue:orders"]},
+        "serviceBus": {"existingSecret": "sb"},
+        "redis": {"existingSecret": "redis", "existingSecretKey": "url"},
+        "auth": {"allowOpen": True},
+    }
+    result = render(values)
+    kinds = {d["kind"] for d in result["manifests"]}
+    assert "Secret" not in kinds
+    assert "PodDisruptionBudget" not in kinds  # one replica: a PDB would block node drains
+    env = {e["name"]: e for e in container(result, "sbgate")["env"]}
+    primary = env["SBGATE_PRIMARY_CONNECTION_STRING"]["valueFrom"]["secretKeyRef"]
+    secondary = env["SBGATE_SECONDARY_CONNECTION_STRING"]["valueFrom"]["secretKeyRef"]
+    assert primary == {"name": "sb", "key": "primary-connection-string"}
+    assert secondary == {"name": "sb", "key": "secondary-connection-string", "optional": True}
+    assert env["SBGATE_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "redis", "key": "url"}
+    assert settings_of(result, "sbgate").allow_open is True
+
+
+def test_config_file_is_mounted() -> None:
+    toml = "[failover]\nfailover_interval = 30.0\n"
+    result = render(merge(MINIMAL, {"config": {"file": toml}}))
+    assert objects(result, "ConfigMap")["sbgate-file"]["data"]["config.toml"] == toml
+    assert environment(result, "sbgate")["SBGATE_CONFIG"] == "/etc/sbgate/config.toml"
+    etc = next(v for v in pod_spec(result, "sbgate")["volumes"] if v["name"] == "etc-sbgate")
+    sources = etc["projected"]["sources"]
+    assert sources[0]["configMap"]["items"] == [{"key": "config.toml", "path": "config.toml"}]
+    assert sources[1]["secret"]["items"] == [{"key": "auth-rules", "path": "auth-rules"}]
+
+
+def test_schema_rejects_unknown_values() -> None:
+    assert "additional properties" in render(merge(MINIMAL, {"replicas": 3}))["error"]
+    assert "logFormat" in render(merge(MINIMAL, {"config": {"logFormat": "xml"}}))["error"]
