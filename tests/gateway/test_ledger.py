@@ -7,7 +7,6 @@ import gzip
 import io
 import re
 import threading
-import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from gateway.ledger import (
     StreamSink,
     create_ledger,
 )
+from tests.support.waiting import no_hang
 
 TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 CONTRACT_KEYS = [
@@ -228,9 +228,8 @@ async def test_clean_shutdown_flushes_without_waiting_for_the_interval(tmp_path:
     await ledger.start()
     for i in range(100):
         ledger.emit("accepted", message_id=str(i))
-    started = time.monotonic()
-    await ledger.aclose()
-    assert time.monotonic() - started < 5
+    async with no_hang("close with a 60 s flush interval", guard=30):
+        await ledger.aclose()
     assert ledger.written == 100 and len(all_records(tmp_path)) == 100
     ledger.emit("accepted", message_id="late")  # after close: counted, not raised
     assert ledger.dropped == 1
@@ -246,9 +245,9 @@ async def test_close_deadline_bounds_a_stuck_sink() -> None:
         await asyncio.to_thread(sink.entered.wait, 5)
     ledger.emit("accepted", message_id="buffered")
     try:
-        started = time.monotonic()
-        await ledger.aclose()
-        assert time.monotonic() - started < 2
+        # The sink never returns until released: closing at all is close_timeout at work.
+        async with no_hang("close over a stuck sink"):
+            await ledger.aclose()
         assert ledger.dropped >= 1 and ledger.written == 0
     finally:
         sink.release.set()
