@@ -242,14 +242,12 @@ async def test_a_backlog_disable_is_seen_everywhere_and_expires(
         ttl = await raw.pttl(f"sbgate:backlog:{queue}")
         assert 0 < ttl <= 800
         # Expiry: Redis drops the key, and memory stops reporting it, with no event needed.
-        await eventually(
-            lambda: all(not s.backlogs_disabled(time.time()) for s in stores), within=3
-        )
+        await eventually(lambda: all(not s.backlogs_disabled(time.time()) for s in stores))
 
         async def gone() -> bool:
             return await raw.exists(f"sbgate:backlog:{queue}") == 0
 
-        await eventually(gone, within=3)
+        await eventually(gone)
 
 
 async def test_enabling_a_backlog_puts_it_back_everywhere(
@@ -305,7 +303,7 @@ async def test_a_lease_not_renewed_moves_after_its_ttl(redis_server: RedisServer
                     winners.append(s.replica_id)
             return bool(winners)
 
-        await eventually(someone_else_holds, within=3)
+        await eventually(someone_else_holds)
         assert time.monotonic() - taken >= ttl * 0.8
         assert len(winners) == 1
         assert await stores[0].lease_holder("ping:orders") == winners[0]
@@ -378,7 +376,7 @@ async def test_redis_paused_calls_stay_bounded_then_replicas_converge(
             after = r0.propose(before, "failed_over", "timeout")
             assert after is not None and r0.get("orders") == after
             # The subscribers notice the silence (no PONG) by themselves.
-            await eventually(lambda: not any(s.connected for s in stores), within=3)
+            await eventually(lambda: not any(s.connected for s in stores))
         finally:
             redis_server.resume()
 

@@ -59,8 +59,10 @@ def request_head(path: str = "/queues/orders/messages", *extra: str, length: int
 
 async def slowloris(port: int) -> float:
     """Open a connection, trickle header lines forever; return how long until it was closed."""
-    reader, writer = await open_raw(port)
+    # Timed from before the connect: the server's deadline starts when it accepts, which
+    # may be long before this task resumes on a busy loop, never before it starts.
     opened = time.monotonic()
+    reader, writer = await open_raw(port)
     closed = asyncio.create_task(read_until_closed(reader, within=HEAD_TIMEOUT + 10))
     try:
         writer.write(b"POST /queues/orders/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n")
@@ -122,8 +124,8 @@ async def test_slowloris_connections_are_closed_while_normal_traffic_flows(
 
 async def test_a_silent_connection_is_closed_by_the_head_deadline(hardened_gateway):
     gw = await hardened_gateway({"SBGATE_HEADER_TIMEOUT": "0.5", "SBGATE_KEEPALIVE_TIMEOUT": "30"})
+    t0 = time.monotonic()  # before the connect: the deadline starts when the server accepts
     reader, writer = await open_raw(gw.server.port)
-    t0 = time.monotonic()
     assert await read_until_closed(reader, within=5) == b""
     assert time.monotonic() - t0 >= 0.4  # closed by the deadline, not before it
     writer.close()
