@@ -16,11 +16,9 @@ Variants (combine with ``+``, e.g. ``router+metrics``):
 * ``full`` — the gateway as configured (failover on, memory store, log WARNING);
 * ``handler`` — the message routes answered by the bare handler (the gateway's frame only);
 * ``router`` — `submit` returns at once (no dispatcher hop);
-* ``metrics`` — the three per-request Prometheus metrics are no-ops;
-* ``middlewares`` — no middlewares; ``signals`` — no ``on_response_prepare`` handlers;
-* ``runner`` — aiohttp's plain `AppRunner` instead of `HardenedAppRunner`;
-* ``uuid`` — ``uuid.uuid4`` replaced by ``os.urandom(16).hex()``;
-* ``validate`` — entity path validation skipped.
+* ``metrics`` — the per-request Prometheus metrics are no-ops;
+* ``middlewares`` — no middleware (the gateway has one: path guard, errors, request id);
+* ``runner`` — aiohttp's plain `AppRunner` instead of `HardenedAppRunner`.
 
 It reaches into the gateway's internals (route handlers, app state keys, module globals) to
 switch parts off: a variant that no longer applies after a refactoring fails loudly.
@@ -51,11 +49,8 @@ VARIANTS = (
     "router",
     "metrics",
     "middlewares",
-    "signals",
     "runner",
-    "uuid",
-    "validate",
-    "router+metrics+middlewares+signals+runner+uuid+validate",
+    "router+metrics+middlewares+runner",
 )
 _ENV = {
     "SBGATE_PRIMARY_CONNECTION_STRING": (
@@ -159,36 +154,12 @@ class _Driver:
             t.protocol.connection_lost(None)
 
 
-def _patch_modules(parts: set[str]) -> None:
-    """Switch off what lives in module globals (before the app is built)."""
-    if "uuid" in parts:
-        import uuid
-
-        class _FastUUID:
-            __slots__ = ("hex",)
-
-            def __init__(self) -> None:
-                self.hex = os.urandom(16).hex()
-
-        uuid.uuid4 = _FastUUID  # type: ignore[assignment]
-    if "validate" in parts:
-        import gateway.core.entities as entities
-        import gateway.web.handlers as handlers
-
-        def _no_check(path: str) -> str:
-            return path
-
-        entities.validate_entity_path = _no_check
-        handlers.validate_entity_path = _no_check  # type: ignore[attr-defined]
-
-
 def _build(parts: set[str]) -> tuple[web.AppRunner, Callable[[], None]]:
     """The runner to measure, and what to do once it is set up."""
     from bench.gateway_server import _bare_post, bare_app, gateway_app, gateway_runner
 
     if "bare" in parts:
         return web.AppRunner(bare_app(), access_log=None), lambda: None
-    _patch_modules(parts)
     app, settings = gateway_app("null")
     from gateway.app import RUNTIME
     from gateway.core.router import Delivery
@@ -201,22 +172,13 @@ def _build(parts: set[str]) -> tuple[web.AppRunner, Callable[[], None]]:
                     route._handler = _bare_post
     if "middlewares" in parts:
         app._middlewares = type(app._middlewares)([])
-    if "signals" in parts:
-        app.on_response_prepare.clear()
     if "metrics" in parts:
 
-        class _Noop:
-            def labels(self, *args: Any, **kwargs: Any) -> _Noop:
-                return self
-
-            def inc(self, *args: Any, **kwargs: Any) -> None:
-                return None
-
-            def observe(self, *args: Any, **kwargs: Any) -> None:
-                return None
+        def _noop(*args: Any) -> None:
+            return None
 
         metrics: Any = app[RUNTIME].metrics
-        metrics.http_requests = metrics.http_duration = metrics.messages = _Noop()
+        metrics.request_answered = metrics.messages_accepted = _noop
     runner: web.AppRunner
     if "runner" in parts:
         runner = web.AppRunner(app, access_log=None)

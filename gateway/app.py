@@ -139,7 +139,7 @@ def create_app(
     syphon_on = paired and (mode == "syphon" or settings.syphon.enabled)
 
     app = web.Application(
-        middlewares=[handlers.error_middleware, handlers.path_guard_middleware],
+        middlewares=[handlers.edge_middleware],
         client_max_size=settings.limits.max_body_bytes,
         handler_args={"max_field_size": settings.limits.max_header_bytes},
     )
@@ -272,17 +272,6 @@ def create_app(
         yield
         lifecycle.draining = True
 
-    async def close_when_draining(request: web.Request, response: web.StreamResponse) -> None:
-        # While draining, tell clients not to reuse this connection: the next request goes
-        # to another replica instead of racing the listener's close.
-        if lifecycle.draining:
-            # aiohttp has already built the Connection header by the time this hook runs
-            # (headers are written right after it): set it, as well as closing afterwards.
-            response.force_close()
-            response.headers["Connection"] = "close"
-
-    app.on_response_prepare.append(close_when_draining)
-    app.on_response_prepare.append(handlers.add_request_id)
     app.cleanup_ctx.extend(
         [clients_ctx, state_ctx, ledger_ctx, dispatcher_ctx, syphon_ctx, lifecycle_ctx]
     )

@@ -155,10 +155,33 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             "1 while the shared state backend (Redis) is reachable; 1 without Redis.",
             registry=r,
         )
+        # Labelled children of the per-request metrics, looked up once per label set (the
+        # sets are bounded: declared entities and "_unknown" x status codes x routes).
+        self._answered: dict[tuple[str, int, str], tuple[Counter, Histogram]] = {}
+        self._accepted: dict[tuple[str, str], Counter] = {}
 
     def bind_ledger(self, ledger: EventLedger) -> None:
         """Export the ledger's own counters (read at scrape time)."""
         self.registry.register(_LedgerCollector(ledger))
+
+    # The HTTP edge, once per request
+    def request_answered(self, entity: str, status: int, route: str, seconds: float) -> None:
+        key = (entity, status, route)
+        children = self._answered.get(key)
+        if children is None:
+            children = (
+                self.http_requests.labels(entity, str(status), route),
+                self.http_duration.labels(route),
+            )
+            self._answered[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def messages_accepted(self, entity: str, route: str, n: int) -> None:
+        child = self._accepted.get((entity, route))
+        if child is None:
+            child = self._accepted[(entity, route)] = self.messages.labels(entity, route)
+        child.inc(n)
 
     def bind_admission(self, waiting: Callable[[], int], used: Callable[[], int]) -> None:
         self.admission_waiting.set_function(lambda: float(waiting()))

@@ -61,11 +61,15 @@ class EntityRef:
 
 
 class EntityCatalog:
-    """The entities declared in configuration. Lookups are case-insensitive, like Service Bus."""
+    """The entities declared in configuration. Lookups are case-insensitive, like Service Bus.
+
+    Every declared path is checked with `validate_entity_path` here, once: a path found in
+    the catalog needs no further validation on the hot path."""
 
     def __init__(self, entities: Iterable[EntitySettings]) -> None:
         self._by_key = {
-            e.path.lower(): EntityRef(path=e.path, kind=e.kind, pair=e.pair) for e in entities
+            validate_entity_path(e.path).lower(): EntityRef(path=e.path, kind=e.kind, pair=e.pair)
+            for e in entities
         }
 
     def __iter__(self) -> Iterable[EntityRef]:  # type: ignore[override]
@@ -79,9 +83,23 @@ class EntityCatalog:
 
         Raises `InvalidEntityPath` (400) or `UnknownEntity` (404, naming the entity).
         """
-        validate_entity_path(path)
-        ref = self._by_key.get(path.lower())
-        if ref is None or (kind is not None and ref.kind != kind):
-            what = kind or "queue or topic"
-            raise UnknownEntity(f"no {what} named {path!r} is configured", entity=path)
+        ref = self.find(path, kind)
+        if ref is None:
+            validate_entity_path(path)
+            raise self.unknown(path, kind)
         return ref
+
+    def find(self, path: str, kind: EntityKind | None = None) -> EntityRef | None:
+        """The declared entity at `path` (of `kind`, if given), or None. No validation is
+        needed for a hit (see the class docstring); a miss may still be an invalid path.
+        Non-ASCII never hits: `str.lower` folds look-alikes such as KELVIN SIGN into ASCII."""
+        ref = self._by_key.get(path.lower()) if path.isascii() else None
+        if ref is None or (kind is not None and ref.kind != kind):
+            return None
+        return ref
+
+    @staticmethod
+    def unknown(path: str, kind: EntityKind | None = None) -> UnknownEntity:
+        """The 404 for a valid path that is not declared (of `kind`)."""
+        what = kind or "queue or topic"
+        return UnknownEntity(f"no {what} named {path!r} is configured", entity=path)

@@ -30,11 +30,12 @@ class OutboundMessage:
     scheduled_enqueue_time_utc: dt.datetime | None = None
     partition_key: str | None = None
     application_properties: dict[str, AppValue] = field(default_factory=dict)
+    # Bytes as Service Bus counts them against the message size limit (an upper estimate),
+    # computed once: the edge checks it and the dispatcher's admission gate counts it.
+    size: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        """Bytes as Service Bus counts them against the message size limit (an upper estimate)."""
-        return estimate_size(self)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", estimate_size(self))
 
     @property
     def batch_key(self) -> str | None:

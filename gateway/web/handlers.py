@@ -7,8 +7,8 @@ Nothing here knows the Service Bus SDK: handlers parse the REST format into
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -108,36 +108,45 @@ def request_id_of(request: web.Request) -> str:
     if rid is None:
         rid = request.headers.get("X-Request-Id") or ""
         if not rid or len(rid) > 128 or not rid.isascii() or not rid.isprintable():
-            rid = uuid.uuid4().hex
+            rid = os.urandom(16).hex()  # as uuid4().hex, at a quarter of the cost
         request[REQUEST_ID] = rid
     return rid
 
 
-async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: every answer carries X-Request-Id."""
-    if "X-Request-Id" not in response.headers:
-        response.headers["X-Request-Id"] = request_id_of(request)
-
-
 @web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error leaves as JSON ``{"error", "message"}``; never a stack trace."""
-    request_id_of(request)
+async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The one middleware every answer passes through (one, because each costs per request):
+
+    * refuses raw paths the router would normalise (percent-encoding, dot segments);
+    * turns every error into JSON ``{"error", "message"}`` (never a stack trace);
+    * gives every answer an ``X-Request-Id``;
+    * while draining, closes the connection after the answer (``Connection: close``), so
+      the client's next request goes to another replica instead of racing our close.
+    """
+    request_id = request_id_of(request)
     try:
-        return await handler(request)
+        _raw_path_ok(request.raw_path)
+        response = await handler(request)
     except GatewayError as err:
-        return error_response(err, request.get(REQUEST_ID))
+        response = error_response(err)
     except AuthError as err:
-        return auth_error_response(err)
+        response = auth_error_response(err)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = exc.reason.lower().replace(" ", "_")
-        return json_response(
+        response = json_response(
             exc.status,
             {"error": code, "message": exc.reason},
             {k: v for k, v in exc.headers.items() if k.lower() == "allow"},
         )
+    if not response.prepared:
+        headers = response.headers
+        if "X-Request-Id" not in headers:
+            headers["X-Request-Id"] = request_id
+        if request.app[EDGE].lifecycle.draining:
+            response.force_close()  # aiohttp then writes "Connection: close"
+    return response
 
 
 def _raw_path_ok(raw_path: str) -> None:
@@ -150,12 +159,6 @@ def _raw_path_ok(raw_path: str) -> None:
             raise InvalidEntityPath("'.' and '..' segments are not allowed in the path")
     if "//" in path:
         raise InvalidEntityPath("empty path segments are not allowed")
-
-
-@web.middleware
-async def path_guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    _raw_path_ok(request.raw_path)
-    return await handler(request)
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -204,9 +207,13 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
     error: GatewayError | None = None
     try:
         name = request.match_info["name"]
-        validate_entity_path(name)  # 400 before 401: a bad path names no resource
+        found = state.catalog.find(name, kind)  # type: ignore[arg-type]
+        if found is None:
+            validate_entity_path(name)  # 400 before 401: a bad path names no resource
         authorize(request, name, Right.SEND)  # 401/403 before 404: don't reveal entities
-        entity = state.catalog.resolve(name, kind)  # type: ignore[arg-type]
+        if found is None:
+            raise state.catalog.unknown(name, kind)  # type: ignore[arg-type]
+        entity = found
         entity_label = entity.path
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in {"", "identity"}:
@@ -246,7 +253,7 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
     else:
         status = delivery.status
         route = delivery.route
-        state.metrics.messages.labels(entity.path, route).inc(len(messages))
+        state.metrics.messages_accepted(entity.path, route, len(messages))
         if state.ledger.enabled:
             latency_ms = (time.perf_counter() - started) * 1000
             backlog = delivery.destination if route == "backlog" else None
@@ -284,8 +291,7 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
                 status=status,
                 error=error.code if error else "unauthorized",
             )
-    state.metrics.http_requests.labels(entity_label, str(status), route).inc()
-    state.metrics.http_duration.labels(route).observe(elapsed)
+    state.metrics.request_answered(entity_label, status, route, elapsed)
     principal = request.get(PRINCIPAL)
     _log_outcome(
         request_id,
@@ -363,6 +369,5 @@ __all__ = [
     "Lifecycle",
     "RequestError",
     "add_routes",
-    "error_middleware",
-    "path_guard_middleware",
+    "edge_middleware",
 ]

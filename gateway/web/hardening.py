@@ -85,11 +85,15 @@ def handler_kwargs(settings: Settings) -> dict[str, Any]:
 class HardenedRequestHandler(RequestHandler):
     """aiohttp's HTTP/1.1 protocol with a head deadline, a body deadline and a head-size cap."""
 
-    __slots__ = ("_deadlines", "_head_bytes", "_head_timer", "_open_bodies")
+    __slots__ = ("_deadlines", "_head_bytes", "_head_deadline", "_head_timer", "_open_bodies")
 
     def __init__(self, manager: web.Server, *, deadlines: Deadlines, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._deadlines = deadlines
+        # When the head now arriving must be complete (loop time), None between heads. One
+        # timer per connection checks it: it is not re-armed per request (a kept-alive
+        # connection arms it about once per header_timeout), only moved on when it fires.
+        self._head_deadline: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         # Bodies still arriving, each with the timer that ends its wait.
@@ -99,10 +103,13 @@ class HardenedRequestHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._arm_head_timer()
+        self._head_started()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._disarm_head_timer()
+        self._head_deadline = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         for timer in self._open_bodies.values():
             timer.cancel()
         self._open_bodies.clear()
@@ -115,13 +122,13 @@ class HardenedRequestHandler(RequestHandler):
         # While a body is arriving, the bytes are body bytes; otherwise they start or
         # continue a request head.
         in_head = not self._open_bodies
-        if data and in_head and self._head_timer is None:
-            self._arm_head_timer()
+        if data and in_head and self._head_deadline is None:
+            self._head_started()
         before = self._request_count
         super().data_received(data)
         completed = self._request_count - before
         if completed:
-            self._disarm_head_timer()
+            self._head_deadline = None
             self._head_bytes = 0
             # The new requests are the last ones queued; start() runs only after we return.
             for _message, payload in itertools.islice(reversed(self._messages), completed):
@@ -163,22 +170,26 @@ class HardenedRequestHandler(RequestHandler):
 
     # -- the head ------------------------------------------------------------------------
 
-    def _arm_head_timer(self) -> None:
-        self._disarm_head_timer()
-        self._head_timer = self._loop.call_later(self._deadlines.header_timeout, self._head_expired)
-
-    def _disarm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _head_started(self) -> None:
+        self._head_deadline = deadline = self._loop.time() + self._deadlines.header_timeout
+        if self._head_timer is None:
+            self._head_timer = self._loop.call_at(deadline, self._head_timer_fired)
 
     def _waiting_for_head(self) -> bool:
         """start() is idle, waiting for the next complete request head."""
         waiter = self._waiter
         return waiter is not None and not waiter.done()
 
-    def _head_expired(self) -> None:
+    def _head_timer_fired(self) -> None:
         self._head_timer = None
+        deadline = self._head_deadline
+        if deadline is None:
+            return  # between heads: the next head re-arms it
+        if self._loop.time() < deadline:
+            # Armed for an earlier head: move it on to the current one's deadline.
+            self._head_timer = self._loop.call_at(deadline, self._head_timer_fired)
+            return
+        self._head_deadline = None
         # A request in progress is never cut short here; a pipelined head that started
         # during it is left to the keep-alive timer, which runs once the response is out.
         if self._waiting_for_head():

@@ -14,8 +14,8 @@ import binascii
 import datetime as dt
 import email.utils
 import math
+import os
 import re
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -230,7 +230,8 @@ def build_message(
     if sid is not None and pkey is not None and sid != pkey:
         raise RequestError(f"{where}: PartitionKey must equal SessionId when both are set")
     if not fields.get("message_id"):
-        fields["message_id"] = default_message_id or uuid.uuid4().hex
+        # 32 random hex digits, as uuid4().hex but a quarter of the cost.
+        fields["message_id"] = default_message_id or os.urandom(16).hex()
     # The Content-Type header wins over a ContentType broker property.
     ct = content_type if content_type else fields.pop("content_type", None)
     fields.pop("content_type", None)
@@ -273,6 +274,8 @@ def _idempotency(key: str | None) -> str | None:
 
 def _has_surrogates(text: str) -> bool:
     """aiohttp decodes invalid UTF-8 in headers to lone surrogates; Service Bus refuses them."""
+    if text.isascii():
+        return False
     return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
 
 
