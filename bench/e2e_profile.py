@@ -1,0 +1,133 @@
+"""Where the gateway's CPU goes end to end: cProfile over the real app with the SDK sink.
+
+    .venv/bin/python -m bench.e2e_profile                # 128 clients, 8 s profiled
+    .venv/bin/python -m bench.e2e_profile --connections 64 --seconds 5 --top 60
+
+Starts the local broker (`sblocal`, a subprocess), builds the gateway app in this process as
+`gateway serve` does (SDK sink, failover and syphon off, log WARNING, uvloop), serves it on
+127.0.0.1 and drives it with `bench.loadgen` in a subprocess for `--seconds` + 4 s. The
+gateway (this process) is pinned to the first CPU, the load generator and the broker to the
+second, as in `bench.gateway_bench`. After 3 s of warm-up, `cProfile` records `--seconds` of
+the gateway's work; the report gives the share of profiled time in the parts that matter
+(HTTP edge, building SDK messages, adding them to batches) and the top functions by
+cumulative time. cProfile slows everything it sees alike: read shares, not microseconds.
+
+Nothing here is part of `make test`; `python -m bench` does not run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import os
+import pstats
+import sys
+
+from aiohttp import web
+
+from bench.harness import ROOT, pin
+from sblocal.testing import BrokerProcess
+
+# Functions whose cumulative time is reported as a share of the profiled time.
+_PARTS = {
+    "HTTP edge (aiohttp protocol, middleware, handler)": ("web_protocol.py", "_handle_request"),
+    "ServiceBusMessage construction (to_sdk)": ("client.py", "to_sdk"),
+    "ServiceBusMessageBatch.add_message": ("message.py", "add_message"),
+    "the SDK's send (link I/O, settlement)": ("_servicebus_sender_async.py", "send_messages"),
+}
+
+
+async def _profile(broker: BrokerProcess, connections: int, seconds: float) -> cProfile.Profile:
+    ns = broker.info["namespaces"]
+    os.environ.update(
+        {
+            "SBGATE_PRIMARY_CONNECTION_STRING": ns["primary"]["connection_string"],
+            "SBGATE_SECONDARY_CONNECTION_STRING": ns["secondary"]["connection_string"],
+            "SBGATE_PRIMARY_NAME": "primary",
+            "SBGATE_SECONDARY_NAME": "secondary",
+            "SBGATE_ENTITIES": "queue:orders",
+            "SBGATE_LOG_LEVEL": "WARNING",
+            "SBGATE_ENABLE_FAILOVER": "false",
+            "SBGATE_ENABLE_SYPHON": "false",
+        }
+    )
+    from bench.gateway_server import gateway_app, gateway_runner
+
+    app, settings = gateway_app("sdk")
+    runner = gateway_runner(app, settings)
+    await runner.setup()
+    profiler = cProfile.Profile()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
+        await site.start()
+        port = runner.addresses[0][1]
+        loadgen = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.loadgen",
+            "--url",
+            f"http://127.0.0.1:{port}/queues/orders/messages",
+            "--connections",
+            str(connections),
+            "--duration",
+            str(seconds + 4),
+            env={**os.environ, "BENCH_CPUS": "1", "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            await asyncio.sleep(3)  # warm-up: senders open, batches settle into their size
+            profiler.enable()
+            await asyncio.sleep(seconds)
+            profiler.disable()
+            async with asyncio.timeout(seconds + 30):
+                out, _ = await loadgen.communicate()
+        finally:
+            if loadgen.returncode is None:
+                loadgen.kill()
+                await loadgen.wait()
+        result = [line for line in out.decode().splitlines() if line.startswith("RESULT")]
+        print(result[-1] if result else "load generator: no RESULT line")
+    finally:
+        await runner.cleanup()
+    return profiler
+
+
+def _report(profiler: cProfile.Profile, top: int) -> None:
+    stats = pstats.Stats(profiler, stream=io.StringIO())
+    raw = stats.stats  # type: ignore[attr-defined]
+    total = max(stats.total_tt, 1e-9)  # type: ignore[attr-defined]
+    print(f"\nprofiled: {total:.2f} s of the gateway's CPU (cProfile-inflated)")
+    for label, (filename, func) in _PARTS.items():
+        cum = sum(v[3] for (f, _, name), v in raw.items() if f.endswith(filename) and name == func)
+        print(f"  {100 * cum / total:5.1f}%  {label}")
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
+    print(out.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--connections", type=int, default=128)
+    parser.add_argument("--seconds", type=float, default=8.0, help="profiled seconds")
+    parser.add_argument("--top", type=int, default=40, help="functions listed")
+    args = parser.parse_args(argv)
+    with BrokerProcess() as broker:
+        if len(os.sched_getaffinity(0)) > 1:
+            pin(broker.pid, frozenset({1}))
+            pin(os.getpid(), frozenset({0}))
+        try:
+            import uvloop
+        except ImportError:
+            profiler = asyncio.run(_profile(broker, args.connections, args.seconds))
+        else:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
+                profiler = r.run(_profile(broker, args.connections, args.seconds))
+    _report(profiler, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
