@@ -181,6 +181,9 @@ class Settings:
     auth_rules: Secret | None = None
     public_hosts: tuple[str, ...] = ()
     auth_clock_skew: float = 300.0
+    # Refuse tokens that expire further than this in the future (seconds; 0 = no limit): a
+    # leaked long-lived token is then useless, and clients must re-sign at least this often.
+    auth_max_token_lifetime: float = 0.0
     limits: LimitSettings = field(default_factory=LimitSettings)
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
     failover: FailoverSettings = field(default_factory=FailoverSettings)
@@ -321,6 +324,7 @@ _TOP_FIELDS: dict[str, Callable[[str, Any], Any]] = {
     "auth_rules": lambda n, v: Secret(_str(n, v)),
     "public_hosts": lambda n, v: _str_list(n, v),
     "auth_clock_skew": _float(0.0, 3600.0),
+    "auth_max_token_lifetime": _float(0.0, 10 * 365 * 86400.0),
 }
 
 # Settings a flat environment variable may set: SBGATE_<FIELD> for top-level fields and
@@ -356,7 +360,7 @@ def _str_list(name: str, value: Any) -> tuple[str, ...]:
     raise ConfigError(f"{name}: expected a list of strings")
 
 
-_ENTITY_PATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9][A-Za-z0-9._\-]*)*$")
+_ENTITY_PATH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9][A-Za-z0-9._\-]*)*")
 
 
 def _namespace(
@@ -411,7 +415,11 @@ def _entity(where: str, raw: Mapping[str, Any]) -> EntitySettings:
     path = _str(f"{where}.path", raw.get("path") or raw.get("name"))
     kind = _choice(f"{where}.kind", raw.get("kind", "queue"), {"queue", "topic"})
     pair = str(raw.get("pair", "default"))
-    if len(path) > 260 or not _ENTITY_PATH.match(path) or "x-servicebus-transfer" in path:
+    if (
+        len(path) > 260
+        or not _ENTITY_PATH.fullmatch(path)
+        or "x-servicebus-transfer" in path.lower()
+    ):
         raise ConfigError(f"{where}.path: {path!r} is not a valid entity path")
     return EntitySettings(path=path, kind=kind, pair=pair)  # type: ignore[arg-type]
 

@@ -27,7 +27,12 @@ def build_authorizer(settings: Settings) -> Authorizer | None:
     else:
         return None
     hosts = settings.public_hosts or ("localhost", "127.0.0.1", settings.listen_host)
-    return Authorizer(rules, hosts, clock_skew=settings.auth_clock_skew)
+    return Authorizer(
+        rules,
+        hosts,
+        clock_skew=settings.auth_clock_skew,
+        max_token_lifetime=settings.auth_max_token_lifetime or None,
+    )
 
 
 def authorize(request: web.Request, entity_path: str | None, right: Right) -> None:

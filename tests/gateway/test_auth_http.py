@@ -93,3 +93,16 @@ async def test_admin_needs_manage(gw):
 async def test_probes_and_metrics_stay_open(gw):
     for path in ("/healthz", "/readyz", "/metrics"):
         assert (await gw.get(path)).status == 200
+
+
+async def test_max_token_lifetime_refuses_far_expiries_and_accepts_short_ones(
+    gateway: GatewayFactory, control
+):
+    gw = await gateway({**ENV, "SBGATE_AUTH_MAX_TOKEN_LIFETIME": "3600"})
+    year = token("orders", ttl=365 * 86400)
+    resp = await gw.post("/orders/messages", data=b"x", headers={"Authorization": year})
+    assert resp.status == 401 and (await resp.json())["error"] == "token_lifetime_too_long"
+    assert (await control.counters("primary")).get("sends", 0) == 0
+    hour = token("orders", ttl=1800)
+    resp = await gw.post("/orders/messages", data=b"y", headers={"Authorization": hour})
+    assert resp.status == 201

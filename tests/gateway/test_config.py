@@ -82,12 +82,27 @@ kind = "queue"
             "declared twice",
         ),
         ({"SBGATE_MAX_MESSAGE_BYTES": "999999999"}, "max_message_bytes"),
+        (
+            {
+                "SBGATE_PRIMARY_CONNECTION_STRING": CS,
+                "SBGATE_ENTITIES": "queue:p/X-ServiceBus-Transfer/0",
+            },
+            "not a valid entity path",
+        ),
+        ({"SBGATE_AUTH_MAX_TOKEN_LIFETIME": "-1"}, "auth_max_token_lifetime"),
     ],
 )
 def test_invalid_settings_name_the_setting(env, fragment):
     with pytest.raises(ConfigError) as info:
         load_settings(env)
     assert fragment in str(info.value)
+
+
+def test_an_entity_path_with_a_trailing_newline_is_refused(tmp_path):
+    f = tmp_path / "gw.toml"
+    f.write_text('[[entities]]\npath = "orders\\n"\n')
+    with pytest.raises(ConfigError, match="not a valid entity path"):
+        load_settings({"SBGATE_PRIMARY_CONNECTION_STRING": CS}, f)
 
 
 def test_missing_file_is_a_clear_error(tmp_path):

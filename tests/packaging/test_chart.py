@@ -243,6 +243,13 @@ def test_large_numbers_are_not_written_in_exponent_notation() -> None:
     assert settings_of(result, "sbgate").limits.max_message_bytes == 1048576
 
 
+def test_max_token_lifetime_reaches_the_gateway(minimal: dict[str, Any]) -> None:
+    assert "SBGATE_AUTH_MAX_TOKEN_LIFETIME" not in environment(minimal, "sbgate")
+    result = render(merge(MINIMAL, {"auth": {"maxTokenLifetime": 3600}}))
+    assert environment(result, "sbgate")["SBGATE_AUTH_MAX_TOKEN_LIFETIME"] == "3600"
+    assert settings_of(result, "sbgate").auth_max_token_lifetime == 3600
+
+
 def test_existing_secrets_and_single_replica() -> None:
     values = {
         "replicaCount": 1,
