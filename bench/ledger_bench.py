@@ -97,7 +97,7 @@ async def serve(ledger: EventLedger, work: Callable[[int], int], reps: int, requ
 
 
 async def one_run(
-    on: bool, work: Callable[[int], int], reps: int, n: int, root: Path
+    on: bool, work: Callable[[int], int], reps: int, n: int, root: Path, cold: bool = False
 ) -> tuple[float, float]:
     """(requests per second, requests per CPU second), including the ledger's final flush.
 
@@ -107,13 +107,22 @@ async def one_run(
     ledger: EventLedger = (
         Ledger(DirectorySink(root, "bench"), replica="bench") if on else NullLedger()
     )
-    started, cpu_started = time.perf_counter(), time.process_time()
     async with ledger:
+        # Steady state, as in a running gateway: the writer thread is up and this hour's file
+        # is open. Opening it (mkdir, open: a dozen syscalls, each a GIL hand-off with a busy
+        # loop) costs ~0.1 s of CPU once per file, i.e. once an hour per replica in
+        # production, but once per run here; it is reported separately (`--cold`).
+        if not cold:
+            ledger.emit("accepted", message_id="warm-up")
+            await ledger.flush()
+        warm = ledger.written
+        started, cpu_started = time.perf_counter(), time.process_time()
         await serve(ledger, work, reps, n)
-    elapsed = time.perf_counter() - started
-    cpu = time.process_time() - cpu_started
-    if on and (ledger.written != n or ledger.dropped):
-        raise RuntimeError(f"ledger wrote {ledger.written}/{n}, dropped {ledger.dropped}")
+        await ledger.flush()
+        elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
+    if on and (ledger.written - warm != n or ledger.dropped):
+        raise RuntimeError(f"ledger wrote {ledger.written - warm}/{n}, dropped {ledger.dropped}")
     return n / elapsed, n / cpu
 
 
@@ -130,7 +139,7 @@ async def measure(name: str, args: argparse.Namespace, root: Path) -> tuple[floa
         order = (False, True) if p % 2 == 0 else (True, False)  # cancel drift within pairs
         pair: dict[bool, tuple[float, float]] = {}
         for on in order:
-            pair[on] = await one_run(on, work, reps, args.requests, root / f"{name}-{p}")
+            pair[on] = await one_run(on, work, reps, args.requests, root / f"{name}-{p}", args.cold)
             rates[on].append(pair[on][0])
             if pair[on][0] < 0.8 * pair[on][1]:
                 starved += 1  # got less than 80% of a CPU: other processes ran
@@ -177,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=9, help="on/off pairs per work kind")
     parser.add_argument("--work-us", type=float, default=50.0, help="CPU work per request")
     parser.add_argument("--skip-spin", action="store_true", help="skip the pessimistic bound")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="time each run from a ledger whose file is not open yet (once an hour in production)",
+    )
     args = parser.parse_args(argv)
     ratio = asyncio.run(main_async(args))
     return 0 if ratio >= 0.95 else 1
