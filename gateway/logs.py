@@ -34,7 +34,15 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(fmt: str, level: str) -> None:
-    """Configure the root logger once (idempotent)."""
+    """Configure the root logger once (idempotent).
+
+    Neither format prints the caller's file/line/function, the thread or the process, so
+    `logging` is told not to collect them (the Logging HOWTO's "Optimization" switches): a
+    record then costs a few microseconds less, which matters for one line per request."""
+    logging._srcfile = None  # type: ignore[attr-defined]  # no findCaller() stack walk
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
