@@ -33,7 +33,7 @@ from sblocal.testing import BrokerProcess
 # Functions whose cumulative time is reported as a share of the profiled time.
 _PARTS = {
     "HTTP edge (aiohttp protocol, middleware, handler)": ("web_protocol.py", "_handle_request"),
-    "ServiceBusMessage construction (to_sdk)": ("client.py", "to_sdk"),
+    "building the AMQP messages (to_amqp)": ("client.py", "to_amqp"),
     "ServiceBusMessageBatch.add_message": ("message.py", "add_message"),
     "the SDK's send (link I/O, settlement)": ("_servicebus_sender_async.py", "send_messages"),
 }
