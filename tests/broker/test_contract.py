@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import uuid
 
@@ -24,6 +23,7 @@ from azure.servicebus.exceptions import (
 from sblocal.entities import QueueProperties, SubscriptionProperties
 from sblocal.server import LocalBroker
 from sblocal.testing import ControlClient, eventually
+from tests.support.waiting import eventually as wait_until
 
 from .conftest import receive_n, sb_client
 
@@ -125,7 +125,12 @@ async def test_peek_lock_renew_and_complete(broker: LocalBroker, client: Service
         [m] = await receive_n(receiver, 1)
         first = m.locked_until_utc
         assert first is not None
-        await asyncio.sleep(0.05)  # let the wall clock move so the renewal is visible
+        # A renewal is visible once the wall clock has moved past the lock's start (the
+        # broker stamps milliseconds): wait for that, not for a fixed time.
+        locked_at = first - dt.timedelta(seconds=5)
+        await wait_until(
+            lambda: dt.datetime.now(dt.UTC) - locked_at > dt.timedelta(milliseconds=2), every=0.001
+        )
         renewed = await receiver.renew_message_lock(m)
         assert renewed > first
         await receiver.complete_message(m)
