@@ -8,12 +8,11 @@ azure-sdk-for-python#36334) and asks for a new one when a failure makes the link
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Sequence
 from typing import Any, cast
 
-from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
+from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader, AmqpMessageProperties
@@ -47,11 +46,12 @@ _MAX_ID = 128  # the SDK's MESSAGE_PROPERTY_MAX_LENGTH
 def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
     """An `OutboundMessage` as the AMQP message the SDK sends (what is on the wire).
 
-    The same outgoing message as `to_sdk` builds (tests/gateway/test_sdk_mapping.py compares
-    them field by field) at half the CPU: `ServiceBusMessage` runs a property setter per
-    field, each re-checking and re-creating parts of the message. Raises ValueError where
-    `ServiceBusMessage` would (ids over 128 characters, PartitionKey != SessionId): a
-    message from a backlog queue has not been through the REST parser's checks."""
+    The same outgoing message as a `ServiceBusMessage` with the same properties gives
+    (tests/gateway/test_sdk_mapping.py compares them field by field) at half the CPU:
+    `ServiceBusMessage` runs a property setter per field, each re-checking and re-creating
+    parts of the message. Raises ValueError where `ServiceBusMessage` would (ids over 128
+    characters, PartitionKey != SessionId): a message from a backlog queue has not been
+    through the REST parser's checks."""
     for name, value in (
         ("message_id", m.message_id),
         ("session_id", m.session_id),
@@ -69,7 +69,7 @@ def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
         annotations[_SCHEDULED_ENQUEUE_TIME] = m.scheduled_enqueue_time_utc
     header = AmqpMessageHeader()
     if m.time_to_live is not None:
-        # In ms, not truncated to whole seconds as the SDK's setter does (see _set_ttl_ms);
+        # In ms: ServiceBusMessage's setter truncates to whole seconds (0.5 s: no TTL at all);
         # the SDK derives creation and absolute expiry times from it when it sends.
         header.time_to_live = max(1, round(m.time_to_live.total_seconds() * 1000))
     return AmqpAnnotatedMessage(
@@ -90,42 +90,6 @@ def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
         # Typed dict[str, Any] in the SDK, which itself uses these bytes keys.
         annotations=cast(dict[str, Any], annotations),
     )
-
-
-def to_sdk(m: OutboundMessage) -> ServiceBusMessage:
-    """An `OutboundMessage` as the SDK's `ServiceBusMessage` (every property mapped one to
-    one). The reference for `to_amqp`, which the sender uses."""
-    props = {k: _amqp_value(v) for k, v in m.application_properties.items()}
-    msg = ServiceBusMessage(
-        m.body,
-        application_properties=props or None,  # type: ignore[arg-type]
-        session_id=m.session_id,
-        message_id=m.message_id,
-        scheduled_enqueue_time_utc=m.scheduled_enqueue_time_utc,
-        time_to_live=m.time_to_live,
-        content_type=m.content_type,
-        correlation_id=m.correlation_id,
-        subject=m.subject,
-        partition_key=m.partition_key,
-        to=m.to,
-        reply_to=m.reply_to,
-        reply_to_session_id=m.reply_to_session_id,
-    )
-    if m.time_to_live is not None:
-        _set_ttl_ms(msg, m.time_to_live)
-    return msg
-
-
-def _set_ttl_ms(msg: ServiceBusMessage, ttl: dt.timedelta) -> None:
-    """The SDK's setter truncates a TTL to whole seconds (0.5 s would become *no* TTL):
-    write the AMQP header's milliseconds, and the absolute expiry to match."""
-    ms = max(1, round(ttl.total_seconds() * 1000))
-    raw = msg.raw_amqp_message
-    header = raw.header
-    assert header is not None  # the constructor's time_to_live created it
-    header.time_to_live = ms
-    if raw.properties is not None and raw.properties.creation_time:
-        raw.properties.absolute_expiry_time = raw.properties.creation_time + ms
 
 
 class SdkSender:

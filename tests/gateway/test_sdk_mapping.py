@@ -1,5 +1,5 @@
-"""`to_amqp` (what the sender sends) builds the same outgoing AMQP message as `to_sdk`
-(`ServiceBusMessage`, the SDK's own mapping), field by field, for every property the REST
+"""`to_amqp` (what the sender sends) builds the same outgoing AMQP message as the SDK's own
+`ServiceBusMessage` with the same properties, field by field, for every property the REST
 format can carry; and it refuses what `ServiceBusMessage` refuses.
 
 Pure logic against the pinned SDK's own conversion (`to_outgoing_amqp_message`, the step
@@ -13,10 +13,11 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from azure.servicebus import ServiceBusMessage
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 
 from gateway.core.message import OutboundMessage
-from gateway.servicebus.client import to_amqp, to_sdk
+from gateway.servicebus.client import _amqp_value, to_amqp
 
 AT = dt.datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
 
@@ -56,6 +57,33 @@ MESSAGES = {
         },
     ),
 }
+
+
+def to_sdk(m: OutboundMessage) -> ServiceBusMessage:
+    """The reference: the SDK's `ServiceBusMessage`, every property mapped one to one."""
+    props = {k: _amqp_value(v) for k, v in m.application_properties.items()}
+    msg = ServiceBusMessage(
+        m.body,
+        application_properties=props or None,
+        session_id=m.session_id,
+        message_id=m.message_id,
+        scheduled_enqueue_time_utc=m.scheduled_enqueue_time_utc,
+        time_to_live=m.time_to_live,
+        content_type=m.content_type,
+        correlation_id=m.correlation_id,
+        subject=m.subject,
+        partition_key=m.partition_key,
+        to=m.to,
+        reply_to=m.reply_to,
+        reply_to_session_id=m.reply_to_session_id,
+    )
+    if m.time_to_live is not None:
+        # The setter truncates to whole seconds; the gateway sends milliseconds.
+        header = msg.raw_amqp_message.header
+        assert header is not None
+        header.time_to_live = max(1, round(m.time_to_live.total_seconds() * 1000))
+    return msg
+
 
 # Set from the send time by the SDK itself, on both paths alike.
 _TIME_FIELDS = ("creation_time", "absolute_expiry_time")
