@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sblocal import codec
 from sblocal.config import NamespaceConfig
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from sblocal.persistence import Persistence
 
 _log = logging.getLogger(__name__)
+_P = TypeVar("_P", QueueProperties, TopicProperties)
 
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
 DLQ_SUFFIX = "/$deadletterqueue"
@@ -1024,14 +1025,8 @@ class Namespace:
             return q.props if q is not None and isinstance(q.props, QueueProperties) else None
 
     def create_queue(self, path: str, props: QueueProperties) -> QueueProperties:
-        with self.lock:
-            key = path.strip("/").lower()
-            if key in self._queues or key in self._topics:
-                raise EntityExistsError(path)
-            self._add_queue(path.strip("/"), props)
-            if self._persistence is not None:
-                self._persistence.save_entity("queue", path.strip("/"), props)
-            return props
+        self._create("queue", path, props, self._add_queue)
+        return props
 
     def update_queue(self, path: str, props: QueueProperties) -> QueueProperties:
         with self.lock:
@@ -1070,14 +1065,18 @@ class Namespace:
             return t.props if t is not None else None
 
     def create_topic(self, path: str, props: TopicProperties) -> TopicProperties:
+        self._create("topic", path, props, self._add_topic)
+        return props
+
+    def _create(self, kind: str, path: str, props: _P, add: Callable[[str, _P], object]) -> None:
+        """Queues and topics share one namespace of names (case-insensitive)."""
+        name = path.strip("/")
         with self.lock:
-            key = path.strip("/").lower()
-            if key in self._queues or key in self._topics:
+            if name.lower() in self._queues or name.lower() in self._topics:
                 raise EntityExistsError(path)
-            self._add_topic(path.strip("/"), props)
+            add(name, props)
             if self._persistence is not None:
-                self._persistence.save_entity("topic", path.strip("/"), props)
-            return props
+                self._persistence.save_entity(kind, name, props)
 
     def update_topic(self, path: str, props: TopicProperties) -> TopicProperties:
         with self.lock:
