@@ -34,6 +34,9 @@ PARTITION_KEY = "x-ms-partitionkey"
 ACCEPTED = "x-ms-acceptedtimeutc"
 REWRITE_KEYS = (PATH, SESSION_ID, TIME_TO_LIVE, SCHEDULED, PARTITION_KEY, ACCEPTED)
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
+# The lock duration backlog queues are created with: a message locked by a receiver that
+# died mid-move is available again after this long.
+BACKLOG_LOCK_DURATION = 60.0
 
 
 def backlog_path(primary_namespace: str, index: int) -> str:
@@ -88,9 +91,14 @@ class Restored:
 
 
 def restore(m: OutboundMessage, now: float) -> Restored | None:
-    """The original message from a backlog message, with the *remaining* TTL.
+    """The original message from a backlog message, as it must go home at `now`.
 
-    Returns None if `m` carries no ``x-ms-path`` (not a backlog message).
+    Service Bus counts a message's TTL from its enqueue time, and a scheduled message is
+    enqueued at its schedule. So a message whose schedule is still to come goes home with
+    its schedule and its *whole* TTL (it expires at schedule + TTL, as it would have); any
+    other goes home unscheduled with the *remaining* TTL: from its acceptance, or from its
+    schedule if that came later. `expired` when nothing is left. Returns None if `m`
+    carries no ``x-ms-path`` (not a backlog message).
     """
     props = dict(m.application_properties)
     path = props.pop(PATH, None)
@@ -101,25 +109,29 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
     ttl_ms = props.pop(TIME_TO_LIVE, None)
     scheduled_at = _seconds(props.pop(SCHEDULED, None))
     partition_key = props.pop(PARTITION_KEY, None)
+    pending = scheduled_at is not None and scheduled_at > now
     ttl: dt.timedelta | None = None
     expired = False
     if isinstance(ttl_ms, int | float) and not isinstance(ttl_ms, bool):
-        start = accepted if accepted is not None else now
-        if scheduled_at is not None:  # the TTL of a scheduled message runs from its schedule
-            start = max(start, scheduled_at)
-        remaining = start + ttl_ms / 1000 - now
-        if remaining <= 0:
-            expired = True
-        ttl = dt.timedelta(seconds=max(remaining, 0.001))
-    scheduled = (
-        dt.datetime.fromtimestamp(scheduled_at, dt.UTC) if scheduled_at is not None else None
-    )
+        if pending:
+            ttl = dt.timedelta(milliseconds=ttl_ms)
+        else:
+            start = accepted if accepted is not None else now
+            if scheduled_at is not None:
+                start = max(start, scheduled_at)
+            remaining = start + ttl_ms / 1000 - now
+            expired = remaining <= 0
+            ttl = dt.timedelta(seconds=max(remaining, 0.001))
     original = replace(
         m,
         session_id=session_id if isinstance(session_id, str) else None,
         partition_key=partition_key if isinstance(partition_key, str) else None,
         time_to_live=ttl,
-        scheduled_enqueue_time_utc=scheduled,
+        scheduled_enqueue_time_utc=(
+            dt.datetime.fromtimestamp(scheduled_at, dt.UTC)
+            if pending and scheduled_at is not None
+            else None
+        ),
         application_properties=props,
     )
     return Restored(entity_path=path, message=original, expired=expired)
@@ -137,6 +149,7 @@ def ping_message(message_id: str) -> OutboundMessage:
 
 __all__ = [
     "ACCEPTED",
+    "BACKLOG_LOCK_DURATION",
     "PATH",
     "PING_CONTENT_TYPE",
     "REWRITE_KEYS",

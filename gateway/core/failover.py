@@ -11,12 +11,21 @@ Per entity (SPEC §1, state shared through a `StateStore`):
   `strict_primary` (then the failure is answered 503).
 * failed_over: send straight to a backlog queue; one replica in the cluster (holder of a
   lease) pings the primary entity every `ping_primary_interval` until a ping is delivered.
+  The first ping comes one interval after the failover began, so a failover an operator
+  forces holds until they mark the entity healthy or a ping after the interval succeeds.
 * Server-busy and unauthorized errors never count (the error table says so).
 
 Backlog queues: each replica picks a random healthy one per entity; a send failure takes
 that queue out of rotation for the whole cluster for `backlog_reprobe_interval` (then the
 next send to it is the re-probe) and the request is retried on another queue; with none
 left, 503. The hot path reads only memory: the store persists transitions in the background.
+
+No backlog left behind: a backlog write is announced to every replica's syphon (through the
+store) as soon as this replica sees its entity healthy — at once if it already is when the
+write completes, else when the failover ends here. The syphon's own depth check at failback
+finds what was written before it; the announcements cover what completes after it, even on
+another replica. A replica that starts announces every queue (it cannot know what it wrote
+before it stopped).
 """
 
 from __future__ import annotations
@@ -45,6 +54,10 @@ from gateway.state.base import BacklogState, EntityState, StateStore, Status
 log = logging.getLogger(__name__)
 
 MAX_BACKLOG_ATTEMPTS = 3
+# Why an entity's state changed, as `GET /admin/entities` shows it ("reason").
+PING_DELIVERED = "ping delivered"
+MARKED_HEALTHY = "operator: marked healthy"
+FORCED = "operator: forced failover"
 
 
 class NoBacklogAvailable(GatewayError):
@@ -106,6 +119,10 @@ class Failover:
         self._pingers: dict[str, asyncio.Task[None]] = {}
         self._timers: dict[str, asyncio.Task[None]] = {}
         self._wake: dict[str, asyncio.Event] = {}
+        self._next_ping: dict[str, float] = {}  # entity key -> when its pinger pings next
+        # Backlog queues this replica wrote an entity's messages to while the entity was not
+        # healthy here: announced to the syphons when it is (see the module docstring).
+        self._unannounced: dict[str, set[str]] = {}
         self._closed = False
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -115,9 +132,10 @@ class Failover:
         for e in entities:
             self._entities[e.path.lower()] = e
         self._store.subscribe(self._on_entity, self._on_backlog)
-        for key, st in self._store.snapshot().items():
+        for st in self._store.snapshot().values():
             self._on_entity(st)
-            del key
+        if any(p.backlog_queues for p in self._pairs.values()):
+            self._store.announce_backlog_write(None)
 
     async def close(self) -> None:
         self._closed = True
@@ -233,6 +251,7 @@ class Failover:
                 )
                 continue
             self._observer.backlog_send(queue, True)
+            self._written(key, queue)
             return Delivery("backlog", queue)
         detail = f" (last error: {last.message})" if last is not None else ""
         raise NoBacklogAvailable(
@@ -240,6 +259,14 @@ class Failover:
             f"the message{detail}",
             entity=entity.path,
         )
+
+    def _written(self, key: str, queue: str) -> None:
+        """A backlog write completed: announce it now if the entity is healthy here (the
+        failback may already have been checked for), else when it becomes healthy."""
+        if self._store.get(key).status == "healthy":
+            self._store.announce_backlog_write(queue)
+        else:
+            self._unannounced.setdefault(key, set()).add(queue)
 
     def _pick_backlog(self, key: str, pair: PairClients, exclude: set[str]) -> str | None:
         disabled = self._store.backlogs_disabled(self._clock())
@@ -260,7 +287,7 @@ class Failover:
         st = self._store.get(entity.path.lower())
         if st.status == "healthy":
             return st
-        new = self._store.propose(st, "healthy", "operator")
+        new = self._store.propose(st, "healthy", MARKED_HEALTHY)
         if new is not None and st.status == "failed_over":
             self._ledger.emit("failover_end", entity=st.entity, reason="operator")
         return new or self._store.get(st.entity)
@@ -270,13 +297,14 @@ class Failover:
         st = self._store.get(entity.path.lower())
         if st.status == "failed_over":
             return st
-        new = self._store.propose(st, "failed_over", "operator")
+        new = self._store.propose(st, "failed_over", FORCED)
         if new is not None:
             self._ledger.emit("failover_start", entity=st.entity, reason="operator")
         return new or self._store.get(st.entity)
 
     async def describe(self) -> list[dict[str, Any]]:
-        """The admin view: state, since, by whom, backlog rotation, pinger."""
+        """The admin view: state, since, by whom and why (for a healthy entity after a
+        failover: `PING_DELIVERED` or `MARKED_HEALTHY`), backlog rotation, pinger."""
         disabled = self._store.backlogs_disabled(self._clock())
         out: list[dict[str, Any]] = []
         for key, ref in sorted(self._entities.items()):
@@ -299,6 +327,7 @@ class Failover:
                         {"path": q, "inRotation": q not in disabled} for q in pair.backlog_queues
                     ],
                     "pinger": pinger,
+                    "nextPing": self._next_ping.get(key) if st.status == "failed_over" else None,
                 }
             )
         return out
@@ -307,6 +336,9 @@ class Failover:
 
     def _on_entity(self, st: EntityState) -> None:
         self._observer.entity_state(st.entity, st.status)
+        if st.status == "healthy":
+            for queue in sorted(self._unannounced.pop(st.entity, ())):
+                self._store.announce_backlog_write(queue)
         if st.status == "failing" and not self._closed and st.entity in self._entities:
             self._arm_failover_timer(st)
         wake = self._wake.get(st.entity)
@@ -351,31 +383,59 @@ class Failover:
         self._observer.backlog_disabled(len(self._store.backlogs_disabled(self._clock())))
 
     async def _ping_loop(self, entity: EntityRef) -> None:
-        """While `entity` is failed over: if this replica holds the ping lease, ping the
-        primary every `ping_primary_interval`; the first delivered ping makes it healthy."""
+        """While `entity` is failed over: ping the primary one `ping_primary_interval` after
+        the failover began, then every interval, if this replica holds the ping lease; the
+        first delivered ping makes it healthy. Returns only when the entity is not failed
+        over, with no await between that check and the return (so `_on_entity` never sees
+        a finishing pinger it should have replaced)."""
         key = entity.path.lower()
         lease = _lease(key)
         interval = self._settings.ping_primary_interval
         wake = self._wake[key]
         pair = self._pairs[entity.pair]
+        last_ping: float | None = None
+        holds_lease = False
         try:
-            while self._store.get(key).status == "failed_over":
-                if await self._store.acquire_lease(lease, ttl=max(3 * interval, 1.0)):
-                    ok = await self._ping(pair, entity)
-                    self._observer.ping(entity.path, ok)
-                    self._ledger.emit("ping", entity=entity.path, ok=ok)
-                    st = self._store.get(key)
-                    if ok and st.status == "failed_over":
-                        self._propose(st, "healthy", "ping delivered")
-                        break
-                wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(interval):
-                        await wake.wait()  # a state change ends the wait early
+            while True:
+                st = self._store.get(key)
+                if st.status != "failed_over":
+                    if not holds_lease:
+                        return
+                    holds_lease = False
+                    await self._release(lease)
+                    continue  # the entity may have failed over again meanwhile
+                due = max(st.since, last_ping or st.since) + interval
+                self._next_ping[key] = due
+                delay = due - self._clock()
+                if delay > 0:
+                    wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await wake.wait()  # a state change ends the wait early
+                    continue
+                last_ping = self._clock()
+                holds_lease = await self._store.acquire_lease(lease, ttl=max(3 * interval, 1.0))
+                if not holds_lease:
+                    continue  # another replica pings; look again in one interval
+                ok = await self._ping(pair, entity)
+                self._observer.ping(entity.path, ok)
+                self._ledger.emit("ping", entity=entity.path, ok=ok)
+                st = self._store.get(key)
+                if ok and st.status == "failed_over":
+                    self._propose(st, "healthy", PING_DELIVERED)
+        except asyncio.CancelledError:
+            if holds_lease:  # let another replica take over at once, not when it expires
+                await self._release(lease)
+            raise
         finally:
-            with contextlib.suppress(Exception):
-                await self._store.release_lease(lease)
             self._pingers.pop(key, None)
+            self._next_ping.pop(key, None)
+
+    async def _release(self, lease: str) -> None:
+        try:
+            await self._store.release_lease(lease)
+        except Exception:  # the store never raises for backend errors; a bug must not
+            log.exception("releasing lease %s failed", lease)  # stop the pinger
 
     async def _ping(self, pair: PairClients, entity: EntityRef) -> bool:
         try:

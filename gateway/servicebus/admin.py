@@ -24,6 +24,7 @@ from azure.core.exceptions import (
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
 from gateway.config import NamespaceSettings
+from gateway.core.backlog import BACKLOG_LOCK_DURATION
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ BACKLOG_QUEUE_PROPERTIES: dict[str, Any] = {
     "max_delivery_count": 2147483647,
     "default_message_time_to_live": TIMESPAN_MAX,
     "auto_delete_on_idle": TIMESPAN_MAX,
-    "lock_duration": dt.timedelta(minutes=1),
+    "lock_duration": dt.timedelta(seconds=BACKLOG_LOCK_DURATION),
     "dead_lettering_on_message_expiration": True,
     "enable_batched_operations": True,
 }

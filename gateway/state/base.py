@@ -52,6 +52,9 @@ class BacklogState:
 
 StateListener = Callable[[EntityState], None]
 BacklogListener = Callable[[BacklogState], None]
+# Told that a backlog queue holds messages the syphon may move now (`announce_backlog_write`),
+# or, with None, that any queue may (announcements may have been missed: a reconnect).
+BacklogWriteListener = Callable[[str | None], None]
 
 
 class StateStore(Protocol):
@@ -122,7 +125,23 @@ class StateStore(Protocol):
         """Which replica holds `name` (None if nobody, or unknown). Not for the hot path."""
         ...
 
-    def subscribe(self, on_entity: StateListener, on_backlog: BacklogListener) -> None:
+    def announce_backlog_write(self, queue: str | None) -> None:
+        """Tell every replica's syphon that `queue` holds messages it may move now: written
+        while their entity is healthy, or written during a failover that has since ended.
+        None: any backlog queue may (a replica that starts cannot know what it wrote before
+        it stopped). Local listeners hear it on the next loop turn, other replicas through
+        the backend in the background; while the backend is unreachable it is kept (one per
+        queue) and sent on reconnect. Never blocks, never raises."""
+        ...
+
+    def subscribe(
+        self,
+        on_entity: StateListener,
+        on_backlog: BacklogListener,
+        on_write: BacklogWriteListener | None = None,
+    ) -> None:
         """Call the listeners (on the event loop) for every change applied to memory, local
-        or from another replica, including those applied by a resync."""
+        or from another replica, including those applied by a resync. `on_write` hears every
+        announcement (this replica's or another's) and None after each (re)connection to the
+        backend, when announcements may have been missed."""
         ...

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 from gateway.state.base import (
     BacklogListener,
     BacklogState,
+    BacklogWriteListener,
     EntityState,
     StateListener,
     StateStore,
@@ -66,6 +67,7 @@ class LocalState:
         self._backlogs: dict[str, BacklogState] = {}
         self._entity_listeners: list[StateListener] = []
         self._backlog_listeners: list[BacklogListener] = []
+        self._write_listeners: list[BacklogWriteListener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stats = StoreStats()
 
@@ -157,9 +159,16 @@ class LocalState:
 
     # -- listeners --------------------------------------------------------------------------
 
-    def subscribe(self, on_entity: StateListener, on_backlog: BacklogListener) -> None:
+    def subscribe(
+        self,
+        on_entity: StateListener,
+        on_backlog: BacklogListener,
+        on_write: BacklogWriteListener | None = None,
+    ) -> None:
         self._entity_listeners.append(on_entity)
         self._backlog_listeners.append(on_backlog)
+        if on_write is not None:
+            self._write_listeners.append(on_write)
 
     def _bind_loop(self) -> None:
         """Remember the running loop so sync callers can schedule listener calls on it."""
@@ -185,6 +194,10 @@ class LocalState:
     def _notify_backlog(self, state: BacklogState) -> None:
         for listener in self._backlog_listeners:
             self._schedule(functools.partial(_call_listener, listener, state))
+
+    def _notify_write(self, queue: str | None) -> None:
+        for listener in self._write_listeners:
+            self._schedule(functools.partial(_call_listener, listener, queue))
 
 
 def _call_listener(fn: Callable[[_T], None], arg: _T) -> None:
@@ -226,6 +239,9 @@ class MemoryStateStore(LocalState):
 
     def enable_backlog(self, queue: str) -> None:
         self._enable_local(queue)
+
+    def announce_backlog_write(self, queue: str | None) -> None:
+        self._notify_write(queue)
 
     async def acquire_lease(self, name: str, ttl: float) -> bool:
         # One replica only: it always holds its leases; the expiry keeps `lease_holder`

@@ -5,7 +5,8 @@ Layout under `<prefix>:` (default `sbgate:`):
 * `entity:<entity>` — a hash per entity: `status`, `epoch`, `since`, `by`, `reason`;
 * `backlog:<queue>` — a hash (`until`, `by`, `reason`) that expires when the disable ends;
 * `lease:<name>` — the holder's replica id, set `NX PX ttl`;
-* `events` — the pub/sub channel every applied change is published on (JSON).
+* `events` — the pub/sub channel every applied change is published on (JSON), and the
+  announcements that a backlog queue holds messages the syphon may move now.
 
 Every change is one Lua script, so "check, write, publish" is atomic: a transition applies
 only if the stored epoch is still the one the proposal was built on (compare-and-set); a
@@ -182,6 +183,10 @@ def _backlog_event(b: BacklogState) -> bytes:
     )
 
 
+def _written_event(queue: str | None, by: str) -> bytes:
+    return orjson.dumps({"kind": "written", "queue": queue, "by": by})
+
+
 def _status(value: str) -> Status:
     if value not in SEVERITY:
         raise ValueError(f"unknown status {value!r}")
@@ -271,6 +276,8 @@ class RedisStateStore(LocalState):
         # proposals was built on (the CAS base); queue -> True (disable) / False (enable).
         self._pending_entities: dict[str, int] = {}
         self._pending_backlogs: dict[str, bool] = {}
+        # Backlog-write announcements not yet published (a set: one per queue is enough).
+        self._pending_writes: dict[str | None, None] = {}
         self._resync_needed = False
         self._sess: _Session | None = None
         self._online = asyncio.Event()  # a session is up and resynced
@@ -348,6 +355,13 @@ class RedisStateStore(LocalState):
         # Sent even if memory had nothing: Redis may hold a disable this replica missed.
         self._queue_backlog(queue, False)
 
+    def announce_backlog_write(self, queue: str | None) -> None:
+        self._notify_write(queue)
+        # Not state: nothing to coalesce with but itself, and never dropped for room (one
+        # entry per backlog queue at most).
+        self._pending_writes[queue] = None
+        self._wake_writer()
+
     # -- StateStore: leases (network, bounded) ----------------------------------------------
 
     async def acquire_lease(self, name: str, ttl: float) -> bool:
@@ -412,6 +426,10 @@ class RedisStateStore(LocalState):
                         reason=str(ev["reason"]),
                     )
                 )
+            elif ev["kind"] == "written":
+                if ev["by"] != self.replica_id:  # our own listeners heard it already
+                    queue = ev["queue"]
+                    self._notify_write(None if queue is None else str(queue))
             elif ev["kind"] == "backlog":
                 self._on_backlog_event(
                     BacklogState(
@@ -447,7 +465,12 @@ class RedisStateStore(LocalState):
     # -- the writer -------------------------------------------------------------------------
 
     def _has_pending(self) -> bool:
-        return bool(self._pending_entities or self._pending_backlogs or self._resync_needed)
+        return bool(
+            self._pending_entities
+            or self._pending_backlogs
+            or self._pending_writes
+            or self._resync_needed
+        )
 
     def _room_for_one(self) -> bool:
         if len(self._pending_entities) + len(self._pending_backlogs) < self._max_pending:
@@ -484,6 +507,9 @@ class RedisStateStore(LocalState):
                 job = ("entity", entity)
             elif self._pending_backlogs:
                 job = ("backlog", next(iter(self._pending_backlogs)))
+            elif self._pending_writes:
+                written = next(iter(self._pending_writes))
+                job = ("written", "" if written is None else written)
             else:
                 self._wake.clear()
                 self._drained.set()
@@ -501,13 +527,24 @@ class RedisStateStore(LocalState):
                     except _REDIS_ERRORS:
                         self._pending_entities.setdefault(key, base)
                         raise
-                else:
+                elif kind == "backlog":
                     disable = self._pending_backlogs.pop(key)
                     try:
                         async with asyncio.timeout(self._op_timeout):
                             await self._write_backlog(sess, key, disable)
                     except _REDIS_ERRORS:
                         self._pending_backlogs.setdefault(key, disable)
+                        raise
+                else:
+                    queue = key or None
+                    del self._pending_writes[queue]
+                    try:
+                        async with asyncio.timeout(self._op_timeout):
+                            await sess.client.publish(
+                                self._channel, _written_event(queue, self.replica_id)
+                            )
+                    except _REDIS_ERRORS:
+                        self._pending_writes[queue] = None
                         raise
             except _REDIS_ERRORS as exc:
                 if kind == "resync":
@@ -676,6 +713,9 @@ class RedisStateStore(LocalState):
             self._sessions += 1
             self._first_attempt.set()
             log.info("state: replica %s connected to redis and resynced", self.replica_id)
+            # Announcements published while this replica was not subscribed are lost to it:
+            # its syphon looks at every backlog queue instead.
+            self._notify_write(None)
             await self._listen(pubsub)
         except _REDIS_ERRORS as exc:
             self._session_failed("session", exc)

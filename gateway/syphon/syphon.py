@@ -1,17 +1,31 @@
 """The syphon: moves backlogged messages home, honours TTL, costs almost nothing when idle.
 
-For one namespace pair: a task per backlog queue (at most `workers` moving at once) receives
-in peek-lock from the secondary namespace, restores each message (SessionId, the *remaining*
-TTL, schedule, original path; MessageId kept), sends it to its entity on the primary through
-the dispatcher, and **only then** completes it in the backlog. A message whose original TTL
-ran out is dead-lettered in the backlog (``TTLExpiredException``) and never sent. A message
-for an entity that is still failed over is abandoned and its queue waits (no hammering).
+For one namespace pair: a task per backlog queue receives in peek-lock from the secondary
+namespace (at most one receive per queue in flight), restores each message (SessionId, TTL
+and schedule, original path; MessageId kept), sends it to its entity on the primary through
+the dispatcher, and **only then** completes it in the backlog; at most `workers` queues move
+at once. A message whose original TTL ran out is dead-lettered in the backlog
+(``TTLExpiredException``) and never sent. A message for an entity that is still failed over
+is abandoned and its queue waits (no hammering).
 
 Idle cost: a queue is polled only while it may hold messages. After an empty receive it is
-marked empty; it becomes runnable again after a depth check (one management call for every
-backlog queue) triggered by a failback event from the shared state (an entity back to
-healthy), by a retry timer, or by the slow safety check (`idle_check_interval`, 15 min):
+marked empty; it becomes runnable again when
+* an entity comes back to healthy (a failback, from any replica): every queue's backoff is
+  cancelled and a depth check (one management call for every backlog queue) follows within
+  `MIN_CHECK_SPACING`;
+* a replica announces a backlog write that completed once its entity was healthy (see
+  `gateway.core.failover`), or any queue after a reconnect of the shared state;
+* its retry timer fires (backoff after a broker error or a blocked entity);
+* or the slow safety check runs (`idle_check_interval`, 15 min):
 about 4 broker operations per hour when nothing is failed over, against the old SDK's 40.
+
+No lost wake-up: a queue woken while its receive or move is in flight looks again at once,
+instead of going to sleep on an answer that predates the wake-up. Hence the bound on the
+time to home in a healthy system: once an entity is healthy and the write that holds its
+message has completed, a syphon receives the message within
+``MIN_CHECK_SPACING + receive_wait + send_timeout`` (the depth-check spacing, one receive
+that was already waiting, one move that was already under way), whatever
+`idle_check_interval` is.
 
 Effectively once: a crash between the send and the complete redelivers the message; the
 MessageId is kept, so an entity with duplicate detection stores it once.
@@ -27,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gateway.config import SyphonSettings, TimeoutSettings
-from gateway.core.backlog import PING_CONTENT_TYPE, restore
+from gateway.core.backlog import BACKLOG_LOCK_DURATION, PING_CONTENT_TYPE, restore
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient
@@ -97,6 +111,8 @@ class Syphon:
         self._ledger: EventLedger = ledger or NullLedger()
         self.stats = SyphonStats()
         self._runnable = {q: asyncio.Event() for q in self._queues}
+        self._signals = dict.fromkeys(self._queues, 0)  # wake-ups so far, per queue
+        self._expected: set[str] = set()  # a depth check saw messages in these queues
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
         self._wake = asyncio.Event()
@@ -115,7 +131,7 @@ class Syphon:
 
     def start(self) -> None:
         if self._store is not None:
-            self._store.subscribe(self._on_entity, self._on_backlog)
+            self._store.subscribe(self._on_entity, self._on_backlog, self._on_write)
         self._tasks.append(asyncio.create_task(self._supervise(), name="syphon supervisor"))
         for q in self._queues:
             self._tasks.append(asyncio.create_task(self._queue_loop(q), name=f"syphon {q}"))
@@ -143,11 +159,30 @@ class Syphon:
     # -- state events --------------------------------------------------------------------
 
     def _on_entity(self, st: EntityState) -> None:
-        if st.status == "healthy":  # something may be movable now
+        if st.status == "healthy":  # a failback: what waited for it may be movable now
+            # The queues that hold its messages may be backing off because it was failed
+            # over; none must wait for a timer now.
+            self._retry_at.clear()
+            self._backoff.clear()
             self.request_check()
 
     def _on_backlog(self, b: BacklogState) -> None:
         return None
+
+    def _on_write(self, queue: str | None) -> None:
+        if queue is None:
+            self.request_check()
+        elif queue in self._runnable:
+            self._signal(queue)
+
+    def _signal(self, queue: str) -> None:
+        """Make `queue` runnable now, and let a receive or move in flight know it must look
+        again rather than sleep (see `_queue_loop`)."""
+        if self._stopping:
+            return
+        self._signals[queue] += 1
+        self._retry_at.pop(queue, None)
+        self._runnable[queue].set()
 
     # -- supervisor ----------------------------------------------------------------------
 
@@ -184,7 +219,9 @@ class Syphon:
             if q in self._retry_at:
                 continue
             if depths is None or depths.get(q, 0) > 0:
-                self._runnable[q].set()
+                if depths is not None:
+                    self._expected.add(q)
+                self._signal(q)
 
     # -- moving --------------------------------------------------------------------------
 
@@ -194,20 +231,29 @@ class Syphon:
             await runnable.wait()
             if self._stopping:
                 return
-            async with self._sem:
-                self._moving += 1
-                self._idle.clear()
-                try:
-                    outcome = await self._move_once(path)
-                finally:
-                    self._moving -= 1
-                    if self._moving == 0:
-                        self._idle.set()
+            seen = self._signals[path]
+            expected = path in self._expected
+            self._expected.discard(path)
+            self._moving += 1
+            self._idle.clear()
+            try:
+                outcome = await self._move_once(path)
+            finally:
+                self._moving -= 1
+                if self._moving == 0:
+                    self._idle.set()
             if outcome == "moved":
                 self._backoff.pop(path, None)
                 continue
+            if self._signals[path] != seen:
+                continue  # woken meanwhile: this answer may predate what woke it
             runnable.clear()
-            if outcome in {"blocked", "failed"}:
+            if outcome == "empty" and expected:
+                # A depth check counted messages this receive could not get: another
+                # receiver holds their locks (one that died mid-move, say). They come back
+                # when the lock expires: look again then, not at the next safety check.
+                self._recheck(path, self._clock.now() + BACKLOG_LOCK_DURATION + 1.0)
+            elif outcome in {"blocked", "failed"}:
                 delay = min(self._backoff.get(path, BACKOFF_MIN / 2) * 2, BACKOFF_MAX)
                 if outcome == "blocked":
                     delay = max(delay, self._settings.receive_wait)
@@ -217,7 +263,9 @@ class Syphon:
 
     async def _move_once(self, path: str) -> str:
         """One receive and the moves it allows: "empty", "moved", "blocked" (a target is
-        still failed over) or "failed" (a broker error: back off)."""
+        still failed over) or "failed" (a broker error: back off). The receive runs outside
+        the worker pool (one per queue at most), so a queue's messages start home without
+        waiting for other queues' moves; the moves take a worker."""
         self._op("receive")
         try:
             async with asyncio.timeout(self._settings.receive_wait + self._timeouts.send_timeout):
@@ -229,6 +277,10 @@ class Syphon:
             return "failed"
         if not received:
             return "empty"
+        async with self._sem:
+            return await self._move_received(path, received)
+
+    async def _move_received(self, path: str, received: list[Received]) -> str:
         now = self._clock.now()
         groups: dict[tuple[str, str | None], list[tuple[Received, OutboundMessage]]] = {}
         blocked = False

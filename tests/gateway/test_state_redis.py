@@ -40,12 +40,16 @@ class Recorder:
     def __init__(self) -> None:
         self.entities: list[EntityState] = []
         self.backlogs: list[BacklogState] = []
+        self.written: list[str | None] = []
 
     def on_entity(self, s: EntityState) -> None:
         self.entities.append(s)
 
     def on_backlog(self, b: BacklogState) -> None:
         self.backlogs.append(b)
+
+    def on_write(self, queue: str | None) -> None:
+        self.written.append(queue)
 
 
 @asynccontextmanager
@@ -57,7 +61,7 @@ async def replicas(
     stores = [RedisStateStore(u, f"r{i}", **opts) for i, u in enumerate(url_list)]
     recs = [Recorder() for _ in stores]
     for s, r in zip(stores, recs, strict=True):
-        s.subscribe(r.on_entity, r.on_backlog)
+        s.subscribe(r.on_entity, r.on_backlog, r.on_write)
     await asyncio.gather(*(s.start() for s in stores))
     try:
         yield stores, recs
@@ -265,6 +269,37 @@ async def test_enabling_a_backlog_puts_it_back_everywhere(
 
 
 # -- leases ---------------------------------------------------------------------------------
+
+
+# -- backlog-write announcements ------------------------------------------------------------
+
+
+async def test_a_backlog_write_announcement_reaches_every_syphon_once(
+    redis_server: RedisServer,
+) -> None:
+    async with replicas(redis_server.url) as (stores, recs):
+        await eventually(lambda: all(r.written == [None] for r in recs), what="connected")
+        stores[0].announce_backlog_write("p/x-servicebus-transfer/1")
+        stores[1].announce_backlog_write(None)  # a replica that starts: every queue
+        want = sorted(["p/x-servicebus-transfer/1", None], key=str)
+        await eventually(lambda: all(sorted(r.written[1:], key=str) == want for r in recs))
+        assert recs[0].written.count("p/x-servicebus-transfer/1") == 1, "heard once, not twice"
+
+
+async def test_announcements_made_while_redis_is_down_arrive_after_it_returns(
+    redis_server: RedisServer,
+) -> None:
+    async with replicas(redis_server.url, n=2) as (stores, recs):
+        await eventually(lambda: all(r.written == [None] for r in recs), what="connected")
+        redis_server.kill()
+        await eventually(lambda: not any(s.connected for s in stores), what="disconnected")
+        stores[0].announce_backlog_write("q/1")
+        assert recs[1].written == [None], "nobody else can hear it now"
+        redis_server.restart(empty=True)
+        # The other replica hears it once the writer has reconnected and published it, and
+        # hears None after its own reconnect: announcements may have been missed meanwhile.
+        await eventually(lambda: "q/1" in recs[1].written)
+        assert recs[1].written.count(None) >= 2
 
 
 async def test_exactly_one_of_three_holds_a_lease(redis_server: RedisServer) -> None:
