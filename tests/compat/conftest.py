@@ -3,7 +3,6 @@ host a Service Bus namespace name, sending to the local broker; answers read raw
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from sblocal.testing import BrokerProcess, ControlClient
 from tests.compat.clients import HttpRequest
 from tests.conftest import GatewayFactory
 from tests.gateway.test_integration import receive
+from tests.support.http import exchange
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_FILE = ROOT / "dev" / "demo-rules.toml"  # make run's public demo keys
@@ -46,20 +46,15 @@ class CompatGateway:
     async def send(self, request: HttpRequest | bytes) -> Answer:
         """Write the request exactly as given on a new connection; read one answer."""
         raw = request.raw() if isinstance(request, HttpRequest) else request
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        try:
-            writer.write(raw)
-            async with asyncio.timeout(15):
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                headers = {
-                    k.strip().lower(): v.strip()
-                    for k, _, v in (line.partition(":") for line in lines[1:] if line)
-                }
-                body = await reader.readexactly(int(headers["content-length"]))
-        finally:
-            writer.close()
-        return Answer(int(lines[0].split()[1]), headers, orjson.loads(body))
+        status, headers, body = await exchange(self.port, raw)
+        return Answer(status, headers, orjson.loads(body))
+
+    async def replay_captured(self, client_prefix: str) -> None:
+        """Send every captured request of one client as it was written: each is a 201."""
+        for c in CAPTURED:
+            if c["client"].startswith(client_prefix):
+                answer = await self.send(c["request"].encode("latin-1"))
+                assert answer.status == 201, (c["request"][:60], answer.body)
 
 
 def expiry() -> int:

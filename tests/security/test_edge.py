@@ -5,8 +5,6 @@ Nothing is sent upstream for any refused request."""
 
 from __future__ import annotations
 
-import asyncio
-
 import orjson
 import pytest
 
@@ -15,28 +13,7 @@ from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
 from tests.gateway.test_integration import receive
 from tests.security.test_slow_clients import open_raw, read_until_closed
-
-
-async def exchange(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Write `raw`, read one answer (status, lower-cased headers, body)."""
-    reader, writer = await open_raw(port)
-    try:
-        try:
-            writer.write(raw)
-            await writer.drain()
-        except ConnectionError:
-            pass  # the server answered and closed before taking everything
-        async with asyncio.timeout(10):
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            headers = {
-                k.strip().lower(): v.strip()
-                for k, _, v in (line.partition(":") for line in lines[1:] if line)
-            }
-            body = await reader.readexactly(int(headers["content-length"]))
-    finally:
-        writer.close()
-    return int(lines[0].split()[1]), headers, body
+from tests.support.http import exchange
 
 
 async def nothing_sent(control: ControlClient) -> None:
