@@ -160,7 +160,9 @@ def create_app(
     else:
         handlers.add_health_routes(app)
     app.router.add_get("/metrics", _metrics_handler)
-    add_openapi_route(app)
+    add_openapi_route(app, serving=mode == "serve")
+    if mode == "serve":
+        handlers.add_not_ingestion_routes(app)  # last: it answers every other path
 
     async def clients_ctx(app: web.Application) -> AsyncIterator[None]:
         for pair in settings.pairs:

@@ -39,8 +39,9 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
         return runner.run(coro)
 
 
-def _demo_tokens(settings: Settings, entity: str) -> tuple[str, str] | None:
-    """Ready tokens (send to `entity`, manage) when the rules file has the demo rules."""
+def _demo_tokens(settings: Settings, entity: str) -> tuple[str, str, str] | None:
+    """Ready tokens when the rules file has the demo rules: send to `entity`, manage the
+    namespace, and send to every entity (the namespace root; for the load test)."""
     if not settings.auth_rules_file:
         return None
     from gateway.auth import load_rules, mint_token, resource_uri
@@ -53,10 +54,10 @@ def _demo_tokens(settings: Settings, entity: str) -> tuple[str, str] | None:
     send = mint_token(
         resource_uri(host, entity, scheme="http"), "demo", rules["demo"].primary_key, day
     )
-    manage = mint_token(
-        resource_uri(host, None, scheme="http"), "demo-admin", rules["demo-admin"].primary_key, day
-    )
-    return send, manage
+    root = resource_uri(host, None, scheme="http")
+    manage = mint_token(root, "demo-admin", rules["demo-admin"].primary_key, day)
+    send_all = mint_token(root, "demo", rules["demo"].primary_key, day)
+    return send, manage, send_all
 
 
 def _banner(settings: Settings, info: dict[str, Any] | None) -> str:
@@ -81,6 +82,14 @@ def _banner(settings: Settings, info: dict[str, Any] | None) -> str:
         )
         if tokens:
             lines.append(f"  curl -s {base}/admin/entities -H 'Authorization: {tokens[1]}'")
+        lines.append("load test (every entity above; see loadtests/locustfile.py):")
+        if tokens:
+            lines.append(f"  export LOADTEST_AUTHORIZATION='{tokens[2]}'")
+        spec = ",".join(f"{e.kind}:{e.path}" for e in settings.entities)
+        lines.append(
+            f"  LOADTEST_ENTITIES={spec} .venv/bin/locust -f loadtests/locustfile.py "
+            f"--headless -u 8 -r 8 -t 30s --host {base}"
+        )
     return "\n".join(lines)
 
 

@@ -97,6 +97,7 @@ async def _load(args: argparse.Namespace) -> int:
     from loadtests import results
     from loadtests.harness import drain_all
     from loadtests.scenarios import Criterion, ScenarioResult
+    from loadtests.stack import ENTITIES as STACK_ENTITIES
     from loadtests.stack import Stack, StackOptions
 
     out = Path(args.out)
@@ -118,6 +119,7 @@ async def _load(args: argparse.Namespace) -> int:
                 "LOADTEST_RATE": str(args.rate or 0),
                 "LOADTEST_USERS": str(args.users),
                 "LOADTEST_RUN_ID": uuid.uuid4().hex[:8],
+                "LOADTEST_ENTITIES": STACK_ENTITIES,
                 "PYTHONPATH": str(ROOT),
             }
         )

@@ -1,20 +1,28 @@
-"""Locust users for sbgate: single messages and batches to two queues and a topic, bodies from
+"""Locust users for sbgate: single messages and batches to queues and topics, bodies from
 100 B to 200 KB, unique MessageIds, every request's ids and outcome recorded.
 
 Run by ``python -m loadtests load`` (which starts a stack for it), or by hand against any
-gateway::
+gateway. Against ``make run``: start it, copy the ``LOADTEST_AUTHORIZATION=...`` line its
+banner prints (a token for every entity, signed with the demo keys), and::
 
-    LOADTEST_HOSTS=http://127.0.0.1:8080 LOADTEST_ACKS_DIR=out/acks \\
-        locust -f loadtests/locustfile.py --headless -u 50 -r 50 -t 30s --host http://127.0.0.1:8080
+    export LOADTEST_AUTHORIZATION='SharedAccessSignature sr=...'   # the banner's line
+    .venv/bin/locust -f loadtests/locustfile.py --headless -u 8 -r 8 -t 30s \\
+        --host http://127.0.0.1:8080
+
+The default entities are the ones ``make run`` declares, so nothing else needs setting.
 
 Environment:
 
 * ``LOADTEST_HOSTS`` — comma-separated gateway base URLs; users are spread over them
   (default: Locust's ``--host``).
+* ``LOADTEST_ENTITIES`` — the entities to send to, in ``SBGATE_ENTITIES`` form
+  (``queue:orders,topic:events``, the default: ``make run``'s). Each must be declared on the
+  gateway, or its requests fail with 404.
 * ``LOADTEST_ACKS_DIR`` — where each Locust process writes ``acks-<pid>.jsonl`` (the
   acknowledgement format of `loadtests.acks`; default ``out/load/acks``).
-* ``LOADTEST_AUTHORIZATION`` — a ready ``Authorization`` header value (``gateway token``
-  mints one), sent on every request.
+* ``LOADTEST_AUTHORIZATION`` — a ready ``Authorization`` header value, sent on every request:
+  required when the gateway has authorization rules (``make run`` has: its banner prints
+  one; ``gateway token --namespace`` mints one for any rules file).
 * ``LOADTEST_RATE`` — requests per second for all users together (default: unpaced).
 * ``LOADTEST_BATCH_RATIO`` — share of requests that are batches (default 0.2).
 * ``LOADTEST_RUN_ID`` — a prefix that keeps MessageIds unique across runs.
@@ -38,13 +46,10 @@ from locust import FastHttpUser, constant, constant_throughput, events, task
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.acks import AckWriter, classify
+from loadtests.entities import MAKE_RUN_ENTITIES, targets
 
 BATCH_CONTENT_TYPE = "application/vnd.microsoft.servicebus.json"
-TARGETS = (
-    ("orders", "/queues/orders/messages"),
-    ("payments", "/queues/payments/messages"),
-    ("events", "/topics/events/messages"),
-)
+TARGETS = targets(os.environ.get("LOADTEST_ENTITIES") or MAKE_RUN_ENTITIES)
 _HOSTS = [h.strip().rstrip("/") for h in os.environ.get("LOADTEST_HOSTS", "").split(",") if h]
 _ACKS_DIR = os.environ.get("LOADTEST_ACKS_DIR", "out/load/acks")
 _AUTH = os.environ.get("LOADTEST_AUTHORIZATION") or None

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 QUEUES = ("orders", "payments")
 TOPIC = "events"
 SUBSCRIPTION = "audit"
+# The stack's entities in SBGATE_ENTITIES form (also the Locust users' LOADTEST_ENTITIES).
+ENTITIES = ",".join([f"queue:{q}" for q in QUEUES] + [f"topic:{TOPIC}"])
 PRIMARY = "primary"
 SECONDARY = "secondary"
 
@@ -210,7 +212,7 @@ class Stack:
             "SBGATE_SECONDARY_ADMIN_CONNECTION_STRING": b.management_connection_string(SECONDARY)
             or "",
             "SBGATE_SECONDARY_ADMIN_CA_CERT": b.ca_cert or "",
-            "SBGATE_ENTITIES": ",".join([f"queue:{q}" for q in QUEUES] + [f"topic:{TOPIC}"]),
+            "SBGATE_ENTITIES": ENTITIES,
             "SBGATE_FAILOVER_INTERVAL": str(o.failover_interval),
             "SBGATE_PING_PRIMARY_INTERVAL": str(o.ping_primary_interval),
             "SBGATE_BACKLOG_QUEUE_COUNT": str(o.backlog_queue_count),

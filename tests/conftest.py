@@ -74,10 +74,15 @@ async def gateway(broker: BrokerProcess, control: ControlClient) -> AsyncIterato
     clients: list[TestClient[Any, web.Application]] = []
 
     async def make(
-        env: dict[str, str] | None = None, **factory_kwargs: Any
+        env: dict[str, str] | None = None,
+        *,
+        prepare: Callable[[web.Application], None] | None = None,
+        **factory_kwargs: Any,
     ) -> TestClient[Any, web.Application]:
         settings = load_settings(broker_env(broker, **(env or {})))
         app = create_app(settings, **factory_kwargs)
+        if prepare is not None:
+            prepare(app)  # before the app is frozen: replace a port (the auth clock, ...)
         server = HardenedTestServer(app, settings=settings, host="127.0.0.1")
         client: TestClient[Any, web.Application] = TestClient(server)
         await client.start_server()

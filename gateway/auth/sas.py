@@ -37,27 +37,39 @@ _SIGNATURE_BYTES = hashlib.sha256().digest_size
 # Characters a URL-encoded field value may contain (unreserved, '%', and '+' for space).
 _RAW_VALUE = re.compile(r"[A-Za-z0-9._~%+\-/:=$!*'(),;@]+")
 _EXPIRY = re.compile(r"[0-9]{1,12}")
-# A resource URI: scheme, host[:port], optional path. No userinfo, query or fragment.
+# A resource URI: scheme, host[:port], optional path, optional query (ignored: the legacy
+# Node.js client signs the request URL, ``?api-version=...`` included). No userinfo, fragment.
 _RESOURCE = re.compile(
     r"(?P<scheme>[A-Za-z]+)://"
     r"(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
     r"(?::(?P<port>[0-9]{1,5}))?"
     r"(?P<path>/[^?#\\]*)?"
+    r"(?:\?[^#]*)?"
 )
 _HOST_ENTRY = re.compile(
     r"(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
     r"(?::(?P<port>[0-9]{1,5}))?"
 )
 RESOURCE_SCHEMES = frozenset({"https", "http", "sb"})
+# A port equal to its scheme's default is the same as no port (the legacy Python client writes
+# ":443" out). sb:// has no default here: its AMQP ports are not the gateway's.
+_DEFAULT_PORTS = {"https": 443, "http": 80}
+# The REST operation suffix a token signed over the request URL ends with.
+_MESSAGES = "messages"
 
 
 @dataclass(frozen=True, slots=True)
 class Resource:
-    """A parsed `sr`: canonical host, optional port, canonical path segments (() = root)."""
+    """A parsed `sr`: canonical host, port (None: not given, or its scheme's default),
+    canonical path segments (() = root) and, when the path ends with an entity's REST
+    endpoint ``/messages`` or ``/messages/head`` (a token signed over the request URL), the
+    entity it names."""
 
     host: str
     port: int | None
     path: Segments
+    endpoint_of: Segments | None = None
+    default_port: int | None = None  # the scheme's: a ``host:443`` public host matches https
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,21 +172,27 @@ def _decode_signature(text: str) -> bytes:
 
 
 def parse_resource(uri: str) -> Resource:
-    """Parse a decoded ``sr``: ``https|http|sb://host[:port][/entity/path]``.
+    """Parse a decoded ``sr``: ``https|http|sb://host[:port][/entity/path][?query]``.
 
-    Host and path are ASCII case-folded; each path segment is percent-decoded once and must be
-    a valid entity segment (so ``%2F`` cannot smuggle a separator). One trailing ``/`` is
-    allowed. Raises ValueError with a reason for anything else (userinfo, query, fragment,
-    ``..``, non-ASCII, ...).
+    Normalised as Service Bus does: scheme and host ASCII case-folded, the scheme's default port
+    dropped, the query dropped; a path ending with ``/messages`` or ``/messages/head`` (the
+    REST endpoint, when a client signed the request URL) also names the entity before it
+    (`Resource.endpoint_of`). Each path segment is percent-decoded once and must be a valid entity
+    segment (so ``%2F`` cannot smuggle a separator, nor ``%2e%2e`` a dot segment). One trailing
+    ``/`` is allowed. Raises ValueError with a reason for anything else (userinfo, fragment,
+    ``..``, double encoding, non-ASCII, ...).
     """
     if not uri.isascii() or not uri.isprintable() or " " in uri:
         raise ValueError("must be printable ASCII without spaces")
     match = _RESOURCE.fullmatch(uri)
     if match is None:
-        raise ValueError("must be scheme://host[:port]/path without userinfo, query or fragment")
-    if fold(match["scheme"]) not in RESOURCE_SCHEMES:
+        raise ValueError("must be scheme://host[:port]/path without userinfo or fragment")
+    scheme = fold(match["scheme"])
+    if scheme not in RESOURCE_SCHEMES:
         raise ValueError(f"scheme must be one of {', '.join(sorted(RESOURCE_SCHEMES))}")
     port = _port(match["port"])
+    if port is not None and port == _DEFAULT_PORTS.get(scheme):
+        port = None
     path = (match["path"] or "/")[1:]
     if path.endswith("/"):
         path = path[:-1]
@@ -188,7 +206,18 @@ def parse_resource(uri: str) -> Resource:
             if not valid_segment(segment):
                 raise ValueError("path is not an entity path")
             segments.append(fold(segment))
-    return Resource(host=fold(match["host"]), port=port, path=tuple(segments))
+    endpoint_of = None
+    if len(segments) > 2 and segments[-2:] == [_MESSAGES, "head"]:
+        endpoint_of = tuple(segments[:-2])
+    elif len(segments) > 1 and segments[-1] == _MESSAGES:
+        endpoint_of = tuple(segments[:-1])
+    return Resource(
+        host=fold(match["host"]),
+        port=port,
+        path=tuple(segments),
+        endpoint_of=endpoint_of,
+        default_port=_DEFAULT_PORTS.get(scheme),
+    )
 
 
 def _port(text: str | None) -> int | None:
@@ -322,7 +351,8 @@ class Authorizer:
 
     def _serves(self, resource: Resource) -> bool:
         hosts = self._hosts
-        return (resource.host, None) in hosts or (resource.host, resource.port) in hosts
+        port = resource.port if resource.port is not None else resource.default_port
+        return (resource.host, None) in hosts or (resource.host, port) in hosts
 
     def authorize(
         self,
@@ -355,7 +385,7 @@ class Authorizer:
         if rule is None:
             raise Unauthorized(
                 ErrorCode.UNKNOWN_KEY_NAME,
-                f"no authorization rule named {token.key_name!r}",
+                "the token's skn names no authorization rule",
             )
         slot = _verify(rule, token)
         if slot is None:
@@ -376,16 +406,14 @@ class Authorizer:
         if not self._serves(resource):
             raise Unauthorized(
                 ErrorCode.INVALID_AUDIENCE,
-                f"the token resource host {resource.host!r} is not served by this gateway",
+                "the token's resource (sr) names a host not in public_hosts",
             )
         entity = None if entity_path is None else entity_segments(entity_path)
         target = "the namespace" if entity_path is None else f"entity {entity_path[:300]!r}"
-        if (entity_path is not None and entity is None) or not _resource_covers(
-            resource.path, entity
-        ):
+        if (entity_path is not None and entity is None) or not _resource_covers(resource, entity):
             raise Unauthorized(
                 ErrorCode.RESOURCE_MISMATCH,
-                f"the token resource {token.resource!r} does not cover {target}",
+                f"the token's resource (sr) does not cover {target}",
             )
         if not rule.grants(right):
             raise Forbidden(
@@ -407,11 +435,17 @@ class Authorizer:
         )
 
 
-def _resource_covers(path: Segments, entity: Segments | None) -> bool:
-    # The namespace root covers everything, the namespace itself included.
+def _resource_covers(resource: Resource, entity: Segments | None) -> bool:
+    """The namespace root covers everything, the namespace itself included. A path covers the
+    entity it names and, on whole segments, every path below it. A token signed over an
+    entity's ``/messages`` URL also covers exactly that entity, and nothing more:
+    ``orders/messages`` covers ``orders`` but not ``orders/messagesx`` nor ``orders/sub``."""
+    path = resource.path
     if not path:
         return True
-    return entity is not None and covers(path, entity)
+    if entity is None:
+        return False
+    return covers(path, entity) or resource.endpoint_of == entity
 
 
 def _verify(rule: AuthRule, token: SasToken) -> KeySlot | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import orjson
@@ -161,6 +161,13 @@ def _raw_path_ok(raw_path: str) -> None:
         raise InvalidEntityPath("empty path segments are not allowed")
 
 
+def _headers_as_sent(request: web.Request) -> Iterator[tuple[str, str]]:
+    """Header fields with their names as the client wrote them (aiohttp's parsed headers
+    capitalise well-known names: ``origin`` would become an ``Origin`` property)."""
+    for name, value in request.raw_headers:
+        yield name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
+
+
 async def _read_body(request: web.Request, limit: int) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
@@ -218,7 +225,7 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in {"", "identity"}:
             raise UnsupportedMediaType(
-                f"Content-Encoding {encoding!r} is not supported; send the body uncompressed"
+                "compressed bodies (Content-Encoding) are not supported; send it uncompressed"
             )
         body = await _read_body(request, state.limits.max_body_bytes)
         content_type = request.headers.get("Content-Type")
@@ -232,7 +239,7 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
                 rest.parse_single(
                     body,
                     content_type,
-                    request.headers.items(),
+                    _headers_as_sent(request),
                     request.headers.get("BrokerProperties"),
                     request.headers.get("Idempotency-Key"),
                 )
@@ -356,10 +363,71 @@ def add_health_routes(app: web.Application) -> None:
     app.router.add_get("/readyz", readyz)
 
 
+# Service Bus treats the `messages` segment case-insensitively (the legacy Node.js client
+# sends `/Messages`); entity names are matched case-insensitively by the catalog.
+_MESSAGES = "{messages:(?i:messages)}"
+_HEAD = "{head:(?i:head)}"
+
+# The Service Bus REST operations this gateway does not serve, by path shape and method.
+_RECEIVE_OPERATIONS = {"POST": "peek-lock", "DELETE": "receive-and-delete"}
+_LOCK_OPERATIONS = {"DELETE": "complete", "PUT": "unlock", "POST": "renew-lock"}
+_ENTITY_OPERATIONS = {"GET": "get-entity", "HEAD": "get-entity", "PUT": "create-or-update-entity"}
+_ENTITY_OPERATIONS["DELETE"] = "delete-entity"
+
+
+async def not_ingestion(request: web.Request) -> web.StreamResponse:
+    """405 for the Service Bus REST operations other than sending (receive, peek-lock, lock
+    operations, entity management) and for any other method or path: this gateway only
+    ingests. ``Allow`` lists the methods the gateway's own routes accept on this path (empty
+    for a path it serves nothing on)."""
+    segments = [s.lower() for s in request.path.strip("/").split("/")]
+    method = request.method
+    if len(segments) > 2 and segments[-2:] == ["messages", "head"]:
+        operation = _RECEIVE_OPERATIONS.get(method, "unsupported")
+    elif len(segments) > 3 and segments[-3] == "messages":
+        operation = _LOCK_OPERATIONS.get(method, "unsupported")
+    elif len(segments) > 1 and segments[-1] == "messages":
+        operation = "unsupported"
+    else:
+        operation = _ENTITY_OPERATIONS.get(method, "unsupported")
+    allow = await _allowed_methods(request)
+    return json_response(
+        405,
+        {
+            "error": "method_not_allowed",
+            "operation": operation,
+            "message": "this gateway only ingests messages: send them with POST "
+            "/{entity}/messages; receive, peek-lock, lock and management operations go to "
+            "the Service Bus namespace itself",
+        },
+        {"Allow": allow},
+    )
+
+
+async def _allowed_methods(request: web.Request) -> str:
+    """The methods the app's other routes accept on this path, as an ``Allow`` value."""
+    methods: set[str] = set()
+    for resource in request.app.router.resources():
+        if any(route.handler is not_ingestion for route in resource):
+            continue
+        _match, allowed = await resource.resolve(request)
+        methods |= allowed
+    return ", ".join(sorted(methods))
+
+
 def add_routes(app: web.Application) -> None:
+    """The message routes, then the 405 answers for the rest of the REST API (registered
+    last: aiohttp tries resources in order)."""
     add_health_routes(app)
-    app.router.add_post("/{kind:queues|topics}/{name:.+}/messages", post_messages)
-    app.router.add_post("/{name:.+}/messages", post_messages)
+    app.router.add_post(f"/{{kind:queues|topics}}/{{name:.+}}/{_MESSAGES}", post_messages)
+    app.router.add_post(f"/{{name:.+}}/{_MESSAGES}", post_messages)
+
+
+def add_not_ingestion_routes(app: web.Application) -> None:
+    """Call after every other route: catches every remaining method and path."""
+    app.router.add_route("*", f"/{{name:.+}}/{_MESSAGES}/{_HEAD}", not_ingestion)
+    app.router.add_route("*", f"/{{name:.+}}/{_MESSAGES}/{{id}}/{{lock}}", not_ingestion)
+    app.router.add_route("*", "/{name:.*}", not_ingestion)
 
 
 __all__ = [
@@ -368,6 +436,7 @@ __all__ = [
     "EdgeState",
     "Lifecycle",
     "RequestError",
+    "add_not_ingestion_routes",
     "add_routes",
     "edge_middleware",
 ]

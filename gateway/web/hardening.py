@@ -15,14 +15,19 @@ those three, in a `RequestHandler` subclass built by `HardenedAppRunner`:
 * **Body deadline** (``http.body_timeout``): the whole body must arrive within the deadline
   after the head. A handler waiting for it gets `BodyTimeout` (408, JSON, through the usual
   error path); the connection is then closed, since the rest of the body is not worth reading.
-* **Head size** (``limits.max_header_bytes``): a request head still incomplete after that
-  many bytes is answered 431 and the connection closed. Bytes are counted per socket read,
-  so a head may overshoot by at most one read (256 KiB) before the check sees it.
+* **Head size** (``limits.max_header_bytes``): a request head larger than that is answered
+  431 and the connection closed: one still incomplete after that many bytes (counted per
+  socket read), and a complete one (request line and header fields, measured as sent)
+  before its handler runs. One header line over the limit is aiohttp's own ``max_field_size``
+  and gets the same 431.
 
 Idle keep-alive connections are closed after ``http.keepalive_timeout`` (aiohttp's own
 timer, also covering the rare pipelined head that started while a request was in progress).
-Requests aiohttp cannot parse are answered with the gateway's JSON error body and logged at
-DEBUG, not at ERROR with a traceback (a log flood anyone on the internet could cause).
+Requests aiohttp cannot parse are answered with the gateway's JSON error body and an
+``X-Request-Id``, with a message chosen by the kind of error, never one that repeats what the
+client sent (aiohttp's own messages quote up to 100 bytes of the offending line: a header
+value, a signature), and logged at DEBUG, not at ERROR with a traceback (a log flood anyone
+on the internet could cause).
 
 The subclass uses a few of `RequestHandler`'s private attributes (``_messages``,
 ``_request_count``, ``_waiter``, ``_request_in_progress``, ``_lingering_time``); aiohttp is
@@ -32,15 +37,17 @@ pinned below 4 and tests/security/test_slow_clients.py exercises every path over
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from aiohttp import http_exceptions as hx
 from aiohttp import web
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
 from gateway.config import Settings
@@ -73,13 +80,67 @@ class Deadlines:
         )
 
 
+# The request line (method, target, version) may be at most this long; the entity path is at
+# most 260 characters, so this leaves room for any query a client adds.
+MAX_REQUEST_LINE = 8190
+
+
 def handler_kwargs(settings: Settings) -> dict[str, Any]:
     """aiohttp's own per-connection limits, as `RequestHandler` keyword arguments."""
     return {
         "keepalive_timeout": settings.http.keepalive_timeout,
         "max_headers": settings.http.max_headers,
         "max_field_size": settings.limits.max_header_bytes,
+        "max_line_size": MAX_REQUEST_LINE,
     }
+
+
+class HeadTooLarge(hx.BadHttpMessage):
+    """The request head is larger than ``limits.max_header_bytes`` (431)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the request head is larger than {limit} bytes")
+
+
+def head_size(message: RawRequestMessage) -> int:
+    """The size of a parsed request head as sent: request line, fields, the blank line."""
+    line = len(message.method) + len(message.path) + 12  # spaces, "HTTP/1.1", CRLF
+    fields = sum(len(name) + len(value) + 4 for name, value in message.raw_headers)
+    return line + fields + 2
+
+
+def parse_error_answer(exc: BaseException | None, max_line: int) -> tuple[int, str, str]:
+    """(status, error code, message) for a request aiohttp could not parse.
+
+    The message is chosen by the kind of error and never quotes the request."""
+    if isinstance(exc, HeadTooLarge):
+        return 431, "request_header_fields_too_large", exc.message
+    if isinstance(exc, hx.LineTooLong):
+        if exc.args[1:2] == (max_line,):
+            return 414, "uri_too_long", f"the request line is longer than {max_line} bytes"
+        return (
+            431,
+            "request_header_fields_too_large",
+            (f"a header field is longer than {exc.args[1]} bytes"),
+        )
+    if isinstance(exc, hx.BadHttpMessage) and exc.message.startswith("Too many headers"):
+        return 431, "request_header_fields_too_large", "too many header fields"
+    for kind, text in _PARSE_ERRORS:
+        if isinstance(exc, kind):
+            return 400, "bad_request", text
+    return 400, "bad_request", "the request is not valid HTTP/1.1"
+
+
+# Most specific first (BadHttpMethod is a BadStatusLine, every one a BadHttpMessage).
+_PARSE_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
+    (hx.ContentLengthError, "invalid or repeated Content-Length"),
+    (hx.TransferEncodingError, "invalid chunked Transfer-Encoding"),
+    (hx.PayloadEncodingError, "invalid body encoding"),
+    (hx.InvalidHeader, "invalid header field"),
+    (hx.BadHttpMethod, "invalid request method"),
+    (hx.BadStatusLine, "invalid request line"),
+    (hx.InvalidURLError, "invalid request target"),
+)
 
 
 class HardenedRequestHandler(RequestHandler):
@@ -130,9 +191,16 @@ class HardenedRequestHandler(RequestHandler):
         if completed:
             self._head_deadline = None
             self._head_bytes = 0
-            # The new requests are the last ones queued; start() runs only after we return.
-            for _message, payload in itertools.islice(reversed(self._messages), completed):
-                if not payload.is_eof():
+            # The new requests are the last ones queued; start() runs only after we return,
+            # so an oversized head is replaced by its 431 before any handler sees it.
+            limit = self._deadlines.max_head_bytes
+            queued = len(self._messages)
+            for i in range(max(0, queued - completed), queued):
+                message, payload = self._messages[i]
+                if isinstance(message, RawRequestMessage) and head_size(message) > limit:
+                    err = HeadTooLarge(limit)
+                    self._messages[i] = (_ErrInfo(431, err, err.message), EMPTY_PAYLOAD)
+                elif not payload.is_eof():
                     self._watch_body(payload)
         elif in_head and data:
             self._head_bytes += len(data)
@@ -148,23 +216,27 @@ class HardenedRequestHandler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        """Requests aiohttp could not parse (400) and unhandled handler errors (500), as JSON.
+        """Requests aiohttp could not parse (400, 414, 431) and unhandled handler errors (500),
+        as JSON with an ``X-Request-Id`` (the head was not parsed: always a new one).
 
         aiohttp logs each one at ERROR with a traceback and answers plain text; a malformed
         request is the client's problem, and the internet sends plenty: DEBUG for 4xx."""
         if status < 500:
-            log.debug("malformed request from %s: %s", request.remote, message or exc)
+            status, code, text = parse_error_answer(exc, MAX_REQUEST_LINE)
+            log.debug("malformed request from %s: %s", request.remote, code)
+            body = {"error": code, "message": text}
         else:
             self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
-        if request.writer.output_size > 0:
-            raise ConnectionError("the response has started; cannot answer with an error")
-        if status < 500:
-            text = (message or "").strip().splitlines()
-            body = {"error": "bad_request", "message": (text[0] if text else "bad request")[:200]}
-        else:
             code = {504: "handler_timeout"}.get(status, "internal_error")
             body = {"error": code, "message": "the gateway could not answer this request"}
-        resp = web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response has started; cannot answer with an error")
+        resp = web.Response(
+            status=status,
+            body=orjson.dumps(body),
+            content_type="application/json",
+            headers={"X-Request-Id": os.urandom(16).hex()},
+        )
         resp.force_close()
         return resp
 
@@ -215,7 +287,8 @@ class HardenedRequestHandler(RequestHandler):
                 b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
                 b"Content-Type: application/json\r\n"
                 b"Content-Length: %d\r\n"
-                b"Connection: close\r\n\r\n%s" % (len(body), body)
+                b"X-Request-Id: %s\r\n"
+                b"Connection: close\r\n\r\n%s" % (len(body), os.urandom(16).hex().encode(), body)
             )
         self.force_close()
 

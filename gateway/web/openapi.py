@@ -136,6 +136,10 @@ _SCHEMAS: JsonObject = {
             "size": {"type": "integer"},
             "limit": {"type": "integer"},
             "received": {"type": ["string", "null"]},
+            "operation": {
+                "type": "string",
+                "description": "405: the Service Bus REST operation recognised in the request.",
+            },
         },
         "additionalProperties": True,
     },
@@ -187,6 +191,11 @@ _HEADERS: JsonObject = {
         "schema": {"type": "string", "pattern": r"^\d+$"},
     },
     "WWW-Authenticate": {"required": True, "schema": {"type": "string"}},
+    "Allow": {
+        "description": "The methods the gateway accepts on this path (empty: none).",
+        "required": True,
+        "schema": {"type": "string"},
+    },
 }
 
 _RESPONSES: JsonObject = {
@@ -206,7 +215,15 @@ _RESPONSES: JsonObject = {
     "TooLarge": _error(
         "Body, message (body + properties), batch, property or batch length over its limit."
     ),
-    "HeadersTooLarge": _error("The request head is larger than limits.max_header_bytes."),
+    "HeadersTooLarge": _error(
+        "The request head, or one header field, is larger than limits.max_header_bytes, or "
+        "it has more than http.max_headers fields."
+    ),
+    "OnlyIngests": _error(
+        "This gateway only ingests: receive, peek-lock, lock and management operations of the "
+        "Service Bus REST API go to the namespace itself. The body names the operation.",
+        headers={"Allow": _ref("headers", "Allow")},
+    ),
     "Unsupported": _error("A compressed body (Content-Encoding other than identity)."),
     "Unavailable": _error(
         "Saturated, shutting down, Service Bus busy or failing, or no backlog queue left. Never "
@@ -239,7 +256,8 @@ def _send_operation(kind: str | None, param: str) -> JsonObject:
             "header becomes an application property ('\"quoted\"' → string, integer, decimal, "
             "true/false, else the string as sent). Batch: Content-Type "
             f"{rest.BATCH_CONTENT_TYPE} and a JSON array (custom headers are not applied to "
-            "batch items). Requires the Send right on the entity once authorization is on."
+            "batch items). Requires the Send right on the entity once authorization is on. "
+            "The 'messages' segment and entity names are case-insensitive (/orders/Messages)."
         ),
         "tags": ["messages"],
         "security": [{"sas": []}],
@@ -256,6 +274,8 @@ def _send_operation(kind: str | None, param: str) -> JsonObject:
             _ref("parameters", "Idempotency-Key"),
             _ref("parameters", "X-Request-Id"),
             _ref("parameters", "Content-Encoding"),
+            _ref("parameters", "api-version"),
+            _ref("parameters", "timeout"),
         ],
         "requestBody": {
             "required": False,
@@ -280,6 +300,33 @@ def _send_operation(kind: str | None, param: str) -> JsonObject:
             "415": _ref("responses", "Unsupported"),
             "431": _ref("responses", "HeadersTooLarge"),
             "503": _ref("responses", "Unavailable"),
+        },
+    }
+
+
+def _not_ingestion(operation: str, summary: str, *params: str) -> JsonObject:
+    """A Service Bus REST operation the gateway answers with 405."""
+    return {
+        "operationId": operation,
+        "summary": f"{summary}: not served (405); this gateway only ingests.",
+        "tags": ["not served"],
+        "security": [],
+        "parameters": [
+            {
+                "name": name,
+                "in": "path",
+                "required": True,
+                "schema": (
+                    {"type": "string", "maxLength": 260, "pattern": _ENTITY_PATTERN}
+                    if name == "entity"
+                    else {"type": "string", "pattern": r"^[A-Za-z0-9-]+$"}
+                ),
+            }
+            for name in ("entity", *params)
+        ],
+        "responses": {
+            "400": _ref("responses", "BadRequest"),
+            "405": _ref("responses", "OnlyIngests"),
         },
     }
 
@@ -331,6 +378,20 @@ _PATHS: JsonObject = {
     "/queues/{name}/messages": {"post": _send_operation("queue", "name")},
     "/topics/{name}/messages": {"post": _send_operation("topic", "name")},
     "/{entity}/messages": {"post": _send_operation(None, "entity")},
+    "/{entity}/messages/head": {
+        "post": _not_ingestion("peekLock", "Peek-lock a message"),
+        "delete": _not_ingestion("receiveAndDelete", "Receive and delete a message"),
+    },
+    "/{entity}/messages/{id}/{lock}": {
+        "delete": _not_ingestion("completeMessage", "Complete a locked message", "id", "lock"),
+        "put": _not_ingestion("unlockMessage", "Unlock a message", "id", "lock"),
+        "post": _not_ingestion("renewLock", "Renew a message's lock", "id", "lock"),
+    },
+    "/{entity}": {
+        "get": _not_ingestion("getEntity", "Get an entity's description"),
+        "put": _not_ingestion("createEntity", "Create or update an entity"),
+        "delete": _not_ingestion("deleteEntity", "Delete an entity"),
+    },
     "/healthz": _open_get("healthz", "Liveness: the process answers.", {"200": _STATUS_200}),
     "/readyz": _open_get(
         "readyz",
@@ -416,6 +477,21 @@ _PARAMETERS: JsonObject = {
         "description": "Echoed in the answer and the logs (a new id if absent or unusable).",
         "schema": {"type": "string", "maxLength": 128},
     },
+    "api-version": {
+        "name": "api-version",
+        "in": "query",
+        "required": False,
+        "description": "Accepted and ignored, as Service Bus does for sends (the legacy "
+        "Node.js client sends 2016-07).",
+        "schema": {"type": "string", "maxLength": 32},
+    },
+    "timeout": {
+        "name": "timeout",
+        "in": "query",
+        "required": False,
+        "description": "Accepted and ignored (the gateway's own deadlines apply).",
+        "schema": {"type": "string", "maxLength": 32},
+    },
     "Content-Encoding": {
         "name": "Content-Encoding",
         "in": "header",
@@ -440,6 +516,10 @@ DOCUMENT: JsonObject = {
         {"name": "messages", "description": "Sending (Send right)."},
         {"name": "admin", "description": "Failover state and levers (Manage right)."},
         {"name": "operations", "description": "Probes, metrics and this document (open)."},
+        {
+            "name": "not served",
+            "description": "The rest of the Service Bus REST API: 405 with Allow (open).",
+        },
     ],
     "paths": _PATHS,
     "components": {
@@ -472,12 +552,9 @@ _BODIES = {
 }
 
 
-def add_openapi_route(app: web.Application) -> None:
-    """Serve the document at ``GET /openapi.json`` (call after the other routes are added)."""
-    serving = any(
-        r.method == "POST" and r.resource is not None and r.resource.canonical.endswith("/messages")
-        for r in app.router.routes()
-    )
+def add_openapi_route(app: web.Application, *, serving: bool) -> None:
+    """Serve the document at ``GET /openapi.json``: `DOCUMENT` when the app serves messages
+    (`gateway serve`), `SYPHON_DOCUMENT` otherwise."""
     body = _BODIES["serve" if serving else "syphon"]
 
     async def openapi(request: web.Request) -> web.StreamResponse:

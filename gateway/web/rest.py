@@ -32,7 +32,9 @@ MAX_ALL_PROPERTIES_BYTES = 64 * 1024  # all properties of a message
 MAX_TTL_SECONDS = 10675199 * 86400.0
 
 # Headers never copied into application properties: hop-by-hop and transport headers,
-# credentials, and the ones this format gives a meaning of their own.
+# credentials, the ones this format gives a meaning of their own, and what proxies, ingress
+# controllers, load balancers, CDNs and meshes add on the way (docs/security.md lists each
+# one's set): the client did not send those, and they would count against the 64 KB limit.
 NEVER_COPIED = frozenset(
     h.lower()
     for h in (
@@ -41,6 +43,7 @@ NEVER_COPIED = frozenset(
         "Accept-Encoding",
         "Accept-Language",
         "Authorization",
+        "B3",
         "BrokerProperties",
         "Cache-Control",
         "Connection",
@@ -63,34 +66,52 @@ NEVER_COPIED = frozenset(
         "If-Unmodified-Since",
         "Keep-Alive",
         "Max-Forwards",
-        "Origin",
         "Pragma",
-        "Proxy-Authenticate",
-        "Proxy-Authorization",
-        "Proxy-Connection",
+        "Proxy",  # ingress-nginx sends it empty (httpoxy mitigation)
         "Range",
         "Referer",
         "TE",
         "Trailer",
         "Transfer-Encoding",
+        "True-Client-IP",
         "Upgrade",
         "User-Agent",
         "Via",
         "Warning",
-        "X-Forwarded-For",
-        "X-Forwarded-Host",
-        "X-Forwarded-Proto",
+        "X-Client-IP",
+        "X-Cloud-Trace-Context",
+        "X-Cluster-Client-IP",
+        "X-Ot-Span-Context",
         "X-Real-IP",
         "X-Request-Id",
+        "X-Request-Start",
+        "X-Scheme",
         "x-ms-retrypolicy",
         "traceparent",
         "tracestate",
     )
 )
-_NEVER_COPIED_PREFIXES = ("sec-", "x-amzn-", "x-envoy-", "x-b3-", "proxy-", "cf-")
+_NEVER_COPIED_PREFIXES = (
+    "proxy-",
+    "sec-",
+    "ssl-client-",  # ingress-nginx with client certificates
+    "cf-",
+    "x-amzn-",
+    "x-appgw-",  # Azure Application Gateway
+    "x-arr-",  # Azure Application Request Routing (App Gateway, App Service)
+    "x-azure-",  # Azure Front Door
+    "x-b3-",
+    "x-datadog-",
+    "x-envoy-",  # Envoy, Istio
+    "x-fd-",  # Azure Front Door
+    "x-forwarded-",  # every proxy: -For, -Host, -Port, -Proto, -Scheme, -Prefix, -Server, ...
+    "x-original-",  # ingress-nginx, Application Gateway: -URI, -URL, -Host, -Forwarded-For
+)
 
 _INT = re.compile(r"-?\d{1,18}\Z")
 _FLOAT = re.compile(r"-?\d+\.\d+([eE][-+]?\d+)?\Z")
+# A number written as a JSON string, as the legacy Python client writes every broker property.
+_NUMERIC_STRING = re.compile(r"[-+]?\d+(\.\d+)?([eE][-+]?\d+)?\Z")
 
 # BrokerProperties that carry meaning here; others are ignored, as Service Bus does.
 _STRING_PROPS = {
@@ -110,8 +131,12 @@ _STRING_PROPS = {
 _ID_PROPS = frozenset({"MessageId", "SessionId", "PartitionKey", "ReplyToSessionId"})
 
 
-def _is_copied(name: str) -> bool:
+def _is_copied(name: str, value: str) -> bool:
     low = name.lower()
+    if low == "origin":
+        # A browser's CORS Origin is never quoted; a quoted "origin" is a client's string
+        # property (the legacy Node.js client sends origin: "node"): copy only that one.
+        return len(value) >= 2 and value[0] == value[-1] == '"'
     return low not in NEVER_COPIED and not low.startswith(_NEVER_COPIED_PREFIXES)
 
 
@@ -149,6 +174,10 @@ def parse_broker_properties(raw: str | None) -> dict[str, Any]:
 
 
 def _ttl(value: Any) -> dt.timedelta:
+    # Service Bus takes numeric broker properties as JSON numbers or as numeric strings
+    # ({"TimeToLive": "60"} from the legacy Python client).
+    if isinstance(value, str) and _NUMERIC_STRING.match(value.strip()):
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RequestError("BrokerProperties.TimeToLive must be a number of seconds")
     if not math.isfinite(value) or value <= 0 or value > MAX_TTL_SECONDS:
@@ -253,7 +282,7 @@ def parse_single(
     """A single-message request → one message."""
     app: dict[str, AppValue] = {}
     for name, value in headers:
-        if _is_copied(name):
+        if _is_copied(name, value):
             app[name] = header_value(value)
     key = _idempotency(idempotency_key)
     return build_message(

@@ -356,7 +356,6 @@ MALFORMED = {
     "sr_not_uri": _with_fields(VALID, sr="orders"),
     "sr_ftp": _with_fields(VALID, sr=quote_plus(_uri("orders", scheme="ftp"))),
     "sr_userinfo": _with_fields(VALID, sr=quote_plus(f"https://user@{HOST}/orders")),
-    "sr_query": _with_fields(VALID, sr=quote_plus(_uri("orders?x=1"))),
     "sr_fragment": _with_fields(VALID, sr=quote_plus(_uri("orders#x"))),
     "sr_dotdot": _with_fields(VALID, sr=quote_plus(_uri("x/../orders"))),
     "sr_double_slash": _with_fields(VALID, sr=quote_plus(_uri("orders//x"))),

@@ -60,3 +60,31 @@ def test_a_bad_configuration_exits_2_naming_the_setting(
         main(["serve"])
     assert info.value.code == 2
     assert "limits.max_in_flight" in capsys.readouterr().err
+
+
+def test_the_banner_prints_a_load_test_token_that_sends_to_every_entity() -> None:
+    """`make run`'s banner: the LOADTEST_AUTHORIZATION line is ready to paste, and its token
+    sends to each declared entity on the listen address."""
+    import shlex
+
+    from gateway.auth import Authorizer, Right, load_rules
+    from gateway.cli import _banner
+    from gateway.config import load_settings
+
+    settings = load_settings(
+        {
+            "SBGATE_PRIMARY_CONNECTION_STRING": "Endpoint=sb://p.example/;SharedAccessKeyName=k;"
+            "SharedAccessKey=a2V5",
+            "SBGATE_ENTITIES": "queue:orders,topic:events",
+            "SBGATE_AUTH_RULES_FILE": "dev/demo-rules.toml",
+            "SBGATE_LISTEN_PORT": "8093",
+        }
+    )
+    lines = _banner(settings, None).splitlines()
+    [line] = [x for x in lines if "LOADTEST_AUTHORIZATION=" in x]
+    [assignment] = [w for w in shlex.split(line) if w.startswith("LOADTEST_AUTHORIZATION=")]
+    token = assignment.partition("=")[2]
+    authorizer = Authorizer(load_rules("dev/demo-rules.toml"), ["127.0.0.1"])
+    for entity in ("orders", "events"):
+        assert authorizer.authorize(token, entity_path=entity, right=Right.SEND)
+    assert any("LOADTEST_ENTITIES=queue:orders,topic:events" in x for x in lines)

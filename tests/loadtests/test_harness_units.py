@@ -187,3 +187,18 @@ def test_ack_format_round_trips(tmp_path: Path) -> None:
     assert classify(503, "saturated") == "rejected"
     assert classify(503, "upstream_timeout") == "failed"
     assert classify(None) == "indeterminate"
+
+
+def test_locust_targets_default_to_make_runs_entities() -> None:
+    from loadtests.entities import MAKE_RUN_ENTITIES, targets
+
+    assert targets(MAKE_RUN_ENTITIES) == (
+        ("orders", "/queues/orders/messages"),
+        ("events", "/topics/events/messages"),
+    )
+    assert targets(" queue:a/b , topic:t ") == (
+        ("a/b", "/queues/a/b/messages"),
+        ("t", "/topics/t/messages"),
+    )
+    with pytest.raises(ValueError, match="payments"):
+        targets("payments")

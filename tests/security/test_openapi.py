@@ -17,8 +17,17 @@ ENV = {
 }
 # aiohttp's route patterns → the document's paths.
 ALIASES = {
-    "/{kind}/{name}/messages": ["/queues/{name}/messages", "/topics/{name}/messages"],
-    "/{name}/messages": ["/{entity}/messages"],
+    "/{kind}/{name}/{messages}": ["/queues/{name}/messages", "/topics/{name}/messages"],
+    "/{name}/{messages}": ["/{entity}/messages"],
+    "/{name}/{messages}/{head}": ["/{entity}/messages/head"],
+    "/{name}/{messages}/{id}/{lock}": ["/{entity}/messages/{id}/{lock}"],
+    "/{name}": ["/{entity}"],
+}
+# The 405 routes answer every method; the document names the Service Bus operations on them.
+ANY_METHOD = {
+    "/{entity}/messages/head": ("post", "delete"),
+    "/{entity}/messages/{id}/{lock}": ("delete", "put", "post"),
+    "/{entity}": ("get", "put", "delete"),
 }
 
 
@@ -30,7 +39,10 @@ def served_operations(mode: str) -> set[tuple[str, str]]:
             continue  # aiohttp adds HEAD to every GET
         path = re.sub(r"\{(\w+):[^}]*\}", r"{\1}", route.resource.canonical)
         for documented in ALIASES.get(path, [path]):
-            out.add((route.method.lower(), documented))
+            if route.method == "*":
+                out.update((method, documented) for method in ANY_METHOD[documented])
+            else:
+                out.add((route.method.lower(), documented))
     return out
 
 

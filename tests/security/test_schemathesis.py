@@ -54,7 +54,7 @@ CHECKS = [
 # unknown ones: the generated cases reach the parser and the broker, not only the 404.
 ENTITY_NAMES = ["orders", "events", "ORDERS", "Events", "unknown-entity", "a.b-c_d"]
 # Examples per operation and generation mode; the open GETs have nothing to vary.
-EXAMPLES = {"messages": (180, 110), "admin": (40, 30), "open": (3, 0)}
+EXAMPLES = {"messages": (180, 110), "admin": (40, 30), "open": (3, 0), "not served": (8, 4)}
 MIN_CASES = 1000
 
 
@@ -138,6 +138,8 @@ def fuzzable(document: dict[str, Any]) -> dict[str, Any]:
 def group(path: str) -> str:
     if path.endswith("/messages"):
         return "messages"
+    if path.startswith("/{entity}"):
+        return "not served"
     return "admin" if path.startswith("/admin") else "open"
 
 
