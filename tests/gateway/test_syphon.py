@@ -11,8 +11,8 @@ import orjson
 from azure.servicebus.aio import ServiceBusClient
 
 from gateway.errors import CONNECTION, SendFailure
-from gateway.servicebus.backlog import SdkBacklogPort
 from gateway.servicebus.client import SdkNamespaceClient
+from gateway.servicebus.receiver import SdkBacklogPort
 from gateway.syphon.ports import Received
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
