@@ -99,7 +99,7 @@ class LimitSettings:
 class TimeoutSettings:
     send_timeout: float = 10.0  # our deadline on each broker operation
     connect_timeout: float = 15.0  # opening a sender at start-up
-    retry_after: float = 10.0  # Retry-After on upstream failures (SPEC §4: back off >= 10 s)
+    retry_after: float = 10.0  # Retry-After on upstream failures (docs/design.md#errors)
     sdk_retry_total: int = 1  # the SDK's own retries, inside send_timeout
 
 

@@ -1,4 +1,5 @@
-"""Injected faults surface in the SDK as the exceptions SPEC §5 lists."""
+"""Injected faults surface in the SDK as the exceptions docs/design.md#errors-the-sdk-raises
+lists."""
 
 from __future__ import annotations
 

@@ -289,7 +289,7 @@ async def test_backlog_queue_properties_round_trip(
         assert props.requires_duplicate_detection is True
         assert props.duplicate_detection_history_time_window == dt.timedelta(minutes=10)
         assert props.status == "Active"
-    # The broker side receives exactly the SPEC §1 values.
+    # The broker side receives exactly the backlog-queue values (docs/design.md#backlog-queues).
     stored = served.registry.queues[path]
     assert stored == QueueProperties(
         requires_session=True, requires_duplicate_detection=True, **BACKLOG
