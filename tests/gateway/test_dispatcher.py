@@ -20,7 +20,7 @@ from gateway.errors import (
     Saturated,
     SendFailure,
 )
-from tests.gateway.fakes import FakeClient, msg
+from tests.support.fakes import FakeClient, msg
 from tests.support.waiting import eventually, next_tick
 
 LIMITS = LimitSettings(
