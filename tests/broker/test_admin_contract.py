@@ -249,6 +249,7 @@ async def test_wrong_key_is_rejected(mgmt_broker: Any) -> None:
             await within(admin.get_queue("orders"))
 
 
+@pytest.mark.integration  # a broker subprocess
 async def test_broker_process_prints_management_endpoints(tmp_path: Path) -> None:
     """``python -m sblocal --json``: what a developer copies into the admin client."""
     async with testing.BrokerProcess(data_dir=tmp_path) as process:

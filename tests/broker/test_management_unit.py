@@ -641,6 +641,7 @@ class ReadOnlyRegistry(FakeRegistry):
     update_subscription = None  # type: ignore[assignment]
 
 
+@pytest.mark.integration  # serves the app itself
 async def test_keyless_app_and_registry_without_updates(dev_cert: tuple[Path, Path]) -> None:
     """No keys: any token is accepted. No update capability: updates answer 501, not a crash."""
     registry = ReadOnlyRegistry()
