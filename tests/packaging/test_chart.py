@@ -24,6 +24,7 @@ PRODUCTION = ROOT / "helm" / "sbgate" / "ci" / "production-values.yaml"
 
 pytestmark = [
     pytest.mark.integration,  # each test renders the chart in a subprocess (the tools' Python)
+    pytest.mark.slow,  # about a second each; `make packaging` lints the chart too
     pytest.mark.skipif(
         not TOOLS_PYTHON.exists(), reason="no .venv-tools: run scripts/lint-packaging.sh first"
     ),

@@ -7,7 +7,8 @@
   it: a unit test that starts a process or listens on a socket fails and must be marked.
 * `slow` — what ``make test-fast`` leaves out: every test that starts a gateway against the
   broker (the `gateway` fixture: about a second each, its SDK senders opened and closed) or
-  Spark (a JVM), and the modules marked so (chaos, fuzzing, subprocess gateways).
+  Spark (a JVM), and the modules marked so (chaos, fuzzing, subprocess gateways, chart
+  renders, fault waits).
 """
 
 from __future__ import annotations
