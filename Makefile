@@ -49,7 +49,13 @@ packaging:
 	scripts/lint-packaging.sh
 
 pytest: $(STAMP) sysdeps
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
+
+## test-fast: unit tests and the fast integration tests, not the `slow` ones (gateway end to
+## end, Spark, chaos, fuzzing): about a minute, for the edit-test loop. `make test` runs all.
+.PHONY: test-fast
+test-fast: $(STAMP) sysdeps
+	$(BIN)/pytest -q -m "not slow"
 
 ## test: everything CI runs, from a fresh clone
 test: sysdeps $(STAMP) lint typecheck packaging pytest

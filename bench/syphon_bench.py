@@ -26,7 +26,7 @@ from gateway.core.dispatcher import Dispatcher
 from gateway.state.memory import MemoryStateStore
 from gateway.syphon.syphon import Syphon
 from sblocal.testing import BrokerProcess, ControlClient
-from tests.gateway.fakes import FakeClient
+from tests.support.fakes import FakeClient
 from tests.support.syphon import FakeBacklog, FakeClock
 from tests.support.waiting import eventually
 

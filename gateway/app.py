@@ -102,8 +102,8 @@ def default_provisioner(settings: Settings) -> Provisioner:
 
 
 def default_backlog_factory(ns: NamespaceSettings, client: NamespaceClient) -> BacklogPort | None:
-    from gateway.servicebus.backlog import SdkBacklogPort
     from gateway.servicebus.client import SdkNamespaceClient
+    from gateway.servicebus.receiver import SdkBacklogPort
 
     if isinstance(client, SdkNamespaceClient):
         return SdkBacklogPort(client.sdk_client, ns)

@@ -18,35 +18,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from gateway.secret import Secret as Secret  # re-exported: settings hold secrets
+
 ENV_PREFIX = "SBGATE_"
 EntityKind = Literal["queue", "topic"]
 
 
 class ConfigError(ValueError):
     """A setting is missing or invalid; the message names it."""
-
-
-class Secret:
-    """A string that never shows itself in reprs, logs or tracebacks."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def get(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
 
 
 _CS_PART = re.compile(r"\s*([^=;]+?)\s*=\s*(.*?)\s*$")
@@ -120,7 +99,7 @@ class LimitSettings:
 class TimeoutSettings:
     send_timeout: float = 10.0  # our deadline on each broker operation
     connect_timeout: float = 15.0  # opening a sender at start-up
-    retry_after: float = 10.0  # Retry-After on upstream failures (SPEC §4: back off >= 10 s)
+    retry_after: float = 10.0  # Retry-After on upstream failures (docs/design.md#errors)
     sdk_retry_total: int = 1  # the SDK's own retries, inside send_timeout
 
 

@@ -4,10 +4,14 @@ Two families:
 
 * `RequestError` — the client's request is wrong or cannot be admitted. Raised by the HTTP
   edge and the engine's admission; carries the HTTP status and a stable `code`.
-* `SendFailure` — the broker did not store a message. Raised by the Service Bus adapter
-  (translated from SDK exceptions in exactly one table: `gateway.servicebus.errors`) and
-  carries the classification the engine and the failover logic need: whether a retry
-  may help, whether it counts toward failover, and how to answer the client.
+* `SendFailure` — the broker did not store a message. It carries one row of the
+  classification table below (`CLASSIFICATIONS`): whether a retry may help, whether it counts
+  toward failover, and how to answer the client. The Service Bus adapter maps SDK exceptions
+  onto these rows in exactly one place (`gateway.servicebus.errors`); the engine uses the
+  rows for its own failures (its send deadline, shutdown) without importing the SDK.
+
+The table is documented, and tested against, in the README's "Errors" section; why each row
+says what it says is in docs/design.md ("Errors").
 """
 
 from __future__ import annotations
@@ -98,18 +102,107 @@ class FailureKind(Enum):
     CONNECTION = "connection"  # could not reach the namespace
     SERVICE = "service"  # the broker said internal error
     UNKNOWN = "unknown"
+    SHUTDOWN = "shutdown"  # the gateway stopped before the broker answered
 
 
 @dataclass(frozen=True, slots=True)
 class Classification:
-    """What a failure means: one row of the translation table."""
+    """What a failure means: one row of the classification table."""
 
     kind: FailureKind
     transient: bool  # may a later retry of the same send succeed?
     counts_toward_failover: bool  # does it start/keep the failover timer?
     http_status: int
-    retry_after: float | None
+    retry_after: float | None  # seconds for the Retry-After header; None: no header
     recreate_sender: bool  # is the sender's link suspect afterwards?
+    # Causes that are not SDK exceptions (the SDK's are in gateway.servicebus.errors), for
+    # the README's table.
+    also_raised_for: str = ""
+
+
+# Service Bus asks REST clients to back off at least 10 s after a 503. The operator's
+# `retry_after` setting (same default) replaces it on every upstream answer: see Dispatcher.
+BACK_OFF = 10.0
+
+
+def _row(
+    kind: FailureKind,
+    *,
+    transient: bool,
+    counts: bool,
+    status: int = 503,
+    retry_after: float | None = BACK_OFF,
+    recreate: bool = False,
+    also: str = "",
+) -> Classification:
+    return Classification(kind, transient, counts, status, retry_after, recreate, also)
+
+
+# The classification table, one named row per way a send can fail, in the README's order.
+# `counts_toward_failover` follows the old SDK's paired-namespace rule: non-transient
+# failures and timeouts count; server-busy and unauthorized never do, and neither does a
+# message the broker refuses for its own sake (too large, invalid): the entity is fine.
+SERVER_BUSY = _row(FailureKind.SERVER_BUSY, transient=True, counts=False)
+UNAUTHORIZED = _row(FailureKind.UNAUTHORIZED, transient=False, counts=False)
+UNAUTHENTICATED = _row(FailureKind.UNAUTHORIZED, transient=False, counts=False, recreate=True)
+MESSAGE_TOO_LARGE = _row(
+    FailureKind.MESSAGE_TOO_LARGE, transient=False, counts=False, status=413, retry_after=None
+)
+# One row for the broker's timeout and ours: the same condition (no answer in time, outcome
+# unknown). Retry-After is the back-off, not 1 s: the client already waited `send_timeout`,
+# and retrying sooner piles sends onto a namespace that is not answering.
+TIMEOUT = _row(
+    FailureKind.TIMEOUT, transient=True, counts=True, recreate=True, also="our `send_timeout`"
+)
+ENTITY_NOT_FOUND = _row(FailureKind.ENTITY_NOT_FOUND, transient=False, counts=True, recreate=True)
+ENTITY_DISABLED = _row(FailureKind.ENTITY_DISABLED, transient=False, counts=True, recreate=True)
+QUOTA_EXCEEDED = _row(FailureKind.QUOTA_EXCEEDED, transient=False, counts=True)
+CONNECTION = _row(FailureKind.CONNECTION, transient=False, counts=True, recreate=True)
+SERVICE = _row(FailureKind.SERVICE, transient=False, counts=True, recreate=True)
+# Not transient: nothing says a retry would help, and the rule above then makes it count, so
+# an entity failing in a way nobody foresaw still fails over to the backlog.
+UNKNOWN = _row(
+    FailureKind.UNKNOWN,
+    transient=False,
+    counts=True,
+    recreate=True,
+    also="anything else (no row matches, or a bug in an adapter)",
+)
+# A ValueError/TypeError while *building* a message is the client's input (the send never
+# started): a 400 that never counts.
+INVALID_MESSAGE = _row(
+    FailureKind.INVALID_MESSAGE,
+    transient=False,
+    counts=False,
+    status=400,
+    retry_after=None,
+    also="`ValueError`/`TypeError` while *building* a message (before any send)",
+)
+# Pending or in flight when the gateway stopped: says nothing about the entity, so it never
+# counts; another replica can take the retry at once.
+SHUTDOWN = _row(
+    FailureKind.SHUTDOWN,
+    transient=True,
+    counts=False,
+    retry_after=1.0,
+    also="the gateway shut down before the broker answered",
+)
+
+CLASSIFICATIONS: tuple[Classification, ...] = (
+    SERVER_BUSY,
+    UNAUTHORIZED,
+    UNAUTHENTICATED,
+    MESSAGE_TOO_LARGE,
+    TIMEOUT,
+    ENTITY_NOT_FOUND,
+    ENTITY_DISABLED,
+    QUOTA_EXCEEDED,
+    CONNECTION,
+    SERVICE,
+    UNKNOWN,
+    INVALID_MESSAGE,
+    SHUTDOWN,
+)
 
 
 class SendFailure(GatewayError):

@@ -29,9 +29,10 @@ class AuditOptions:
     stage_prices: Mapping[str, float] = field(default_factory=dict)
     billing_chunk_kib: int = 64  # each started 64 KiB of a message is one more operation
     backlog_pattern: str = DEFAULT_BACKLOG_PATTERN
-    # False (contract #2): a 5xx promises "not stored", so a delivered 5xx is a broken promise
-    # (failed-but-delivered). True: a 5xx after a send was tried may have stored the message
-    # (a broker timeout), so a delivered 5xx is an allowed "unexpected", like a timeout.
+    # False (docs/pipeline.md, "2. Client acknowledgements"): a 5xx promises "not stored", so
+    # a delivered 5xx is a broken promise (failed-but-delivered). True: a 5xx after a send was
+    # tried may have stored the message (a broker timeout), so a delivered 5xx is an allowed
+    # "unexpected", like a timeout.
     failed_may_be_stored: bool = False
 
     def price(self, stage: str) -> float:
@@ -630,12 +631,12 @@ def backlog_depth(ledger: DataFrame) -> DataFrame:
 def billed_operations(ledger: DataFrame, options: AuditOptions) -> DataFrame:
     """Billed operations and their cost per day and stage, from the ledger.
 
-    SPEC §1: a message sent straight to the primary costs a send and (its consumer's) receive;
-    a syphoned one costs four (send to backlog, receive from backlog, send to primary, receive
-    from primary); a ping costs one; a message the syphon dead-letters or finds expired in a
-    backlog costs its receive from the backlog. A message over ``billing_chunk_kib`` counts
-    one operation per started chunk. Receives from the primary are estimated as one per
-    message (a topic with N subscriptions bills N).
+    A message sent straight to the primary costs a send and (its consumer's) receive; a
+    syphoned one costs four (docs/design.md#the-syphon: send to backlog, receive from backlog,
+    send to primary, receive from primary); a ping costs one; a message the syphon
+    dead-letters or finds expired in a backlog costs its receive from the backlog. A message
+    over ``billing_chunk_kib`` counts one operation per started chunk. Receives from the
+    primary are estimated as one per message (a topic with N subscriptions bills N).
     """
     ev, route = F.col("event"), F.col("route")
     stages = (

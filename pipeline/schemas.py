@@ -100,7 +100,7 @@ CLASSIFICATIONS: Final = (
     "unknown",  # only ledger events without any outcome (e.g. a lone dead_lettered)
 )
 
-# Billed-operation stages (SPEC §1: a syphoned message costs 4 operations).
+# Billed-operation stages (docs/design.md#the-syphon: a syphoned message costs 4 operations).
 BILLING_STAGES: Final = (
     "send_primary",
     "receive_primary",

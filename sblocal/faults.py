@@ -21,7 +21,8 @@ Mode = Literal["reject", "hang", "detach"]
 OPERATIONS: tuple[str, ...] = ("send", "receive", "any")
 MODES: tuple[str, ...] = ("reject", "hang", "detach")
 
-# Conditions with the exception azure-servicebus 7.15 raises for them (SPEC §5), for docs.
+# Conditions with the exception azure-servicebus 7.15 raises for them, for docs
+# (docs/design.md#errors-the-sdk-raises).
 KNOWN_CONDITIONS: dict[str, str] = {
     "amqp:not-found": "MessagingEntityNotFoundError",
     "com.microsoft:server-busy": "ServiceBusServerBusyError",

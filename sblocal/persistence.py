@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import json
 import sqlite3
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +24,10 @@ from sblocal.entities import (
     SubscriptionProperties,
     TopicProperties,
 )
+from sblocal.store.messages import MessageState, StoredMessage
 
-if TYPE_CHECKING:
-    from sblocal.store import Namespace, StoredMessage
+if TYPE_CHECKING:  # the namespace calls in; only `load` needs its type
+    from sblocal.store import Namespace
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entities (kind TEXT NOT NULL, path TEXT NOT NULL PRIMARY KEY,
@@ -77,8 +79,6 @@ class Persistence:
                     ns.create_subscription(
                         topic, name, parse_properties(SubscriptionProperties, raw, path)
                     )
-        from sblocal.store import MessageState, StoredMessage
-
         for entity, seq, meta_json, ann_blob, tail in self._db.execute(
             "SELECT entity, seq, meta, annotations, tail FROM messages ORDER BY entity, seq"
         ):
@@ -127,7 +127,9 @@ class Persistence:
         self._upserts.pop(key, None)
         self._deletes.add(key)
 
-    def commit(self, ns: Namespace) -> None:
+    def commit(self, sequences: Callable[[], Mapping[str, int]]) -> None:
+        """Write the marked changes and the entities' next sequence numbers
+        (`sequences`, called only when there is something to write) in one transaction."""
         if not self._upserts and not self._deletes:
             return
         rows = []
@@ -164,7 +166,7 @@ class Persistence:
                 )
             self._db.executemany(
                 "INSERT OR REPLACE INTO sequences (path, next_seq) VALUES (?, ?)",
-                list(ns.sequence_state().items()),
+                list(sequences().items()),
             )
         self._upserts.clear()
         self._deletes.clear()

@@ -14,9 +14,15 @@ from gateway.app import create_app
 from gateway.config import Settings, load_settings
 from gateway.web.hardening import HardenedAppRunner
 from sblocal.testing import BrokerProcess, ControlClient
+from tests.support import markers
+from tests.support.markers import forbid_real_components  # noqa: F401 (autouse fixture)
 from tests.support.redis import redis_server, redis_server_factory  # noqa: F401 (fixtures)
 
 GatewayFactory = Callable[..., Awaitable[TestClient[Any, web.Application]]]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    markers.classify(items)  # unit or integration: see tests/support/markers.py
 
 
 class HardenedTestServer(TestServer):

@@ -1,6 +1,6 @@
 """sbgate: gateway/auth — Service Bus-compatible SAS authorization, as pure logic.
 
-The HTTP layer builds one `Authorizer` at start-up from `load_rules` / `rules_from_env` and calls
+The HTTP layer builds one `Authorizer` at start-up from `load_rules` / `rules_from_json` and calls
 `Authorizer.authorize` per request; it raises `Unauthorized` (401) or `Forbidden` (403), each
 carrying ``status``, ``error`` and a ``message`` safe to return and log. `mint_token` and
 `gateway.auth.cli.main` (``gateway token ...``) mint tokens. See docs/auth.md.
@@ -14,7 +14,6 @@ from gateway.auth.rules import (
     Secret,
     load_rules,
     parse_rules,
-    rules_from_env,
     rules_from_json,
 )
 from gateway.auth.sas import (
@@ -45,7 +44,6 @@ __all__ = [
     "parse_rules",
     "parse_token",
     "resource_uri",
-    "rules_from_env",
     "rules_from_json",
     "sign_token",
 ]

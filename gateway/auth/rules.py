@@ -13,13 +13,12 @@ entity patterns it applies to:
 
 Matching is on whole ``/``-separated segments, ASCII case-insensitive like Service Bus names.
 
-Rules are loaded once at start-up (`load_rules`, `rules_from_json`, `rules_from_env`); every
+Rules are loaded once at start-up (`load_rules`, `rules_from_json`); every
 problem raises `AuthConfigError` naming the source and the field, never echoing a key.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from typing import Any, Literal
 
 from gateway.auth._paths import MAX_ENTITY_PATH, Segments, covers, fold, valid_segment
 from gateway.auth.errors import AuthConfigError
+from gateway.secret import Secret as Secret  # re-exported: rules hold keys
 
 RULES_ENV_VAR = "SBGATE_AUTH_RULES"
 MIN_KEY_LENGTH = 32
@@ -65,32 +65,6 @@ def effective_rights(rights: Iterable[Right]) -> frozenset[Right]:
     """*rights* with Service Bus' implication applied: ``Manage`` brings ``Send`` and ``Listen``."""
     granted = frozenset(rights)
     return frozenset(Right) if Right.MANAGE in granted else granted
-
-
-class Secret:
-    """A key that never shows itself in reprs, logs, tracebacks or error messages."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def get(self) -> str:
-        """The secret value; call only where it is used (signing), never to display it."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Secret):
-            return NotImplemented
-        return hmac.compare_digest(self._value.encode(), other._value.encode())
-
-    def __hash__(self) -> int:
-        return hash((Secret, self._value))
 
 
 def valid_key_name(name: str) -> bool:
@@ -320,17 +294,6 @@ def rules_from_json(text: str, *, source: str = RULES_ENV_VAR) -> tuple[AuthRule
         # contains the keys) out of tracebacks.
         raise AuthConfigError(f"{source}: invalid JSON: {exc.msg} at line {exc.lineno}") from None
     return parse_rules(document, source=source)
-
-
-def rules_from_env(environ: Mapping[str, str]) -> tuple[AuthRule, ...]:
-    """Rules from ``SBGATE_AUTH_RULES`` (JSON) in *environ*; empty when unset or blank.
-
-    The caller passes the environment mapping: this module never reads ``os.environ``.
-    """
-    text = environ.get(RULES_ENV_VAR, "")
-    if not text.strip():
-        return ()
-    return rules_from_json(text, source=RULES_ENV_VAR)
 
 
 def load_rules(path: str | os.PathLike[str]) -> tuple[AuthRule, ...]:

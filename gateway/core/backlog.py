@@ -1,4 +1,5 @@
-"""Backlog queues: their paths, and the message rewrite into them and back (SPEC §1).
+"""Backlog queues: their paths, and the message rewrite into them and back
+(docs/design.md#message-rewrite).
 
 Messages for many entities share one backlog queue, so the properties that would act on the
 backlog queue itself move into application properties, and the syphon moves them back:
@@ -138,7 +139,7 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
 
 
 def ping_message(message_id: str) -> OutboundMessage:
-    """The SPEC's ping: empty body, ContentType application/vnd.ms-servicebus-ping, TTL 1 s."""
+    """A ping (docs/design.md#pings): empty body, ContentType ...-servicebus-ping, TTL 1 s."""
     return OutboundMessage(
         body=b"",
         message_id=message_id,

@@ -29,26 +29,9 @@ from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
-from gateway.errors import Classification, Draining, FailureKind, SendFailure
+from gateway.errors import SHUTDOWN, TIMEOUT, UNKNOWN, Draining, SendFailure
 
 log = logging.getLogger(__name__)
-
-TIMEOUT = Classification(
-    kind=FailureKind.TIMEOUT,
-    transient=True,
-    counts_toward_failover=True,
-    http_status=503,
-    retry_after=1.0,
-    recreate_sender=True,
-)
-SHUTDOWN = Classification(
-    kind=FailureKind.UNKNOWN,
-    transient=True,
-    counts_toward_failover=False,
-    http_status=503,
-    retry_after=1.0,
-    recreate_sender=True,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,17 +286,7 @@ class Dispatcher:
             return sender
         except Exception as exc:  # a bug in an adapter must fail the requests, not the worker
             log.exception("unexpected error sending to %s", lane.dest)
-            unknown = SendFailure(
-                Classification(
-                    kind=FailureKind.UNKNOWN,
-                    transient=True,
-                    counts_toward_failover=True,
-                    http_status=503,
-                    retry_after=self._timeouts.retry_after,
-                    recreate_sender=True,
-                ),
-                f"unexpected error: {type(exc).__name__}",
-            )
+            unknown = SendFailure(UNKNOWN, f"unexpected error: {type(exc).__name__}")
             await self._discard(lane, sender)
             self._settle(lane, groups, started, unknown)
             return None
@@ -341,6 +314,10 @@ class Dispatcher:
                 if not g.future.done():
                     g.future.set_result(None)
         else:
+            if failure.retry_after is not None:
+                # The table's rows say whether the client must back off; how long is the
+                # operator's setting (default: the table's 10 s). Shutdown does not pass here.
+                failure.retry_after = self._timeouts.retry_after
             self._fail(groups, failure)
 
     @staticmethod

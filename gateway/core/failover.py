@@ -1,6 +1,6 @@
 """Send availability: per-entity failover to backlog queues, pings, cluster-shared state.
 
-Per entity (SPEC §1, state shared through a `StateStore`):
+Per entity (docs/design.md#failover-rule, state shared through a `StateStore`):
 
     healthy ──(first counting failure at t0)──▶ failing ──(no success by t0 + interval)──▶
     failed_over ──(a ping is delivered, or an operator marks it healthy)──▶ healthy
@@ -353,7 +353,7 @@ class Failover:
                 )
 
     def _arm_failover_timer(self, st: EntityState) -> None:
-        """SPEC §1: failover engages when `failover_interval` elapses after t0 with no
+        """Failover engages when `failover_interval` elapses after t0 with no
         successful send — on a timer, not on the next failure. Every replica that sees the
         failing state arms one; the epoch compare-and-set lets exactly one transition win."""
         old = self._timers.pop(st.entity, None)

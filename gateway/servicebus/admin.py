@@ -2,8 +2,8 @@
 
 At start-up each backlog queue ``<primary-ns>/x-servicebus-transfer/<i>`` is checked in the
 secondary namespace: it exists → used as it is (the owner's choice); missing → created with
-exactly the SPEC §1 properties (or, in verify-only mode, reported as a clear error and left
-out of rotation). Extra queues are left alone; nothing is ever deleted.
+exactly the properties of docs/design.md#backlog-queues (or, in verify-only mode, reported as
+a clear error and left out of rotation). Extra queues are left alone; nothing is ever deleted.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gateway.core.backlog import BACKLOG_LOCK_DURATION
 log = logging.getLogger(__name__)
 
 TIMESPAN_MAX = "P10675199DT2H48M5.4775807S"
-# SPEC §1: exactly these properties; every other one keeps its default.
+# Exactly these properties (docs/design.md#backlog-queues); every other one keeps its default.
 BACKLOG_QUEUE_PROPERTIES: dict[str, Any] = {
     "max_size_in_megabytes": 5120,
     "max_delivery_count": 2147483647,
@@ -91,7 +91,8 @@ async def ensure_backlog_queues(
                 except ResourceNotFoundError:
                     result.errors[path] = (
                         "missing, and create_backlog_queues is off (verify-only mode): create it "
-                        "with the SPEC properties or grant Manage on the secondary namespace"
+                        "with the backlog-queue properties or grant Manage on the secondary "
+                        "namespace"
                     )
                     continue
                 except ClientAuthenticationError:

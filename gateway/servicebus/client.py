@@ -20,8 +20,8 @@ from azure.servicebus.exceptions import MessageSizeExceededError
 
 from gateway.config import NamespaceSettings, TimeoutSettings
 from gateway.core.message import OutboundMessage
-from gateway.errors import SendFailure
-from gateway.servicebus.errors import INVALID_MESSAGE, translate
+from gateway.errors import INVALID_MESSAGE, SendFailure
+from gateway.servicebus.errors import map_exceptions, translate
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class SdkSender:
             raise SendFailure(
                 INVALID_MESSAGE, f"{self._where}: the message is invalid: {exc}"
             ) from exc
-        try:
+        with map_exceptions(self._where):
             if len(sdk_messages) == 1:
                 await self._sender.send_messages(sdk_messages[0])
                 return
@@ -123,10 +123,6 @@ class SdkSender:
                     batch = await self._sender.create_message_batch()
                     batch.add_message(sdk_message)
             await self._sender.send_messages(batch)
-        except SendFailure:
-            raise
-        except Exception as exc:  # every SDK error is translated in one table
-            raise translate(exc, self._where) from exc
 
     async def close(self) -> None:
         try:

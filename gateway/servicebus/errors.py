@@ -1,12 +1,16 @@
-"""The one table that translates azure-servicebus exceptions into gateway classifications.
+"""The one map from azure-servicebus exceptions to the gateway's classification rows.
 
-Read top to bottom; the first row whose exception type matches wins (subclasses first).
-The README's "Errors" section renders this table. `counts_toward_failover` follows the old
-SDK's paired-namespace rule (SPEC §1): non-transient messaging errors and timeouts count;
-server-busy and unauthorized never do.
+Modelled on httpx's transport: one exception map (`SDK_EXCEPTIONS`) and one context manager
+(`map_exceptions`) that every SDK call of the adapter runs inside. The rows themselves —
+what each failure means for retries, failover and the client's answer — are defined once,
+without the SDK, in `gateway.errors` (the engine raises some of them itself). The README's
+"Errors" section is tested against both.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
 
 from azure.servicebus.exceptions import (
     MessageSizeExceededError,
@@ -22,89 +26,50 @@ from azure.servicebus.exceptions import (
     ServiceBusServerBusyError,
 )
 
-from gateway.errors import Classification, FailureKind, SendFailure
+from gateway import errors
+from gateway.errors import Classification, SendFailure
 
-
-def _row(
-    kind: FailureKind,
-    *,
-    transient: bool,
-    counts: bool,
-    status: int = 503,
-    retry_after: float | None = 10.0,
-    recreate: bool = False,
-) -> Classification:
-    return Classification(
-        kind=kind,
-        transient=transient,
-        counts_toward_failover=counts,
-        http_status=status,
-        retry_after=retry_after,
-        recreate_sender=recreate,
-    )
-
-
-# (SDK exception type, classification). Order matters: most specific first.
-TABLE: tuple[tuple[type[BaseException], Classification], ...] = (
-    (ServiceBusServerBusyError, _row(FailureKind.SERVER_BUSY, transient=True, counts=False)),
-    (ServiceBusAuthorizationError, _row(FailureKind.UNAUTHORIZED, transient=False, counts=False)),
-    (
-        ServiceBusAuthenticationError,
-        _row(FailureKind.UNAUTHORIZED, transient=False, counts=False, recreate=True),
-    ),
-    (
-        MessageSizeExceededError,
-        _row(
-            FailureKind.MESSAGE_TOO_LARGE,
-            transient=False,
-            counts=False,
-            status=413,
-            retry_after=None,
-        ),
-    ),
-    (OperationTimeoutError, _row(FailureKind.TIMEOUT, transient=True, counts=True, recreate=True)),
-    (
-        MessagingEntityNotFoundError,
-        _row(FailureKind.ENTITY_NOT_FOUND, transient=False, counts=True, recreate=True),
-    ),
-    (
-        MessagingEntityDisabledError,
-        _row(FailureKind.ENTITY_DISABLED, transient=False, counts=True, recreate=True),
-    ),
-    (
-        ServiceBusQuotaExceededError,
-        _row(FailureKind.QUOTA_EXCEEDED, transient=False, counts=True),
-    ),
-    (
-        ServiceBusConnectionError,
-        _row(FailureKind.CONNECTION, transient=False, counts=True, recreate=True),
-    ),
-    (
-        ServiceBusCommunicationError,
-        _row(FailureKind.CONNECTION, transient=False, counts=True, recreate=True),
-    ),
-    (ServiceBusError, _row(FailureKind.SERVICE, transient=False, counts=True, recreate=True)),
-)
-
-UNKNOWN = _row(FailureKind.UNKNOWN, transient=False, counts=True, recreate=True)
-# Not an SDK exception row: a ValueError/TypeError raised while *building* a message is the
-# client's input (the send never started), so it is a 400 and never counts toward failover.
-INVALID_MESSAGE = _row(
-    FailureKind.INVALID_MESSAGE, transient=False, counts=False, status=400, retry_after=None
-)
+# SDK exception type → its row. The most specific type in the exception's MRO wins (every
+# SDK error is a `ServiceBusError`), so the order here does not matter; it follows the table.
+SDK_EXCEPTIONS: Mapping[type[Exception], Classification] = {
+    ServiceBusServerBusyError: errors.SERVER_BUSY,
+    ServiceBusAuthorizationError: errors.UNAUTHORIZED,
+    ServiceBusAuthenticationError: errors.UNAUTHENTICATED,
+    MessageSizeExceededError: errors.MESSAGE_TOO_LARGE,
+    OperationTimeoutError: errors.TIMEOUT,
+    MessagingEntityNotFoundError: errors.ENTITY_NOT_FOUND,
+    MessagingEntityDisabledError: errors.ENTITY_DISABLED,
+    ServiceBusQuotaExceededError: errors.QUOTA_EXCEEDED,
+    ServiceBusConnectionError: errors.CONNECTION,
+    ServiceBusCommunicationError: errors.CONNECTION,
+    ServiceBusError: errors.SERVICE,
+}
 
 
 def classify(exc: BaseException) -> Classification:
-    """The classification of an SDK exception (`UNKNOWN` for anything not in the table)."""
-    for exc_type, classification in TABLE:
-        if isinstance(exc, exc_type):
-            return classification
-    return UNKNOWN
+    """The row of `exc`: its most specific mapped type, else `UNKNOWN`."""
+    for cls in type(exc).__mro__:
+        row = SDK_EXCEPTIONS.get(cls)
+        if row is not None:
+            return row
+    return errors.UNKNOWN
 
 
 def translate(exc: BaseException, where: str) -> SendFailure:
     """An SDK exception → the `SendFailure` the core acts on. Never leaks credentials:
     only the exception's class and its first line go into the message."""
-    c = classify(exc)
     first_line = (str(exc).splitlines() or [""])[0][:200]
-    return SendFailure(c, f"{where}: {type(exc).__name__}: {first_line}".rstrip(": "))
+    return SendFailure(classify(exc), f"{where}: {type(exc).__name__}: {first_line}".rstrip(": "))
+
+
+@contextlib.contextmanager
+def map_exceptions(where: str) -> Iterator[None]:
+    """Run SDK calls inside: any exception becomes the `SendFailure` of its row, chained to
+    the original. A `SendFailure` passes through; cancellation (not an `Exception`) is never
+    caught. `where` (namespace/entity) prefixes the failure's message."""
+    try:
+        yield
+    except SendFailure:
+        raise
+    except Exception as exc:
+        raise translate(exc, where) from exc

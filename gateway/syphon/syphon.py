@@ -432,7 +432,7 @@ class Syphon:
             )
 
     def _fault(self, path: str, exc: BaseException) -> None:
-        """A namespace fault (SPEC §1 close/fault coordination): close every backlog
+        """A namespace fault (docs/design.md#faults-and-closing): close every backlog
         receiver within 5 seconds — the partner of a failed primary or secondary — so that
         nothing stays locked; the retry timers reopen them with backoff."""
         kind = exc.kind if isinstance(exc, SendFailure) else FailureKind.TIMEOUT

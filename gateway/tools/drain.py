@@ -1,4 +1,5 @@
-"""Drain entities with the real Service Bus SDK and write what they delivered (contract #3).
+"""Drain entities with the real Service Bus SDK and write what they delivered
+(docs/pipeline.md, "3. Delivered ids").
 
     gateway drain --connection-string "$CS" --entity orders --entity events/subscriptions/audit \\
         --out delivered.jsonl
@@ -46,7 +47,7 @@ ReceiveMode = Literal["peek_lock", "receive_and_delete"]
 DLQ_SUFFIX: Final = "/$DeadLetterQueue"
 _DLQ_RE: Final = re.compile(r"/\$deadletterqueue$", re.IGNORECASE)
 _SUBSCRIPTION_RE: Final = re.compile(r"^(?P<topic>.+)/subscriptions/(?P<sub>[^/]+)$", re.IGNORECASE)
-# Backlog queues of the paired-namespace feature (SPEC §1): <namespace>/x-servicebus-transfer/<i>.
+# Backlog queues (docs/design.md#backlog-queues): <namespace>/x-servicebus-transfer/<i>.
 DEFAULT_BACKLOG_RE: Final = re.compile(r"/x-servicebus-transfer/\d+$")
 X_MS_PATH: Final = "x-ms-path"
 
@@ -161,7 +162,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 def delivered_record(
     msg: ServiceBusReceivedMessage, target: DrainTarget, summary: DrainSummary | None = None
 ) -> dict[str, Any]:
-    """The contract #3 line for one received message."""
+    """The delivered-id line (docs/pipeline.md, "3. Delivered ids") for one received message."""
     entity = target.original_entity
     if target.backlog:
         path = _app_property(msg.application_properties, X_MS_PATH)
@@ -281,7 +282,7 @@ async def drain(
     append: bool = False,
     client_kwargs: Mapping[str, Any] | None = None,
 ) -> DrainSummary:
-    """Receive everything from ``entities`` and write contract #3 lines to ``out``.
+    """Receive everything from ``entities`` and write delivered-id lines to ``out``.
 
     Each receive path (an entity, and its DLQ when ``include_dlq``) is drained until it has
     been idle for ``idle_timeout`` seconds (or ``max_messages`` were received from it), at

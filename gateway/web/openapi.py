@@ -50,8 +50,8 @@ _SCHEMAS: JsonObject = {
     "BrokerProperties": {
         "type": "object",
         "description": (
-            "Service Bus broker properties (SPEC §4). Unknown properties are ignored, as "
-            "Service Bus does; null means absent. Each string at most 32 KB."
+            "Service Bus broker properties (the README's Message format). Unknown properties "
+            "are ignored, as Service Bus does; null means absent. Each string at most 32 KB."
         ),
         "properties": {
             "MessageId": {

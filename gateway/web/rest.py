@@ -26,7 +26,7 @@ from gateway.errors import PayloadTooLarge, RequestError, UnsupportedMediaType
 
 BATCH_CONTENT_TYPE = "application/vnd.microsoft.servicebus.json"
 MAX_ID_LENGTH = 128
-MAX_PROPERTY_BYTES = 32 * 1024  # one property (SPEC §4)
+MAX_PROPERTY_BYTES = 32 * 1024  # one property (docs/design.md#the-rest-format)
 MAX_ALL_PROPERTIES_BYTES = 64 * 1024  # all properties of a message
 # TimeSpan.MaxValue in seconds; Service Bus caps TTL at the entity's default anyway.
 MAX_TTL_SECONDS = 10675199 * 86400.0

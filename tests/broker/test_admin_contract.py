@@ -114,7 +114,8 @@ async def test_declared_entities_are_listed(
 async def test_backlog_queues_round_trip(
     mgmt_broker: Any, secondary_admin: ServiceBusAdministrationClient
 ) -> None:
-    """SPEC §1: the secondary's backlog queues, created if missing with exactly these values."""
+    """The secondary's backlog queues, created if missing with exactly these values
+    (docs/design.md#backlog-queues)."""
     paths = [f"primary/x-servicebus-transfer/{i}" for i in range(3)]
     for path in paths:
         created = await within(secondary_admin.create_queue(path, **BACKLOG))
@@ -248,6 +249,7 @@ async def test_wrong_key_is_rejected(mgmt_broker: Any) -> None:
             await within(admin.get_queue("orders"))
 
 
+@pytest.mark.integration  # a broker subprocess
 async def test_broker_process_prints_management_endpoints(tmp_path: Path) -> None:
     """``python -m sblocal --json``: what a developer copies into the admin client."""
     async with testing.BrokerProcess(data_dir=tmp_path) as process:

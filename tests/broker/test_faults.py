@@ -1,4 +1,5 @@
-"""Injected faults surface in the SDK as the exceptions SPEC §5 lists."""
+"""Injected faults surface in the SDK as the exceptions docs/design.md#errors-the-sdk-raises
+lists."""
 
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ async def test_fault_until_cleared_and_scoped_to_one_entity(
             await sender.send_messages(ServiceBusMessage("x"))
 
 
+@pytest.mark.slow  # waits out a hung send
 async def test_hang_accepts_the_transfer_and_never_settles(
     broker: LocalBroker, control: ControlClient
 ) -> None:
@@ -118,6 +120,7 @@ async def test_receive_fault_detaches_the_receiver(
                 await receiver.receive_messages(max_message_count=1, max_wait_time=2)
 
 
+@pytest.mark.slow  # waits out injected latency
 async def test_latency_delays_settlement_without_blocking_the_broker(
     broker: LocalBroker, control: ControlClient
 ) -> None:
@@ -166,6 +169,7 @@ async def test_namespace_down_then_up_the_same_client_reconnects(
     assert info["active"] == 2
 
 
+@pytest.mark.slow  # waits for the SDK to reconnect
 async def test_drop_connections_forces_a_reconnect(
     broker: LocalBroker, control: ControlClient
 ) -> None:
@@ -208,6 +212,7 @@ async def test_wrong_sas_key_is_rejected(broker: LocalBroker) -> None:
     assert broker.namespace("primary").counters.messages_received == 0
 
 
+@pytest.mark.slow  # waits out a hung receive
 async def test_receive_hang_delivers_nothing_until_a_new_link(
     broker: LocalBroker, control: ControlClient
 ) -> None:

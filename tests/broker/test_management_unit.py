@@ -289,7 +289,7 @@ async def test_backlog_queue_properties_round_trip(
         assert props.requires_duplicate_detection is True
         assert props.duplicate_detection_history_time_window == dt.timedelta(minutes=10)
         assert props.status == "Active"
-    # The broker side receives exactly the SPEC §1 values.
+    # The broker side receives exactly the backlog-queue values (docs/design.md#backlog-queues).
     stored = served.registry.queues[path]
     assert stored == QueueProperties(
         requires_session=True, requires_duplicate_detection=True, **BACKLOG
@@ -641,6 +641,7 @@ class ReadOnlyRegistry(FakeRegistry):
     update_subscription = None  # type: ignore[assignment]
 
 
+@pytest.mark.integration  # serves the app itself
 async def test_keyless_app_and_registry_without_updates(dev_cert: tuple[Path, Path]) -> None:
     """No keys: any token is accepted. No update capability: updates answer 501, not a crash."""
     registry = ReadOnlyRegistry()

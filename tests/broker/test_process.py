@@ -18,6 +18,9 @@ from sblocal.testing import BrokerProcess
 
 from .conftest import receive_n, sb_client
 
+# Broker subprocesses (a durable one is killed and restarted): ~10 s together.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

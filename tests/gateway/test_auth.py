@@ -32,11 +32,12 @@ from gateway.auth import (
     load_rules,
     mint_token,
     parse_token,
-    rules_from_env,
     rules_from_json,
     sign_token,
 )
 from gateway.auth import cli as auth_cli
+from gateway.config import load_settings
+from gateway.web.auth import build_authorizer
 
 try:
     from hypothesis import given, settings
@@ -635,6 +636,7 @@ def test_keys_never_appear_in_reprs() -> None:
     assert f"{secret}" == "Secret('***')"
     assert secret == Secret(KEYS[("sender", "primary")])
     assert secret != Secret(KEYS[("sender", "secondary")])
+    assert secret != KEYS[("sender", "primary")], "a Secret equals only a Secret"
     authorizer = _authorizer()
     principal = authorizer.authorize(VALID, entity_path="orders", right=Right.SEND)
     token = parse_token(VALID)
@@ -741,13 +743,17 @@ def test_extensionless_toml_is_sniffed(tmp_path: Path) -> None:
     assert [r.name for r in load_rules(path)] == ["sender", "ops"]
 
 
-def test_rules_from_env() -> None:
-    assert rules_from_env({}) == ()
-    assert rules_from_env({RULES_ENV_VAR: "  "}) == ()
-    (rule,) = rules_from_env({RULES_ENV_VAR: json.dumps({"rules": _json_rules()})})
-    assert rule.name == "sender"
+def test_rules_in_the_environment_are_read_by_the_configuration_only() -> None:
+    """`SBGATE_AUTH_RULES` reaches the authorizer through `load_settings`, the one reader
+    of the environment; the auth package never sees it."""
+    settings = load_settings({RULES_ENV_VAR: json.dumps({"rules": _json_rules()})})
+    authorizer = build_authorizer(settings)
+    assert authorizer is not None
+    token = mint_token("http://localhost/tenants/a", "sender", _key("p"), 600)
+    principal = authorizer.authorize(token, entity_path="tenants/a", right=Right.SEND)
+    assert principal.key_name == "sender"
     with pytest.raises(AuthConfigError, match=rf"^{RULES_ENV_VAR}: invalid JSON"):
-        rules_from_env({RULES_ENV_VAR: "{"})
+        build_authorizer(load_settings({RULES_ENV_VAR: "{"}))
 
 
 def _doc(**changes: object) -> dict[str, object]:

@@ -108,3 +108,13 @@ def test_an_entity_path_with_a_trailing_newline_is_refused(tmp_path):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings({}, tmp_path / "missing.toml")
+
+
+def test_settings_hold_the_one_secret_type():
+    """Connection strings and auth keys share one `Secret`, compared in constant time."""
+    from gateway.auth import Secret as AuthSecret
+
+    s = load_settings({"SBGATE_PRIMARY_CONNECTION_STRING": CS, "SBGATE_ENTITIES": "queue:q"})
+    cs = s.pair("default").primary.connection_string
+    assert type(cs) is AuthSecret
+    assert cs == AuthSecret(CS) and cs != AuthSecret(CS2) and repr(cs) == "Secret('***')"

@@ -10,15 +10,23 @@ import pytest
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
-from gateway.errors import Classification, FailureKind, Saturated, SendFailure
-from tests.gateway.fakes import FakeClient, msg
+from gateway.errors import (
+    CONNECTION,
+    SHUTDOWN,
+    TIMEOUT,
+    UNKNOWN,
+    Classification,
+    FailureKind,
+    Saturated,
+    SendFailure,
+)
+from tests.support.fakes import FakeClient, msg
 from tests.support.waiting import eventually, next_tick
 
 LIMITS = LimitSettings(
     max_in_flight=4, senders_per_entity=2, admission_timeout=0.2, max_batch_messages=50
 )
 TIMEOUTS = TimeoutSettings(send_timeout=0.3, connect_timeout=1.0)
-BROKEN = Classification(FailureKind.CONNECTION, False, True, 503, 10.0, True)
 
 
 @pytest.fixture
@@ -76,7 +84,7 @@ async def test_different_sessions_never_share_a_batch(make):
 async def test_a_failed_batch_fails_exactly_its_requests(make):
     async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
         if any(m.message_id.startswith("bad") for m in messages):
-            raise SendFailure(BROKEN, "boom")
+            raise SendFailure(CONNECTION, "boom")
 
     client = FakeClient(behaviour=behaviour)
     d = make(LimitSettings(max_in_flight=4, senders_per_entity=1, max_batch_messages=1))
@@ -153,6 +161,10 @@ async def test_close_fails_what_could_not_be_sent(make):
     await d.close(grace=0.05)
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, SendFailure) for r in results)
+    # In flight or still pending: either way the SHUTDOWN row, which never counts toward
+    # failover and asks for a retry at once (another replica can take it).
+    assert {r.classification for r in results} == {SHUTDOWN}  # type: ignore[union-attr]
+    assert {r.retry_after for r in results} == {1.0}  # type: ignore[union-attr]
 
 
 async def test_cancelled_request_that_was_not_handed_over_is_never_sent(make):
@@ -183,3 +195,37 @@ async def test_warm_opens_senders_before_traffic(make):
     assert result == {"primary/orders": None} and client.opened == LIMITS.senders_per_entity
     await d.send(Destination(client, "orders"), [msg(1)])
     assert client.opened == LIMITS.senders_per_entity
+
+
+async def _fail_with(make, behaviour, retry_after: float) -> SendFailure:
+    d = make(timeouts=TimeoutSettings(send_timeout=0.3, retry_after=retry_after))
+    with pytest.raises(SendFailure) as info:
+        await d.send(Destination(FakeClient(behaviour=behaviour), "orders"), [msg(1)])
+    return info.value
+
+
+async def _hang(path: str, messages: Sequence[OutboundMessage]) -> None:
+    await asyncio.Event().wait()
+
+
+async def _adapter_bug(path: str, messages: Sequence[OutboundMessage]) -> None:
+    raise RuntimeError("a bug in an adapter")
+
+
+async def _unreachable(path: str, messages: Sequence[OutboundMessage]) -> None:
+    raise SendFailure(CONNECTION, "unreachable")
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "row"),
+    [(_hang, TIMEOUT), (_adapter_bug, UNKNOWN), (_unreachable, CONNECTION)],
+    ids=["our send_timeout", "unexpected exception", "a row of the SDK map"],
+)
+async def test_upstream_failures_use_their_row_and_the_operators_retry_after(
+    make, behaviour, row: Classification
+):
+    """Our own deadline is the TIMEOUT row the SDK's timeout maps to (no second TIMEOUT with
+    its own Retry-After); every upstream back-off lasts the configured `retry_after`."""
+    failure = await _fail_with(make, behaviour, retry_after=7.0)
+    assert failure.classification is row
+    assert failure.retry_after == 7.0 and row.retry_after == 10.0

@@ -34,6 +34,9 @@ from sblocal.entities import QueueProperties
 from sblocal.server import LocalBroker
 from sblocal.testing import eventually
 
+# Real SDK receivers against an in-process broker, several seconds a test.
+pytestmark = pytest.mark.slow
+
 BACKLOG = "primary/x-servicebus-transfer/0"
 CONTRACT_KEYS = [
     "message_id",

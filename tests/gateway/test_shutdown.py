@@ -17,10 +17,14 @@ import sys
 from collections import Counter
 
 import aiohttp
+import pytest
 
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import broker_env
 from tests.support.waiting import eventually
+
+# A `gateway serve` subprocess under load, then SIGTERM.
+pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:

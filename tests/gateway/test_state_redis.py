@@ -453,6 +453,7 @@ async def test_resync_adopts_newer_state_written_while_a_replica_was_away(
         await proxy.close()
 
 
+@pytest.mark.integration  # starts its own redis-server
 async def test_start_with_redis_down_returns_then_connects_when_it_comes_up() -> None:
     server = RedisServer(free_port())
     store = RedisStateStore(server.url, "r0", **FAST)  # type: ignore[arg-type]

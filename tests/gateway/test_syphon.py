@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 from azure.servicebus.aio import ServiceBusClient
 
-from gateway.errors import Classification, FailureKind, SendFailure
-from gateway.servicebus.backlog import SdkBacklogPort
+from gateway.errors import CONNECTION, SendFailure
 from gateway.servicebus.client import SdkNamespaceClient
+from gateway.servicebus.receiver import SdkBacklogPort
 from gateway.syphon.ports import Received
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
@@ -198,9 +198,7 @@ class CompleteFailsOnce(SdkBacklogPort):
     async def complete(self, path: str, message: Received) -> None:
         if CompleteFailsOnce.failed == 0:
             CompleteFailsOnce.failed += 1
-            raise SendFailure(
-                Classification(FailureKind.CONNECTION, False, True, 503, 10.0, True), "lost"
-            )
+            raise SendFailure(CONNECTION, "lost")
         await super().complete(path, message)
 
 

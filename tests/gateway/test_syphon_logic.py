@@ -12,7 +12,7 @@ from gateway.core.dispatcher import Dispatcher
 from gateway.core.message import OutboundMessage
 from gateway.state.memory import MemoryStateStore
 from gateway.syphon.syphon import Syphon
-from tests.gateway.fakes import FakeClient
+from tests.support.fakes import FakeClient
 from tests.support.syphon import FakeBacklog, FakeClock
 from tests.support.waiting import eventually
 

@@ -15,6 +15,8 @@ import pytest
 from loadtests.scenarios import by_name, run_scenario
 
 pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
     pytest.mark.timeout(110),
 ]

@@ -22,9 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS_PYTHON = ROOT / ".venv-tools" / "bin" / "python"
 PRODUCTION = ROOT / "helm" / "sbgate" / "ci" / "production-values.yaml"
 
-pytestmark = pytest.mark.skipif(
-    not TOOLS_PYTHON.exists(), reason="no .venv-tools: run scripts/lint-packaging.sh first"
-)
+pytestmark = [
+    pytest.mark.integration,  # each test renders the chart in a subprocess (the tools' Python)
+    pytest.mark.slow,  # about a second each; `make packaging` lints the chart too
+    pytest.mark.skipif(
+        not TOOLS_PYTHON.exists(), reason="no .venv-tools: run scripts/lint-packaging.sh first"
+    ),
+]
 
 PRIMARY_CS = (
     "Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=cA=="

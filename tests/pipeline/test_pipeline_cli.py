@@ -132,6 +132,8 @@ def test_parse_args_options() -> None:
     assert lenient.audit.failed_may_be_stored
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.skipif(
     not os.environ.get("SBGATE_SLOW_TESTS"), reason="starts a second JVM: SBGATE_SLOW_TESTS=1"
 )

@@ -154,7 +154,7 @@ def test_billed_operations_arithmetic(spark: Any, tmp_path: Path) -> None:
     assert chunked[(day, "send_primary")][1] == pytest.approx(7 * 2.0 / 1e6)
     assert chunked[(day, "ping")][1] == pytest.approx(10.0 / 1e6)
     flat = ops(AuditOptions(billing_chunk_kib=0))
-    # One per event: a and b cost 2 each (send + receive), c costs the SPEC's 4 (send to
+    # One per event: a and b cost 2 each (send + receive), c costs the syphon's 4 (send to
     # backlog, receive from backlog, send to primary, receive from primary), d's expiry in
     # the backlog its receive, each ping 1.
     assert {k: v[0] for k, v in flat.items() if k[0] == day} == {

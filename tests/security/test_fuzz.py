@@ -34,6 +34,8 @@ def test_the_seed_corpus_and_past_findings_pass(seed: str):
     one_input((SEEDS / seed).read_bytes())
 
 
+@pytest.mark.integration  # atheris runs in a subprocess
+@pytest.mark.slow
 def test_atheris_finds_nothing_in_the_rest_parser(tmp_path: Path):
     pytest.importorskip("atheris")
     corpus = tmp_path / "corpus"
@@ -115,6 +117,7 @@ def _dumps(value: Any) -> bytes:
         return json.dumps(value).encode()
 
 
+@pytest.mark.slow  # 400 hypothesis examples
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     items=st.one_of(st.lists(_batch_item, max_size=5), _json),
@@ -128,6 +131,7 @@ def test_batches_of_hostile_values_parse_or_are_refused_cleanly(items: Any, key:
     check_messages(messages)
 
 
+@pytest.mark.slow  # 400 hypothesis examples
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     props=st.one_of(_broker_properties, _json),

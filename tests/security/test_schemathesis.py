@@ -41,6 +41,9 @@ from gateway.web.openapi import DOCUMENT
 from sblocal.testing import BrokerProcess
 from tests.conftest import broker_env
 
+# A `gateway serve` subprocess and hundreds of generated requests.
+pytestmark = pytest.mark.slow
+
 KEY = "c2NoZW1hdGhlc2lzLWtleS1mb3ItdGVzdHMtb25seS0wMDA="
 RULES = {"rules": [{"name": "fuzz", "primary_key": KEY, "rights": ["Manage"], "entities": ["*"]}]}
 CHECKS = [

@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from gateway.errors import Classification, FailureKind, SendFailure
+from gateway.errors import CONNECTION, SendFailure
 from gateway.syphon.ports import Received
 from tests.support.waiting import eventually
-
-CONNECTION = Classification(FailureKind.CONNECTION, False, True, 503, 10.0, True)
 
 
 class FakeClock:

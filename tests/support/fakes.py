@@ -1,4 +1,4 @@
-"""Fakes at the NamespaceClient port, for pure dispatcher/failover logic tests."""
+"""Fakes at the NamespaceClient port, for pure dispatcher and syphon logic (tests, bench)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The SDK side of the syphon's `BacklogPort`: peek-lock receivers on backlog queues.
+"""The SDK receivers of the syphon: its `BacklogPort`, peek-lock receivers on backlog queues.
 
+(The backlog queues' paths and the message rewrite are engine logic: `gateway.core.backlog`.)
 Receivers are opened once per backlog queue and reused (opening costs ~0.5 s); an open
 receiver with no receive call in progress grants no credit, so it costs no broker operation
 while idle. Every SDK error is translated by the one table in `gateway.servicebus.errors`.
@@ -19,7 +20,7 @@ from gateway.config import NamespaceSettings
 from gateway.core.message import AppValue, OutboundMessage
 from gateway.errors import SendFailure
 from gateway.servicebus.admin import admin_client
-from gateway.servicebus.errors import translate
+from gateway.servicebus.errors import map_exceptions
 from gateway.syphon.ports import Received
 
 log = logging.getLogger(__name__)
@@ -90,14 +91,12 @@ class SdkBacklogPort:
 
     async def _call(self, path: str, op: Callable[[ServiceBusReceiver], Awaitable[_T]]) -> _T:
         try:
-            return await op(await self._receiver(path))
-        except SendFailure:
-            raise
-        except Exception as exc:
-            failure = translate(exc, f"{self._settings.name}/{path}")
+            with map_exceptions(f"{self._settings.name}/{path}"):
+                return await op(await self._receiver(path))
+        except SendFailure as failure:
             if failure.classification.recreate_sender:
                 await self._drop(path)
-            raise failure from exc
+            raise
 
     async def _drop(self, path: str) -> None:
         r = self._receivers.pop(path, None)

@@ -1,4 +1,4 @@
-"""The AMQP 1.0 side: a python-qpid-proton reactor, one listener per namespace.
+"""The AMQP 1.0 server: a python-qpid-proton reactor, one listener per namespace.
 
 Thread model: the proton `Container` runs in one dedicated thread (`AmqpServer`). Every proton
 object is touched only from that thread. Other threads act on the reactor through
@@ -6,11 +6,12 @@ object is touched only from that thread. Other threads act on the reactor throug
 pipe; the returned `concurrent.futures.Future` carries the result back. Namespace state
 (`sblocal.store.Namespace`) has its own lock, so the HTTP threads may read it directly.
 
-What the azure-servicebus SDK needs from a peer (SPEC §5) is implemented here: SASL
-ANONYMOUS, ``$cbs`` put-token, sender links whose transfers are settled accepted/rejected
-with an error that always carries an ``info`` map, batches (several messages in data
-sections), peek-lock deliveries tagged with the lock token, the settlement echo, and the
-``<entity>/$management`` request/response operations.
+What the azure-servicebus SDK needs from a peer (docs/design.md, "What the SDK needs from a
+broker") is implemented here: SASL ANONYMOUS, sender links whose transfers are settled
+accepted/rejected with an error that always carries an ``info`` map, batches (several
+messages in data sections), peek-lock deliveries tagged with the lock token and the
+settlement echo; the ``$cbs`` put-token (`cbs`) and the ``<entity>/$management`` operations
+(`operations`) are answered by their own modules.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from proton import (
 from proton._reactor import Acceptor
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
-from sblocal import codec, sas
+from sblocal import codec
+from sblocal.amqp import cbs, operations
 from sblocal.faults import FaultRule, FaultTable
 from sblocal.store import BrokerError, Entity, Namespace, StoredMessage, now_ms
 
@@ -48,7 +50,6 @@ _INCOMING_CREDIT = 1000
 _TRACKING_ID = symbol("com.microsoft:tracking-id")
 _DEFAULT_MAX_MESSAGE_SIZE = 256 * 1024
 _MGMT_SUFFIX = "/$management"
-_OP_PREFIX = "com.microsoft:"
 
 
 @dataclass(slots=True)
@@ -509,8 +510,8 @@ class _NamespaceHandler(Handler):
             elif state == Delivery.REJECTED:
                 cond = delivery.remote.condition
                 info = dict(cond.info or {}) if cond is not None else {}
-                reason = _text(info.get("DeadLetterReason"))
-                description = _text(info.get("DeadLetterErrorDescription"))
+                reason = codec.to_text(info.get("DeadLetterReason"))
+                description = codec.to_text(info.get("DeadLetterErrorDescription"))
                 if description is None and cond is not None:
                     description = cond.description
                 self._ns.dead_letter(entity, token, reason, description)
@@ -533,27 +534,9 @@ class _NamespaceHandler(Handler):
         request = Message()
         request.decode(data)
         self._accept(delivery)
-        props: dict[Any, Any] = request.properties or {}
-        status, description = 200, "OK"
-        if props.get("operation") != "put-token":
-            status, description = 400, f"Unsupported $cbs operation {props.get('operation')!r}."
-        elif self._ns.config.keys:
-            token = request.body if isinstance(request.body, str) else _text(request.body) or ""
-            try:
-                sas.verify(token, self._ns.config.key_map)
-            except sas.SasError as exc:
-                status, description = 401, f"amqp:unauthorized-access: {exc}"
-        with self._ns.lock:
-            if status == 200:
-                self._ns.counters.cbs_tokens += 1
-            else:
-                self._ns.counters.cbs_rejected += 1
-        if status == 200:
+        reply, authorized = cbs.put_token(self._ns, request)
+        if authorized:
             link.connection._sb_authorized = True
-        reply = Message(
-            correlation_id=request.id,
-            properties={"status-code": status, "status-description": description},
-        )
         self._reply(link.connection, request.reply_to or "$cbs", reply)
 
     def _reply(self, conn: Any, address: str, reply: Message) -> None:
@@ -574,109 +557,8 @@ class _NamespaceHandler(Handler):
         request = Message()
         request.decode(data)
         self._accept(delivery)
-        props: dict[Any, Any] = request.properties or {}
-        operation = str(props.get("operation") or "")
-        path: str = link._sb_entity_path
-        reply_to = request.reply_to or link._sb_address
-        status, description, body, condition = 200, "OK", None, None
-        with self._ns.lock:
-            self._ns.counters.management_ops += 1
-        try:
-            body, status = self._management_op(operation, path, request.body or {})
-        except BrokerError as err:
-            status, description, condition = err.status, err.description, err.condition
-        except (KeyError, TypeError, ValueError) as exc:
-            status, description = 400, f"Malformed {operation} request: {exc!r}"
-            condition = "com.microsoft:argument-error"
-        app: dict[str, Any] = {"statusCode": status, "statusDescription": description}
-        if condition is not None:
-            app["errorCondition"] = symbol(condition)
-        reply = Message(correlation_id=request.id, properties=app, body=body)
-        self._reply(link.connection, reply_to, reply)
-
-    def _management_op(self, operation: str, path: str, body: Any) -> tuple[Any, int]:
-        op = operation[len(_OP_PREFIX) :] if operation.startswith(_OP_PREFIX) else operation
-        ns = self._ns
-        if op in ("schedule-message", "cancel-scheduled-message"):
-            target = ns.send_target(path)
-            if target is None:
-                raise BrokerError("amqp:not-found", f"The entity '{path}' could not be found.", 404)
-            if op == "cancel-scheduled-message":
-                ns.cancel_scheduled(target, [int(s) for s in _elements(body["sequence-numbers"])])
-                return {}, 200
-            raw = [bytes(m["message"]) for m in _elements(body["messages"])]
-            parsed = [codec.parse_message(m) for m in raw]
-            at = [codec.SCHEDULED_ENQUEUE_TIME in p.annotations for p in parsed]
-            if not all(at):
-                raise BrokerError(
-                    "com.microsoft:argument-error", "ScheduledEnqueueTimeUtc is missing.", 400
-                )
-            stored = ns.enqueue(target, parsed, [len(m) for m in raw], count_send=False)
-            return {"sequence-numbers": codec.long_array(stored.sequence_numbers)}, 200
-        entity = ns.receive_source(path)
-        if entity is None:
-            raise BrokerError("amqp:not-found", f"The entity '{path}' could not be found.", 404)
-        if op == "renew-lock":
-            tokens = [_uuid(t) for t in _elements(body["lock-tokens"])]
-            expirations = ns.renew(entity, tokens)
-            return {"expirations": codec.timestamp_array(expirations)}, 200
-        if op == "peek-message":
-            from_seq = int(body.get("from-sequence-number", 1))
-            count = int(body.get("message-count", 1))
-            msgs = ns.peek(entity, from_seq, count)
-            if not msgs:
-                return None, 204
-            return {
-                "messages": [{"message": m.encode(with_lock=False, with_state=True)} for m in msgs]
-            }, 200
-        if op == "update-disposition":
-            status = str(body["disposition-status"])
-            tokens = [_uuid(t) for t in _elements(body["lock-tokens"])]
-            ready = ns.settle_by_token(
-                entity,
-                status,
-                tokens,
-                _text(body.get("deadletter-reason")),
-                _text(body.get("deadletter-description")),
-            )
-            if ready:
-                self.pump(entity)
-            return {}, 200
-        if op == "receive-by-sequence-number":
-            seqs = [int(s) for s in _elements(body["sequence-numbers"])]
-            lock = int(body.get("receiver-settle-mode", 1)) == 1
-            msgs = ns.receive_deferred(entity, seqs, lock=lock)
-            out = []
-            for m in msgs:
-                item: dict[str, Any] = {"message": m.encode(with_lock=lock, with_state=True)}
-                if lock and m.lock_token is not None:
-                    item["lock-token"] = m.lock_token
-                out.append(item)
-            return {"messages": out}, 200
-        raise BrokerError(
-            "amqp:not-implemented", f"The operation '{operation}' is not supported by sblocal.", 501
-        )
-
-
-def _elements(value: Any) -> list[Any]:
-    """proton decodes AMQP arrays as `Array`; lists stay lists."""
-    if value is None:
-        return []
-    elements = getattr(value, "elements", None)
-    if elements is not None:
-        return list(elements)
-    return list(value)
-
-
-def _uuid(value: Any) -> uuid.UUID:
-    result = codec.as_uuid(value)
-    if result is None:
-        raise BrokerError("com.microsoft:argument-error", f"Invalid lock token {value!r}.", 400)
-    return result
-
-
-def _text(value: Any) -> str | None:
-    return codec.to_text(value)
+        reply = operations.reply(self._ns, request, link._sb_entity_path, self.pump)
+        self._reply(link.connection, request.reply_to or link._sb_address, reply)
 
 
 class _ReactorHandler(Handler):

@@ -1,0 +1,91 @@
+"""The one error table: SDK exceptions → classification rows, and the rows themselves."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import azure.servicebus.exceptions as sdk_exceptions
+import pytest
+from azure.servicebus.exceptions import (
+    MessageAlreadySettled,
+    MessageLockLostError,
+    OperationTimeoutError,
+    ServiceBusCommunicationError,
+    ServiceBusError,
+)
+
+from gateway import errors
+from gateway.errors import CLASSIFICATIONS, FailureKind, SendFailure
+from gateway.servicebus.errors import SDK_EXCEPTIONS, classify, map_exceptions, translate
+
+SDK_TYPES = [
+    cls
+    for cls in vars(sdk_exceptions).values()
+    if inspect.isclass(cls)
+    and issubclass(cls, Exception)
+    and cls.__module__.startswith("azure.servicebus")
+]
+
+
+def test_every_sdk_exception_has_a_row_of_the_table() -> None:
+    """As httpx checks that every httpcore exception is mapped: a new SDK exception type
+    cannot fall through to UNKNOWN unnoticed."""
+    unknown = sorted(
+        cls.__name__ for cls in SDK_TYPES if classify(cls.__new__(cls)) is errors.UNKNOWN
+    )
+    # Not a ServiceBusError: raised by our own misuse of a settled message, never by a send.
+    assert unknown == [MessageAlreadySettled.__name__]
+    assert set(SDK_EXCEPTIONS.values()) <= set(CLASSIFICATIONS)
+
+
+def test_the_most_specific_type_wins() -> None:
+    assert classify(ServiceBusCommunicationError(message="x")) is errors.CONNECTION
+    assert classify(MessageLockLostError(message="x")) is errors.SERVICE  # via ServiceBusError
+    assert classify(ServiceBusError(message="x")) is errors.SERVICE
+    assert classify(KeyError("x")) is errors.UNKNOWN
+
+
+def test_rows_follow_the_paired_namespace_rule() -> None:
+    """Non-transient failures and timeouts count toward failover; server-busy, unauthorized
+    and a message refused for its own sake never do."""
+    never = {
+        FailureKind.SERVER_BUSY,
+        FailureKind.UNAUTHORIZED,
+        FailureKind.MESSAGE_TOO_LARGE,
+        FailureKind.INVALID_MESSAGE,
+    }
+    for row in CLASSIFICATIONS:
+        expected = (not row.transient or row.kind is FailureKind.TIMEOUT) and row.kind not in never
+        assert row.counts_toward_failover is expected, row
+        assert (row.retry_after is None) is (row.http_status != 503), row
+
+
+def test_each_row_is_named_once() -> None:
+    assert len(set(CLASSIFICATIONS)) == len(CLASSIFICATIONS)
+    assert {r.kind for r in CLASSIFICATIONS} == set(FailureKind)
+
+
+def test_a_failure_says_its_row_and_never_more_than_the_first_line() -> None:
+    failure = translate(
+        OperationTimeoutError(message="no answer\nSharedAccessKey=secret"), "p/orders"
+    )
+    assert failure.classification is errors.TIMEOUT
+    assert failure.code == "upstream_timeout" and failure.status == 503
+    assert failure.message == "p/orders: OperationTimeoutError: no answer"
+
+
+def test_map_exceptions_translates_and_chains() -> None:
+    with pytest.raises(SendFailure) as info, map_exceptions("p/orders"):
+        raise OperationTimeoutError(message="slow")
+    assert info.value.classification is errors.TIMEOUT
+    assert isinstance(info.value.__cause__, OperationTimeoutError)
+
+
+def test_map_exceptions_lets_send_failures_and_cancellation_through() -> None:
+    own = SendFailure(errors.INVALID_MESSAGE, "bad")
+    with pytest.raises(SendFailure) as info, map_exceptions("p/orders"):
+        raise own
+    assert info.value is own
+    with pytest.raises(asyncio.CancelledError), map_exceptions("p/orders"):
+        raise asyncio.CancelledError
