@@ -219,9 +219,30 @@ def _delegate(command: str, rest: list[str]) -> int:
         from gateway.tools.drain import main as drain_main
 
         return int(drain_main(rest))
+    missing = _audit_missing()
+    if missing:
+        # The gateway image has neither: one line that says what to do, never a traceback.
+        print(
+            f"error: gateway audit needs {missing}, which this installation lacks: run it from "
+            "the audit image (docker build --target audit) or pip install 'sbgate[spark]' "
+            "(and Java 17+)",
+            file=sys.stderr,
+        )
+        return 2
     from pipeline.cli import main as audit_main
 
     return int(audit_main(rest))
+
+
+def _audit_missing() -> str | None:
+    """The first module `gateway audit` needs that cannot be imported here, if any."""
+    for module in ("pipeline", "pyspark"):
+        try:
+            if importlib.util.find_spec(module) is None:
+                return module
+        except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
+            return module
+    return None
 
 
 DELEGATED = {  # nosec B105  # help texts, not secrets
