@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
@@ -21,6 +21,9 @@ from gateway.errors import SendFailure
 from gateway.servicebus.admin import admin_client
 from gateway.servicebus.errors import translate
 from gateway.syphon.ports import Received
+
+if TYPE_CHECKING:
+    from azure.core.credentials_async import AsyncTokenCredential
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -66,11 +69,20 @@ def from_sdk(m: ServiceBusReceivedMessage) -> OutboundMessage:
 
 
 class SdkBacklogPort:
-    """`BacklogPort` over one secondary namespace's `ServiceBusClient`."""
+    """`BacklogPort` over one secondary namespace's `ServiceBusClient`.
 
-    def __init__(self, client: ServiceBusClient, settings: NamespaceSettings) -> None:
+    `credential`: the process's shared one, for the depth checks' admin client when the
+    namespace is given by name (its owner closes it)."""
+
+    def __init__(
+        self,
+        client: ServiceBusClient,
+        settings: NamespaceSettings,
+        credential: AsyncTokenCredential | None = None,
+    ) -> None:
         self._client = client
         self._settings = settings
+        self._credential = credential
         self._receivers: dict[str, ServiceBusReceiver] = {}
 
     async def _receiver(self, path: str) -> ServiceBusReceiver:
@@ -145,8 +157,8 @@ class SdkBacklogPort:
     async def depths(self, paths: Sequence[str]) -> dict[str, int] | None:
         wanted = {p.lower(): p for p in paths}
         found: dict[str, int] = {}
-        client, credential = admin_client(self._settings)
         try:
+            client = admin_client(self._settings, self._credential)
             async with client:
                 async for q in client.list_queues_runtime_properties():
                     key = q.name.lower()
@@ -155,9 +167,6 @@ class SdkBacklogPort:
         except Exception as exc:  # the safety check falls back to receiving
             log.warning("backlog depth check failed: %s", exc)
             return None
-        finally:
-            if credential is not None:
-                await credential.close()
         return {p: found.get(p, 0) for p in paths}
 
     async def reset(self) -> None:
