@@ -38,9 +38,13 @@ run "${pip[@]}" install --require-hashes --no-deps -r requirements/build.txt
 run "${pip[@]}" install --require-hashes --no-deps -r requirements/gateway.txt
 
 echo "== wheel"
-mkdir -p "$DIST"
+# From a copy of the sources: setuptools builds in the source tree (build/, *.egg-info).
+tree=$work/tree
+mkdir -p "$tree" "$DIST"
+cp -r pyproject.toml README.md LICENSE gateway sblocal pipeline "$tree/"
+find "$tree" -name __pycache__ -prune -exec rm -rf {} +
 rm -f "$DIST"/sbgate-*.whl
-run "${pip[@]}" wheel --no-deps --no-build-isolation -w "$DIST" .
+run "${pip[@]}" wheel --no-deps --no-build-isolation -w "$DIST" "$tree"
 wheel=$(ls "$DIST"/sbgate-*.whl)
 "$venv/bin/python" - "$wheel" <<'PY'
 import sys, zipfile
