@@ -409,7 +409,7 @@ def check_manifests(docs: list[dict[str, Any]], values: dict[str, Any]) -> list[
         expect(sc.get("readOnlyRootFilesystem") is True, f"{where}: readOnlyRootFilesystem")
         expect(sc.get("allowPrivilegeEscalation") is False, f"{where}: allowPrivilegeEscalation")
         mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
-        expect({"/tmp", "/audit"} <= mounts, f"{where}: /tmp and /audit must be writable")
+        expect({TMP_MOUNT, "/audit"} <= mounts, f"{where}: /tmp and /audit must be writable")
         expect(bool(c.get("args")), f"{where}: no arguments for gateway audit")
         expect("command" not in c, f"{where}: the image's entry point (gateway audit) is kept")
     return errors
