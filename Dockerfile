@@ -96,7 +96,9 @@ FROM runtime AS audit
 LABEL org.opencontainers.image.title="sbgate-audit" \
       org.opencontainers.image.description="sbgate's Spark audit: proves that no acknowledged message was lost"
 
-ENV JAVA_HOME=/opt/java/openjdk
+# matplotlib caches fonts in its config directory: /tmp, since the root filesystem is read-only.
+ENV JAVA_HOME=/opt/java/openjdk \
+    MPLCONFIGDIR=/tmp/matplotlib
 ENV PATH=${JAVA_HOME}/bin:$PATH
 
 # Owned by root and read-only to the app user, like the gateway's venv.
