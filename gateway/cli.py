@@ -104,7 +104,12 @@ async def _serve(settings: Settings, mode: Literal["serve", "syphon"] = "serve")
             access_log=None,
             shutdown_timeout=settings.shutdown.shutdown_timeout,
         )
-        await runner.setup()
+        try:
+            await runner.setup()
+        except ConfigError as exc:  # found at start-up: the credential's environment
+            await runner.cleanup()
+            print(f"configuration error: {exc}", file=sys.stderr)
+            return 2
         site = web.TCPSite(runner, settings.listen_host, settings.listen_port, backlog=2048)
         await site.start()
         if mode == "serve":

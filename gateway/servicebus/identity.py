@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
+from gateway.config import ConfigError
+
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
 
@@ -69,11 +71,15 @@ class SharedCredential:
         return self._credential is not None
 
     def get(self) -> AsyncTokenCredential:
-        """The credential (the same object on every call)."""
+        """The credential (the same object on every call). Raises ConfigError when the
+        environment lacks what it needs (azure-identity's message says what)."""
         if self.closed:
             raise RuntimeError("the shared credential is closed")
         if self._credential is None:
-            self._credential = create_credential(self.kind, self.client_id, **self._kwargs)
+            try:
+                self._credential = create_credential(self.kind, self.client_id, **self._kwargs)
+            except ValueError as exc:
+                raise ConfigError(f"azure_credential={self.kind}: {exc}") from None
         return self._credential
 
     async def aclose(self) -> None:

@@ -8,6 +8,9 @@ is cleared first, so nothing here leaves the machine.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -88,8 +91,30 @@ def test_the_setting_picks_the_class(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 def test_workload_identity_without_its_environment_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"AZURE_FEDERATED_TOKEN_FILE|token_file_path"):
+    with pytest.raises(ConfigError, match=r"azure_credential=workload: .*WorkloadIdentity"):
         SharedCredential("workload", "client-1").get()
+
+
+def test_gateway_serve_without_the_credentials_environment_exits_2() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in AZURE_ENV and "SBGATE_" not in k}
+    env |= {
+        "SBGATE_PRIMARY_NAMESPACE": "contoso.servicebus.windows.net",
+        "SBGATE_ENTITIES": "queue:orders",
+        "SBGATE_AZURE_CREDENTIAL": "workload",
+        "SBGATE_LISTEN_PORT": "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("configuration error: azure_credential=workload:"), proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_settings_name_the_credential() -> None:
