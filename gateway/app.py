@@ -65,16 +65,14 @@ RUNTIME = web.AppKey("runtime", Runtime)
 
 
 def default_client_factory(
-    settings: Settings, credential: SharedCredential | None = None, **sdk_kwargs: Any
+    settings: Settings, credential: SharedCredential, **sdk_kwargs: Any
 ) -> ClientFactory:
-    """SDK clients; namespaces given by name share `credential` (created on first use).
-    `sdk_kwargs` go to each `ServiceBusClient` (tests: ``use_tls=False``)."""
+    """SDK clients; namespaces given by name share `credential` (created on first use; its
+    owner closes it). `sdk_kwargs` go to each `ServiceBusClient` (tests: ``use_tls=False``)."""
     from gateway.servicebus.client import SdkNamespaceClient
 
-    shared = credential or shared_credential(settings)
-
     def make(ns: NamespaceSettings) -> NamespaceClient:
-        token = shared.get() if ns.connection_string is None else None
+        token = credential.get() if ns.connection_string is None else None
         client = SdkNamespaceClient(ns, settings.timeouts, credential=token, **sdk_kwargs)
         for e in settings.entities:
             if e.kind == "topic" and settings.pair(e.pair).primary.name == ns.name:
@@ -99,11 +97,7 @@ def shared_credential(settings: Settings) -> SharedCredential:
     return SharedCredential(settings.azure_credential, settings.azure_client_id)
 
 
-def default_provisioner(
-    settings: Settings, credential: SharedCredential | None = None
-) -> Provisioner:
-    shared = credential or shared_credential(settings)
-
+def default_provisioner(settings: Settings, credential: SharedCredential) -> Provisioner:
     async def provision(ns: NamespaceSettings, paths: list[str]) -> list[str]:
         from gateway.servicebus.admin import ensure_backlog_queues
 
@@ -112,7 +106,7 @@ def default_provisioner(
             paths,
             create=settings.failover.create_backlog_queues,
             deadline=settings.timeouts.connect_timeout,
-            credential=shared.get() if ns.connection_string is None else None,
+            credential=credential.get() if ns.connection_string is None else None,
         )
         return result.usable
 
