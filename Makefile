@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
 
-.PHONY: run test venv sysdeps lint typecheck pytest packaging broker bench fuzz load chaos clean
+.PHONY: run test venv sysdeps lint typecheck pytest packaging broker bench fuzz load chaos clean \
+	tools lock lock-check wheel pipeline-dist
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,9 +45,30 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-## packaging: hadolint on the Dockerfile, Helm's own lint and a render of the chart
+## packaging: the lock, hadolint on both Dockerfile targets, Helm's own lint, a render of the
+## chart and its manifests validated against Kubernetes' schemas
 packaging:
 	scripts/lint-packaging.sh
+
+## tools: the packaging tools (.venv-tools: hadolint, Helm's library, uv, kubernetes-validate)
+tools:
+	scripts/lint-packaging.sh --install-only
+
+## lock: re-resolve uv.lock and requirements/*.txt after editing pyproject.toml's dependencies
+lock: tools
+	scripts/lock.sh
+
+## lock-check: fail if uv.lock no longer matches pyproject.toml (offline; part of packaging)
+lock-check: tools
+	scripts/lock.sh --check
+
+## wheel: build dist/sbgate-*.whl and rehearse the Dockerfile's locked installs in a throw-away venv
+wheel:
+	scripts/build-check.sh
+
+## pipeline-dist: dist/sbgate-pipeline.zip, the audit's --py-files archive for spark-submit
+pipeline-dist:
+	$(PY) scripts/pipeline_dist.py
 
 pytest: $(STAMP) sysdeps
 	$(BIN)/pytest -q --durations=15
@@ -58,7 +80,7 @@ test-fast: $(STAMP) sysdeps
 	$(BIN)/pytest -q -m "not slow"
 
 ## test: everything CI runs, from a fresh clone
-test: sysdeps $(STAMP) lint typecheck packaging pytest
+test: sysdeps $(STAMP) lint typecheck packaging wheel pipeline-dist pytest
 
 ## fuzz: the REST parser under atheris for 10 minutes (make test runs it for 20 s)
 fuzz: $(STAMP)
@@ -78,4 +100,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .run out .fuzz
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .run out .fuzz dist

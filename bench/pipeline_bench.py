@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                     ledger=(str(path / "ledger"),),
                     acks=(str(path / "acks"),),
                     delivered=(str(path / "delivered"),),
-                    out=path / "out",
+                    out=str(path / "out"),
+                    report_dir=str(path / "report"),
                 )
                 t0 = time.perf_counter()
                 rc = run(spark, opts)

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -25,6 +25,7 @@ from gateway.core.ports import NamespaceClient
 from gateway.core.router import PrimaryRouter
 from gateway.ledger import EventLedger, LedgerSettings, NullLedger, create_ledger
 from gateway.metrics import Metrics
+from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
 from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import Syphon
@@ -57,16 +58,22 @@ class Runtime:
     pair_clients: dict[str, PairClients] = field(default_factory=dict)
     syphons: list[Syphon] = field(default_factory=list)
     ledger: EventLedger = field(default_factory=NullLedger)
+    credential: SharedCredential | None = None  # the process's one Entra ID credential
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
 
 
-def default_client_factory(settings: Settings) -> ClientFactory:
+def default_client_factory(
+    settings: Settings, credential: SharedCredential, **sdk_kwargs: Any
+) -> ClientFactory:
+    """SDK clients; namespaces given by name share `credential` (created on first use; its
+    owner closes it). `sdk_kwargs` go to each `ServiceBusClient` (tests: ``use_tls=False``)."""
     from gateway.servicebus.client import SdkNamespaceClient
 
     def make(ns: NamespaceSettings) -> NamespaceClient:
-        client = SdkNamespaceClient(ns, settings.timeouts)
+        token = credential.get() if ns.connection_string is None else None
+        client = SdkNamespaceClient(ns, settings.timeouts, credential=token, **sdk_kwargs)
         for e in settings.entities:
             if e.kind == "topic" and settings.pair(e.pair).primary.name == ns.name:
                 client.mark_topic(e.path)
@@ -86,7 +93,11 @@ def default_store_factory(settings: Settings) -> StateStore:
     return MemoryStateStore(settings.replica_id)
 
 
-def default_provisioner(settings: Settings) -> Provisioner:
+def shared_credential(settings: Settings) -> SharedCredential:
+    return SharedCredential(settings.azure_credential, settings.azure_client_id)
+
+
+def default_provisioner(settings: Settings, credential: SharedCredential) -> Provisioner:
     async def provision(ns: NamespaceSettings, paths: list[str]) -> list[str]:
         from gateway.servicebus.admin import ensure_backlog_queues
 
@@ -95,6 +106,7 @@ def default_provisioner(settings: Settings) -> Provisioner:
             paths,
             create=settings.failover.create_backlog_queues,
             deadline=settings.timeouts.connect_timeout,
+            credential=credential.get() if ns.connection_string is None else None,
         )
         return result.usable
 
@@ -106,7 +118,7 @@ def default_backlog_factory(ns: NamespaceSettings, client: NamespaceClient) -> B
     from gateway.servicebus.receiver import SdkBacklogPort
 
     if isinstance(client, SdkNamespaceClient):
-        return SdkBacklogPort(client.sdk_client, ns)
+        return SdkBacklogPort(client.sdk_client, ns, client.credential)
     return None
 
 
@@ -119,20 +131,24 @@ def create_app(
     provisioner: Provisioner | None = None,
     backlog_factory: BacklogFactory | None = None,
     metrics: Metrics | None = None,
+    credential: SharedCredential | None = None,
 ) -> web.Application:
     """Build the gateway's aiohttp application from validated `settings`.
 
     `mode="syphon"` serves only /healthz, /readyz and /metrics and runs the syphon pool
     (`gateway syphon`). The keyword arguments replace adapters at their ports (tests,
-    benchmarks)."""
+    benchmarks). The app owns `credential` (default: one from the settings) and closes it at
+    shutdown, after the clients."""
     metrics = metrics or Metrics()
     lifecycle = Lifecycle()
     catalog = EntityCatalog(settings.entities)
     rt = Runtime(settings=settings, metrics=metrics, lifecycle=lifecycle, catalog=catalog)
     rt.ledger = create_ledger(ledger_settings(settings), replica=settings.replica_id)
-    make_client = client_factory or default_client_factory(settings)
+    # One credential for every SDK client and the admin client of this process.
+    rt.credential = credential or shared_credential(settings)
+    make_client = client_factory or default_client_factory(settings, rt.credential)
     make_store = store_factory or default_store_factory
-    provision = provisioner or default_provisioner(settings)
+    provision = provisioner or default_provisioner(settings, rt.credential)
     make_backlog = backlog_factory or default_backlog_factory
     paired = any(p.secondary for p in settings.pairs)
     failover_on = mode == "serve" and settings.failover.enabled and paired
@@ -163,6 +179,14 @@ def create_app(
     add_openapi_route(app, serving=mode == "serve")
     if mode == "serve":
         handlers.add_not_ingestion_routes(app)  # last: it answers every other path
+
+    async def credential_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Before the clients, so it is closed after them (cleanup runs in reverse).
+        assert rt.credential is not None
+        try:
+            yield
+        finally:
+            await rt.credential.aclose()
 
     async def clients_ctx(app: web.Application) -> AsyncIterator[None]:
         for pair in settings.pairs:
@@ -274,6 +298,7 @@ def create_app(
         yield
         lifecycle.draining = True
 
+    app.cleanup_ctx.append(credential_ctx)
     app.cleanup_ctx.extend(
         [clients_ctx, state_ctx, ledger_ctx, dispatcher_ctx, syphon_ctx, lifecycle_ctx]
     )

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from gateway.config import ConfigError, Settings, load_settings
+from gateway.servicebus.identity import CREDENTIAL_KINDS
 
 log = logging.getLogger("gateway")
 
@@ -112,7 +113,12 @@ async def _serve(settings: Settings, mode: Literal["serve", "syphon"] = "serve")
             access_log=None,
             shutdown_timeout=settings.shutdown.shutdown_timeout,
         )
-        await runner.setup()
+        try:
+            await runner.setup()
+        except ConfigError as exc:  # found at start-up: the credential's environment
+            await runner.cleanup()
+            print(f"configuration error: {exc}", file=sys.stderr)
+            return 2
         site = web.TCPSite(runner, settings.listen_host, settings.listen_port, backlog=2048)
         await site.start()
         if mode == "serve":
@@ -160,9 +166,24 @@ async def _serve(settings: Settings, mode: Literal["serve", "syphon"] = "serve")
             await embedded.stop()
 
 
+# Command-line options that stand for settings: each one sets its environment variable, so
+# the configuration loader validates it like any other source (the command line wins).
+_OPTION_ENV = {
+    "namespace": "SBGATE_PRIMARY_NAMESPACE",
+    "secondary_namespace": "SBGATE_SECONDARY_NAMESPACE",
+    "credential": "SBGATE_AZURE_CREDENTIAL",
+    "client_id": "SBGATE_AZURE_CLIENT_ID",
+}
+
+
 def _load(args: argparse.Namespace) -> Settings:
+    env = dict(os.environ)
+    for option, name in _OPTION_ENV.items():
+        value = getattr(args, option, None)
+        if value is not None:
+            env[name] = value
     try:
-        return load_settings(os.environ, args.config)
+        return load_settings(env, args.config)
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -228,9 +249,30 @@ def _delegate(command: str, rest: list[str]) -> int:
         from gateway.tools.drain import main as drain_main
 
         return int(drain_main(rest))
+    missing = _audit_missing()
+    if missing:
+        # The gateway image has neither: one line that says what to do, never a traceback.
+        print(
+            f"error: gateway audit needs {missing}, which this installation lacks: run it from "
+            "the audit image (docker build --target audit) or pip install 'sbgate[spark]' "
+            "(and Java 17+)",
+            file=sys.stderr,
+        )
+        return 2
     from pipeline.cli import main as audit_main
 
     return int(audit_main(rest))
+
+
+def _audit_missing() -> str | None:
+    """The first module `gateway audit` needs that cannot be imported here, if any."""
+    for module in ("pipeline", "pyspark"):
+        try:
+            if importlib.util.find_spec(module) is None:
+                return module
+        except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
+            return module
+    return None
 
 
 DELEGATED = {  # nosec B105  # help texts, not secrets
@@ -254,6 +296,26 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--config", help="TOML configuration file (or SBGATE_CONFIG)")
         p.add_argument("--host", help="listen address (overrides SBGATE_LISTEN_HOST)")
         p.add_argument("--port", type=int, help="listen port (overrides SBGATE_LISTEN_PORT)")
+        p.add_argument(
+            "--namespace",
+            metavar="FQNS",
+            help="primary namespace by name, with an Entra ID credential "
+            "(overrides SBGATE_PRIMARY_NAMESPACE)",
+        )
+        p.add_argument(
+            "--secondary-namespace",
+            metavar="FQNS",
+            help="secondary namespace by name (overrides SBGATE_SECONDARY_NAMESPACE)",
+        )
+        p.add_argument(
+            "--credential",
+            choices=CREDENTIAL_KINDS,
+            help="workload | managed | default (overrides SBGATE_AZURE_CREDENTIAL)",
+        )
+        p.add_argument(
+            "--client-id",
+            help="a user-assigned identity's client id (overrides SBGATE_AZURE_CLIENT_ID)",
+        )
         p.set_defaults(func=cmd_serve if name == "serve" else cmd_syphon)
     for name, help_text in DELEGATED.items():
         sub.add_parser(name, help=help_text, add_help=False)

@@ -28,6 +28,13 @@ class ConfigError(ValueError):
     """A setting is missing or invalid; the message names it."""
 
 
+def _sdk_parse(value: str) -> Any:
+    """azure-servicebus's `parse_connection_string` (ValueError with the SDK's message)."""
+    from azure.servicebus import parse_connection_string as sdk_parse
+
+    return sdk_parse(value)
+
+
 _CS_PART = re.compile(r"\s*([^=;]+?)\s*=\s*(.*?)\s*$")
 
 
@@ -60,8 +67,7 @@ class NamespaceSettings:
         if self.fully_qualified_namespace:
             return self.fully_qualified_namespace
         assert self.connection_string is not None
-        ep = parse_connection_string(self.connection_string.get()).get("Endpoint", "")
-        return ep.removeprefix("sb://").rstrip("/")
+        return str(_sdk_parse(self.connection_string.get()).fully_qualified_namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +169,10 @@ class Settings:
     # Refuse tokens that expire further than this in the future (seconds; 0 = no limit): a
     # leaked long-lived token is then useless, and clients must re-sign at least this often.
     auth_max_token_lifetime: float = 0.0
+    # The one Entra ID credential of the process, for namespaces given by name
+    # (gateway.servicebus.identity): workload | managed | default.
+    azure_credential: Literal["workload", "managed", "default"] = "default"
+    azure_client_id: str | None = None  # a user-assigned identity's client id
     limits: LimitSettings = field(default_factory=LimitSettings)
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
     failover: FailoverSettings = field(default_factory=FailoverSettings)
@@ -304,6 +314,8 @@ _TOP_FIELDS: dict[str, Callable[[str, Any], Any]] = {
     "public_hosts": lambda n, v: _str_list(n, v),
     "auth_clock_skew": _float(0.0, 3600.0),
     "auth_max_token_lifetime": _float(0.0, 10 * 365 * 86400.0),
+    "azure_credential": lambda n, v: _choice(n, v, {"workload", "managed", "default"}),
+    "azure_client_id": _str,
 }
 
 # Settings a flat environment variable may set: SBGATE_<FIELD> for top-level fields and
@@ -363,16 +375,11 @@ def _namespace(
         )
     host = ""
     if cs:
-        parts = parse_connection_string(_str(f"{where}.connection_string", cs))
-        ep = parts.get("Endpoint", "")
-        if not ep.startswith("sb://"):
-            raise ConfigError(f"{where}.connection_string: Endpoint must start with sb://")
-        if "SharedAccessKeyName" not in parts and "SharedAccessSignature" not in parts:
-            raise ConfigError(
-                f"{where}.connection_string: needs SharedAccessKeyName/SharedAccessKey "
-                "or SharedAccessSignature"
-            )
-        host = ep.removeprefix("sb://").rstrip("/")
+        # The SDK's own parser: what it refuses is refused here, with its words.
+        try:
+            host = _sdk_parse(_str(f"{where}.connection_string", cs)).fully_qualified_namespace
+        except ValueError as exc:
+            raise ConfigError(f"{where}.connection_string: {exc}") from None
     else:
         host = _str(f"{where}.fully_qualified_namespace", fqns)
     name = raw.get("name") or default_name or host.split(".")[0].split(":")[0]

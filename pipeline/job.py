@@ -1,13 +1,26 @@
 """The audit job: reconcile ledger + client acknowledgements + delivered ids, write the report.
 
-Runs unchanged under ``spark-submit`` (on a laptop or a cluster)::
+Runs unchanged under ``spark-submit``, on a laptop or a cluster (``make pipeline-dist`` builds
+the ``--py-files`` archive the cluster's driver and executors import ``pipeline`` from)::
 
-    spark-submit pipeline/job.py --ledger ledger/ --acks acks/ --delivered delivered.jsonl \\
-        --out audit/
+    spark-submit --master <url> --deploy-mode cluster --py-files dist/sbgate-pipeline.zip \\
+        pipeline/job.py --ledger abfss://…/ledger --delivered abfss://…/delivered \\
+        --out abfss://…/audit --report-dir abfss://…/audit/report
 
 or locally through ``python -m pipeline`` / ``gateway audit`` (``pipeline.cli``), which builds
 an offline-safe ``local[*]`` session. Exit codes: 0 no acknowledged message lost, 3 at least
 one lost, 2 bad input.
+
+Where things go:
+
+* ``--out`` is a URI (``file://``, ``hdfs://``, ``abfss://``, ``s3a://``…) or a plain path, as
+  Spark resolves it (a plain path is on the default filesystem: local in local mode). The
+  tables are written through Spark's DataFrameWriter, as Parquet, each table a folder under
+  it, partitioned by UTC day (``day=YYYY-MM-DD/``) where the table has a time.
+* ``--report-dir`` gets report.md, report.json and the PNG charts. A plain path is a local
+  directory (on the driver); a URI goes through Hadoop's FileSystem API with the session's
+  Hadoop configuration, so in cluster mode the report lands in the same storage as the
+  tables (``--report-dir abfss://…``).
 """
 
 from __future__ import annotations
@@ -15,10 +28,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import re
+import shutil
 import sys
+import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -98,6 +114,21 @@ ANOMALY_SCHEMA: Final = StructType(
 )
 _FEATURE_STAGES: Final = ("send_backlog", "receive_backlog", "ping")
 
+# Tables partitioned by UTC day (Parquet ``day=YYYY-MM-DD/`` folders) and the time columns the
+# day comes from, first non-null wins (a message never promised has no promise time). A reader
+# filtering on ``day`` then reads only those folders. ``latency`` has no time: not partitioned.
+TABLE_DAY: Final[Mapping[str, tuple[str, ...]]] = {
+    "messages": ("promise_ts", "accepted_ts", "first_attempt_ts", "first_enqueued_time"),
+    "anomalies": ("ts",),
+    "throughput": ("minute",),
+    "failover_windows": ("start_ts",),
+    "backlog_dwell": ("backlog_ts",),
+    "backlog_depth": ("minute",),
+    "billed_ops": ("day",),
+}
+DEFAULT_REPORT_DIR: Final = "audit-report"
+_SCHEME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
 
 @dataclass(frozen=True, slots=True)
 class JobOptions:
@@ -105,8 +136,9 @@ class JobOptions:
 
     ledger: tuple[str, ...]
     delivered: tuple[str, ...]
-    out: Path
+    out: str  # a URI or a plain path, handed to Spark as it is
     acks: tuple[str, ...] = ()
+    report_dir: str = DEFAULT_REPORT_DIR  # a local directory, or a URI (Hadoop FileSystem)
     audit: AuditOptions = field(default_factory=AuditOptions)
     charts: bool = True
     lost_sample: int = 20
@@ -131,7 +163,18 @@ def build_parser(prog: str = "pipeline", *, local: bool = False) -> argparse.Arg
     p.add_argument(
         "--delivered", action="extend", nargs="+", default=[], help=f"delivered ids {paths}"
     )
-    p.add_argument("--out", required=True, type=Path, help="output directory (overwritten)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="where the Parquet tables go (overwritten): a URI (file://, hdfs://, abfss://, "
+        "s3a://) or a plain path, written through Spark",
+    )
+    p.add_argument(
+        "--report-dir",
+        default=DEFAULT_REPORT_DIR,
+        help="where report.md, report.json and the charts go: a local directory (default "
+        "./%(default)s), or a URI written through Hadoop's FileSystem (e.g. abfss://…)",
+    )
     p.add_argument(
         "--grace-seconds",
         type=float,
@@ -194,6 +237,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
         acks=tuple(args.acks),
         delivered=tuple(args.delivered),
         out=args.out,
+        report_dir=args.report_dir,
         audit=AuditOptions(
             grace_seconds=args.grace_seconds,
             price_per_million_ops=args.price_per_million_ops,
@@ -303,8 +347,46 @@ def _load(spark: SparkSession, opts: JobOptions) -> _Loaded:
     )
 
 
-def _write(df: DataFrame, out: Path, name: str, *, small: bool = False) -> None:
-    (df.coalesce(1) if small else df).write.mode("overwrite").parquet(str(out / name))
+def table_uri(out: str, name: str) -> str:
+    """Where table `name` goes: under `out`, its scheme and authority kept as they are."""
+    return f"{out.rstrip('/')}/{name}"
+
+
+def _write(df: DataFrame, out: str, name: str, *, small: bool = False) -> None:
+    """Write one table through Spark: Parquet, partitioned by day where it has a time."""
+    day_from = TABLE_DAY.get(name)
+    if day_from and day_from != ("day",):
+        df = df.withColumn("day", F.to_date(F.coalesce(*(F.col(c) for c in day_from))))
+    writer = (df.coalesce(1) if small else df).write.mode("overwrite")
+    if day_from:
+        writer = writer.partitionBy("day")
+    writer.parquet(table_uri(out, name))
+
+
+def publish_report(spark: SparkSession, staging: Path, report_dir: str) -> str:
+    """Copy the report files from `staging` to `report_dir`; returns where report.md went.
+
+    A URI goes through Hadoop's FileSystem (the session's Hadoop configuration: the same
+    credentials and connectors as the tables); a plain path is a local directory.
+    """
+    files = sorted(p for p in staging.iterdir() if p.is_file())
+    if _SCHEME.match(report_dir):
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        hadoop_path = jvm.org.apache.hadoop.fs.Path
+        target = hadoop_path(report_dir)
+        conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+        fs = target.getFileSystem(conf)
+        fs.mkdirs(target)
+        for f in files:
+            # delSrc=False, overwrite=True
+            fs.copyFromLocalFile(False, True, hadoop_path(str(f)), hadoop_path(target, f.name))
+        return f"{report_dir.rstrip('/')}/report.md"
+    local = Path(report_dir)
+    local.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copyfile(f, local / f.name)
+    return str(local / "report.md")
 
 
 def _as_dicts(rows: Sequence[Row]) -> list[dict[str, Any]]:
@@ -320,8 +402,15 @@ def run(spark: SparkSession, opts: JobOptions) -> int:
         log.error("%s", exc)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    with tempfile.TemporaryDirectory(prefix="sbgate-report-") as staging:
+        return _run(spark, opts, loaded, started, Path(staging))
+
+
+def _run(
+    spark: SparkSession, opts: JobOptions, loaded: _Loaded, started: float, staging: Path
+) -> int:
+    """The audit after loading: tables to ``opts.out``, report files staged locally first."""
     out = opts.out
-    out.mkdir(parents=True, exist_ok=True)
     a = opts.audit
     start, end, latest = loaded.start, loaded.end, loaded.latest_evidence
     cutoff = latest - dt.timedelta(seconds=a.grace_seconds) if latest is not None else None
@@ -448,15 +537,15 @@ def run(spark: SparkSession, opts: JobOptions) -> int:
                 minutes,
                 {label: [per_minute[m][c] for m in minutes] for label, c in series.items()},
                 spans,
-                out / "throughput.png",
+                staging / "throughput.png",
             ).name,
             charts.backlog_depth_chart(
                 [d["minute"] for d in depth],
                 [d["depth"] for d in depth],
                 spans,
-                out / "backlog_depth.png",
+                staging / "backlog_depth.png",
             ).name,
-            charts.latency_chart(lat, out / "latency_by_route.png").name,
+            charts.latency_chart(lat, staging / "latency_by_route.png").name,
         ]
 
     durations = [w["duration_s"] for w in windows if w["duration_s"] is not None]
@@ -520,15 +609,17 @@ def run(spark: SparkSession, opts: JobOptions) -> int:
             "by_day": billed,
         },
         "tables": list(TABLES),
+        "out": out,
         "charts": chart_files,
         "elapsed_seconds": round(time.monotonic() - started, 2),
     }
-    report.write_json(summary, out / "report.json")
-    report.write_markdown(summary, out / "report.md")
+    report.write_json(summary, staging / "report.json")
+    report.write_markdown(summary, staging / "report.md")
+    where = publish_report(spark, staging, opts.report_dir)
     for df in cached:
         df.unpersist()
     log.info("audit done in %.1f s: %s", time.monotonic() - started, summary["verdict"])
-    print(f"{summary['verdict']}; report: {out / 'report.md'}", file=sys.stderr)
+    print(f"{summary['verdict']}; report: {where}; tables: {out}", file=sys.stderr)
     return exit_code
 
 

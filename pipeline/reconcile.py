@@ -307,6 +307,7 @@ def classify(
             F.coalesce(F.col("dlq_copies"), F.lit(0)).alias("dlq_copies"),
             shadow.alias("backlog_shadow"),
             "first_enqueued_time",
+            "first_attempt_ts",
             "max_delivery_count",
             expired.alias("expired"),
             "size",

@@ -193,7 +193,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             ],
         )
     )
-    out.append("\nTables (Parquet): " + ", ".join(f"`{t}/`" for t in report["tables"]) + ".")
+    where = f" under `{report['out']}`" if report.get("out") else ""
+    out.append(
+        f"\nTables (Parquet{where}, by day where they have a time): "
+        + ", ".join(f"`{t}/`" for t in report["tables"])
+        + "."
+    )
     if report["charts"]:
         out.append("\n## Charts\n")
         out += [f"![{Path(c).stem}]({c})\n" for c in report["charts"]]

@@ -17,6 +17,11 @@ What `check` does, for the default values and for ci/production-values.yaml:
 - values.yaml: every value documented by a `## @param` line, every @param naming a value,
   every value and every template `.Values.x.y` reference present in values.schema.json and
   values.yaml (Helm's non-strict rendering would print a missing key as empty).
+- Kubernetes versions: the chart's `kubeVersion` must admit the oldest and newest versions in
+  KUBE_VERSIONS and refuse the ones just outside; every manifest rendered (for both value sets)
+  must validate, strictly (no unknown fields), against those versions' own schemas as bundled
+  by kubernetes-validate (offline). Custom resources (ServiceMonitor) have no bundled schema and
+  are reported as skipped.
 """
 
 from __future__ import annotations
@@ -101,9 +106,20 @@ _RESOURCES = [
     ("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True),
     ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
     ("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True),
+    ("batch", "v1", "CronJob", "cronjobs", True),
     ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", True),
 ]
+# The supported range (Chart.yaml's kubeVersion): the oldest and newest Kubernetes versions whose
+# schemas the rendered manifests are validated against (kubernetes-validate bundles them).
+KUBE_VERSIONS = ("1.25.0", "1.37.0")
+# Just outside the range: the chart must refuse to install there.
+KUBE_VERSIONS_REFUSED = ("1.24.0", "1.38.0")
 _KUBE_VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "platform": "linux/amd64"}
+
+
+def _version_doc(version: str) -> dict[str, str]:
+    major, minor, _patch = version.split(".")
+    return {"major": major, "minor": minor, "gitVersion": f"v{version}", "platform": "linux/amd64"}
 
 
 def _discovery() -> dict[str, Any]:
@@ -177,9 +193,13 @@ class _ApiStub(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def api_stub() -> Iterator[str]:
-    """A loopback Kubernetes API stub; yields a kubeconfig (YAML) pointing at it."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ApiStub)
+def api_stub(kube_version: str | None = None) -> Iterator[str]:
+    """A loopback Kubernetes API stub (reporting `kube_version`); yields a kubeconfig."""
+    handler: type[_ApiStub] = _ApiStub
+    if kube_version is not None:
+        docs = {**_ApiStub.docs, "/version": _version_doc(kube_version)}
+        handler = type("_VersionedApiStub", (_ApiStub,), {"docs": docs})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -230,12 +250,15 @@ class RenderError(Exception):
     """Helm refused to render (schema violation, template error or a `fail`)."""
 
 
-def render(values: dict[str, Any] | None, chart: Path = CHART) -> tuple[list[dict[str, Any]], str]:
-    """Render the chart like `helm install` would; return (manifests, notes)."""
+def render(
+    values: dict[str, Any] | None, chart: Path = CHART, kube_version: str | None = None
+) -> tuple[list[dict[str, Any]], str]:
+    """Render the chart like `helm install` would (on a cluster of `kube_version`); return
+    (manifests, notes)."""
     os.environ["HELM_DRIVER"] = "memory"
     import helm_sdkpy
 
-    with api_stub() as kubeconfig, captured_stderr():
+    with api_stub(kube_version) as kubeconfig, captured_stderr():
         config = helm_sdkpy.Configuration(namespace=NAMESPACE, kubeconfig=kubeconfig)
         try:
             release = asyncio.run(
@@ -369,6 +392,26 @@ def check_manifests(docs: list[dict[str, Any]], values: dict[str, Any]) -> list[
             argv = c["command"] + c["args"]
             expect(argv == ["gateway", "syphon"], f"{where}: runs {argv}, not gateway syphon")
             expect(env["SBGATE_ENABLE_SYPHON"] == "true", f"{where}: syphon enabled")
+        wi = bool(values.get("workloadIdentity", {}).get("enabled"))
+        credential = values.get("serviceBus", {}).get("credential") or ("workload" if wi else None)
+        expect(
+            env.get("SBGATE_AZURE_CREDENTIAL") == credential,
+            f"{where}: SBGATE_AZURE_CREDENTIAL={env.get('SBGATE_AZURE_CREDENTIAL')!r} with "
+            f"workloadIdentity.enabled={wi}, expected {credential!r}",
+        )
+    for job in kinds.get("CronJob", []):
+        pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        where = f"CronJob {job['metadata']['name']}"
+        expect(pod.get("securityContext", {}).get("runAsNonRoot") is True, f"{where}: nonroot")
+        expect(pod.get("restartPolicy") == "Never", f"{where}: restartPolicy Never")
+        (c,) = pod["containers"]
+        sc = c.get("securityContext", {})
+        expect(sc.get("readOnlyRootFilesystem") is True, f"{where}: readOnlyRootFilesystem")
+        expect(sc.get("allowPrivilegeEscalation") is False, f"{where}: allowPrivilegeEscalation")
+        mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+        expect({TMP_MOUNT, "/audit"} <= mounts, f"{where}: /tmp and /audit must be writable")
+        expect(bool(c.get("args")), f"{where}: no arguments for gateway audit")
+        expect("command" not in c, f"{where}: the image's entry point (gateway audit) is kept")
     return errors
 
 
@@ -381,8 +424,29 @@ KNOWN_ENV = {
     AUTH_RULES_FILE PUBLIC_HOSTS ENTITIES PRIMARY_CONNECTION_STRING SECONDARY_CONNECTION_STRING
     PRIMARY_NAMESPACE SECONDARY_NAMESPACE CONFIG MAX_IN_FLIGHT ADMISSION_TIMEOUT SEND_TIMEOUT
     MAX_MESSAGE_BYTES FAILOVER_INTERVAL PING_PRIMARY_INTERVAL BACKLOG_QUEUE_COUNT
-    CREATE_BACKLOG_QUEUES STRICT_PRIMARY ENABLE_SYPHON DRAIN_DELAY SHUTDOWN_TIMEOUT""".split()
+    CREATE_BACKLOG_QUEUES STRICT_PRIMARY ENABLE_SYPHON DRAIN_DELAY SHUTDOWN_TIMEOUT
+    AZURE_CREDENTIAL AZURE_CLIENT_ID""".split()
 }
+
+
+def validate_manifests(docs: list[dict[str, Any]], version: str) -> tuple[list[str], list[str]]:
+    """Validate each manifest against Kubernetes `version`'s schemas, strictly (unknown fields
+    are errors), offline. Returns (errors, kinds without a bundled schema)."""
+    import kubernetes_validate
+    from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
+
+    errors: list[str] = []
+    skipped: list[str] = []
+    for doc in docs:
+        where = f"{doc['kind']} {doc['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except SchemaNotFoundError:
+            skipped.append(doc["kind"])
+        except ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            errors.append(f"{where}: {path}: {exc.message}")
+    return errors, sorted(set(skipped))
 
 
 def expect_kinds(docs: list[dict[str, Any]], expected: dict[str, int]) -> list[str]:
@@ -544,6 +608,7 @@ def run_checks() -> int:
                 "HorizontalPodAutoscaler": 1,
                 "ServiceMonitor": 1,
                 "NetworkPolicy": 1,
+                "CronJob": 1,
             },
         ),
     ]
@@ -574,6 +639,27 @@ def run_checks() -> int:
         failures += [f"render ({label}): {e}" for e in expect_kinds(docs, kinds)]
         failures += [f"render ({label}): {e}" for e in check_manifests(docs, merged)]
         print(f"render ({label}): {len(docs)} objects")
+        for version in KUBE_VERSIONS:
+            try:
+                versioned, _ = render(given, kube_version=version)
+            except RenderError as exc:
+                failures.append(f"render ({label}, Kubernetes {version}): {exc}")
+                continue
+            found, skipped = validate_manifests(versioned, version)
+            failures += [f"kubernetes {version} ({label}): {e}" for e in found]
+            print(
+                f"kubernetes {version} schemas ({label}): {len(versioned) - len(skipped)} "
+                f"valid" + (f"; no bundled schema for {', '.join(skipped)}" if skipped else "")
+            )
+
+    # kubeVersion refuses the versions just outside the supported range.
+    for version in KUBE_VERSIONS_REFUSED:
+        try:
+            render(MINIMAL, kube_version=version)
+            failures.append(f"kubeVersion: Kubernetes {version} should be refused")
+        except RenderError as exc:
+            if "kubeVersion" not in str(exc) and "Kubernetes version" not in str(exc):
+                failures.append(f"kubeVersion: {version} refused for another reason: {exc}")
 
     # The defaults alone must be refused with a message that says what to set.
     try:

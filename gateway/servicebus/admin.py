@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from azure.core.exceptions import (
     ClientAuthenticationError,
@@ -25,6 +25,9 @@ from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
 from gateway.config import NamespaceSettings
 from gateway.core.backlog import BACKLOG_LOCK_DURATION
+
+if TYPE_CHECKING:
+    from azure.core.credentials_async import AsyncTokenCredential
 
 log = logging.getLogger(__name__)
 
@@ -48,72 +51,73 @@ class ProvisionResult:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def admin_client(ns: NamespaceSettings) -> tuple[ServiceBusAdministrationClient, Any]:
-    """The admin client for `ns` (and its credential, to close), honouring the local
-    broker's separate management endpoint and CA file."""
+def admin_client(
+    ns: NamespaceSettings, credential: AsyncTokenCredential | None = None
+) -> ServiceBusAdministrationClient:
+    """The admin client for `ns`, honouring the local broker's separate management endpoint
+    and CA file. A namespace given by name uses `credential`, the process's shared one (the
+    caller owns it: closing this client leaves it open)."""
     kwargs: dict[str, Any] = {}
     if ns.admin_ca_cert:
         kwargs["connection_verify"] = ns.admin_ca_cert
     cs = ns.admin_connection_string or ns.connection_string
     if cs is not None:
-        return ServiceBusAdministrationClient.from_connection_string(cs.get(), **kwargs), None
-    from azure.identity.aio import DefaultAzureCredential
-
-    credential = DefaultAzureCredential()
-    assert ns.fully_qualified_namespace is not None
-    return (
-        ServiceBusAdministrationClient(ns.fully_qualified_namespace, credential, **kwargs),
-        credential,
-    )
+        return ServiceBusAdministrationClient.from_connection_string(cs.get(), **kwargs)
+    if credential is None or ns.fully_qualified_namespace is None:
+        raise ValueError(f"namespace {ns.name}: no connection string, no credential")
+    return ServiceBusAdministrationClient(ns.fully_qualified_namespace, credential, **kwargs)
 
 
 async def ensure_backlog_queues(
-    ns: NamespaceSettings, paths: Sequence[str], *, create: bool, deadline: float
+    ns: NamespaceSettings,
+    paths: Sequence[str],
+    *,
+    create: bool,
+    deadline: float,
+    credential: AsyncTokenCredential | None = None,
 ) -> ProvisionResult:
     """Check (and create, when `create`) every backlog queue in `paths`; never raises.
 
     Each queue's check is bounded by `deadline` seconds; a queue that cannot be verified is
-    left out of rotation with its error in the result.
+    left out of rotation with its error in the result. `credential`: see `admin_client`.
     """
     result = ProvisionResult()
-    client, credential = admin_client(ns)
-    try:
-        async with client:
-            for path in paths:
-                try:
-                    async with asyncio.timeout(deadline):
-                        created = await _ensure_one(client, path, create)
-                except asyncio.CancelledError:
-                    raise
-                except TimeoutError:
-                    result.errors[path] = f"no answer from the management API within {deadline:g}s"
-                    continue
-                except ResourceNotFoundError:
-                    result.errors[path] = (
-                        "missing, and create_backlog_queues is off (verify-only mode): create it "
-                        "with the backlog-queue properties or grant Manage on the secondary "
-                        "namespace"
-                    )
-                    continue
-                except ClientAuthenticationError:
-                    result.errors[path] = (
-                        "not authorized: the secondary namespace's credentials need the Manage "
-                        "right to create backlog queues (or pre-create them and set "
-                        "create_backlog_queues=false)"
-                    )
-                    continue
-                except HttpResponseError as exc:
-                    result.errors[path] = f"management API error {exc.status_code}: {exc.reason}"
-                    continue
-                except Exception as exc:  # any other failure: out of rotation, reported
-                    result.errors[path] = f"{type(exc).__name__}: {exc}"
-                    continue
-                result.usable.append(path)
-                if created:
-                    result.created.append(path)
-    finally:
-        if credential is not None:
-            await credential.close()
+    client = admin_client(ns, credential)
+    async with client:
+        for path in paths:
+            try:
+                async with asyncio.timeout(deadline):
+                    created = await _ensure_one(client, path, create)
+            except asyncio.CancelledError:
+                raise
+            except TimeoutError:
+                result.errors[path] = f"no answer from the management API within {deadline:g}s"
+                continue
+            except ResourceNotFoundError:
+                result.errors[path] = (
+                    "missing, and create_backlog_queues is off (verify-only mode): create it "
+                    "with the backlog-queue properties or grant Manage on the secondary "
+                    "namespace"
+                )
+                continue
+            except ClientAuthenticationError as exc:
+                # Also a credential that could not get a token (CredentialUnavailableError).
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                result.errors[path] = (
+                    f"not authorized ({first}): the secondary namespace's credentials need the "
+                    "Manage right to create backlog queues (or pre-create them and set "
+                    "create_backlog_queues=false)"
+                )
+                continue
+            except HttpResponseError as exc:
+                result.errors[path] = f"management API error {exc.status_code}: {exc.reason}"
+                continue
+            except Exception as exc:  # any other failure: out of rotation, reported
+                result.errors[path] = f"{type(exc).__name__}: {exc}"
+                continue
+            result.usable.append(path)
+            if created:
+                result.created.append(path)
     for path, err in result.errors.items():
         log.error("backlog queue %s unusable: %s", path, err, extra={"backlog": path})
     if result.created:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
@@ -22,6 +22,9 @@ from gateway.config import NamespaceSettings, TimeoutSettings
 from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, SendFailure
 from gateway.servicebus.errors import map_exceptions, translate
+
+if TYPE_CHECKING:
+    from azure.core.credentials_async import AsyncTokenCredential
 
 log = logging.getLogger(__name__)
 
@@ -132,28 +135,36 @@ class SdkSender:
 
 
 class SdkNamespaceClient:
-    """A `NamespaceClient` over one `ServiceBusClient`."""
+    """A `NamespaceClient` over one `ServiceBusClient`.
 
-    def __init__(self, settings: NamespaceSettings, timeouts: TimeoutSettings) -> None:
+    A namespace given by name authenticates with `credential`, the process's shared one
+    (gateway.servicebus.identity), which its owner closes: `close` leaves it open.
+    `sdk_kwargs` go to the `ServiceBusClient` (tests: ``use_tls=False`` for the local broker).
+    """
+
+    def __init__(
+        self,
+        settings: NamespaceSettings,
+        timeouts: TimeoutSettings,
+        credential: AsyncTokenCredential | None = None,
+        **sdk_kwargs: Any,
+    ) -> None:
         self._settings = settings
-        self._credential: Any = None
         retry: dict[str, Any] = {
             "retry_total": timeouts.sdk_retry_total,
             "retry_backoff_factor": 0.2,
             "retry_backoff_max": 2.0,
+            **sdk_kwargs,
         }
         if settings.connection_string is not None:
             self._client = ServiceBusClient.from_connection_string(
                 settings.connection_string.get(), **retry
             )
         else:
-            from azure.identity.aio import DefaultAzureCredential
-
-            assert settings.fully_qualified_namespace is not None
-            self._credential = DefaultAzureCredential()
-            self._client = ServiceBusClient(
-                settings.fully_qualified_namespace, self._credential, **retry
-            )
+            if credential is None or settings.fully_qualified_namespace is None:
+                raise ValueError(f"namespace {settings.name}: no connection string, no credential")
+            self._client = ServiceBusClient(settings.fully_qualified_namespace, credential, **retry)
+        self.credential = credential if settings.connection_string is None else None
         self._topics: set[str] = set()
 
     @property
@@ -191,5 +202,3 @@ class SdkNamespaceClient:
             await self._client.close()
         except Exception:  # shutting down: nothing useful to do with the error
             log.debug("closing namespace client %s failed", self.name, exc_info=True)
-        if self._credential is not None:
-            await self._credential.close()

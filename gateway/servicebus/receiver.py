@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
@@ -22,6 +22,9 @@ from gateway.errors import SendFailure
 from gateway.servicebus.admin import admin_client
 from gateway.servicebus.errors import map_exceptions
 from gateway.syphon.ports import Received
+
+if TYPE_CHECKING:
+    from azure.core.credentials_async import AsyncTokenCredential
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -67,11 +70,20 @@ def from_sdk(m: ServiceBusReceivedMessage) -> OutboundMessage:
 
 
 class SdkBacklogPort:
-    """`BacklogPort` over one secondary namespace's `ServiceBusClient`."""
+    """`BacklogPort` over one secondary namespace's `ServiceBusClient`.
 
-    def __init__(self, client: ServiceBusClient, settings: NamespaceSettings) -> None:
+    `credential`: the process's shared one, for the depth checks' admin client when the
+    namespace is given by name (its owner closes it)."""
+
+    def __init__(
+        self,
+        client: ServiceBusClient,
+        settings: NamespaceSettings,
+        credential: AsyncTokenCredential | None = None,
+    ) -> None:
         self._client = client
         self._settings = settings
+        self._credential = credential
         self._receivers: dict[str, ServiceBusReceiver] = {}
 
     async def _receiver(self, path: str) -> ServiceBusReceiver:
@@ -144,8 +156,8 @@ class SdkBacklogPort:
     async def depths(self, paths: Sequence[str]) -> dict[str, int] | None:
         wanted = {p.lower(): p for p in paths}
         found: dict[str, int] = {}
-        client, credential = admin_client(self._settings)
         try:
+            client = admin_client(self._settings, self._credential)
             async with client:
                 async for q in client.list_queues_runtime_properties():
                     key = q.name.lower()
@@ -154,9 +166,6 @@ class SdkBacklogPort:
         except Exception as exc:  # the safety check falls back to receiving
             log.warning("backlog depth check failed: %s", exc)
             return None
-        finally:
-            if credential is not None:
-                await credential.close()
         return {p: found.get(p, 0) for p in paths}
 
     async def reset(self) -> None:

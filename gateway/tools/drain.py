@@ -32,12 +32,17 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import orjson
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusError
+
+from gateway.servicebus.identity import CREDENTIAL_KINDS, SharedCredential
+
+if TYPE_CHECKING:
+    from azure.core.credentials_async import AsyncTokenCredential
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +272,7 @@ async def _drain_one(
 
 
 async def drain(
-    connection_string: str,
+    connection_string: str | None,
     entities: list[str],
     out: Path,
     *,
@@ -281,8 +286,13 @@ async def drain(
     max_messages: int | None = None,
     append: bool = False,
     client_kwargs: Mapping[str, Any] | None = None,
+    fully_qualified_namespace: str | None = None,
+    credential: AsyncTokenCredential | None = None,
 ) -> DrainSummary:
     """Receive everything from ``entities`` and write delivered-id lines to ``out``.
+
+    The namespace is ``connection_string``, or ``fully_qualified_namespace`` with an Entra ID
+    ``credential`` (gateway.servicebus.identity; the caller owns and closes it).
 
     Each receive path (an entity, and its DLQ when ``include_dlq``) is drained until it has
     been idle for ``idle_timeout`` seconds (or ``max_messages`` were received from it), at
@@ -293,6 +303,8 @@ async def drain(
     """
     if idle_timeout <= 0 or batch_size < 1 or concurrency < 1 or op_timeout <= 0:
         raise DrainError("idle_timeout and op_timeout must be > 0, batch_size/concurrency >= 1")
+    if connection_string is None and (fully_qualified_namespace is None or credential is None):
+        raise DrainError("give a connection string, or a namespace and a credential")
     targets = plan_targets(entities, include_dlq=include_dlq, backlog_prefix=backlog_prefix)
     summary = DrainSummary(out=out)
     started = time.monotonic()
@@ -320,9 +332,15 @@ async def drain(
                 log.warning("draining %s failed: %r", target.queue, exc)
 
     try:
-        client = ServiceBusClient.from_connection_string(
-            connection_string, **dict(client_kwargs or {})
-        )
+        if connection_string is not None:
+            client = ServiceBusClient.from_connection_string(
+                connection_string, **dict(client_kwargs or {})
+            )
+        else:
+            assert fully_qualified_namespace is not None and credential is not None
+            client = ServiceBusClient(
+                fully_qualified_namespace, credential, **dict(client_kwargs or {})
+            )
         async with client:
             async with asyncio.TaskGroup() as tg:
                 for target in targets:
@@ -350,6 +368,20 @@ def build_parser(prog: str = "gateway drain") -> argparse.ArgumentParser:
         metavar="VAR",
         help="read the connection string from this environment variable (keeps it out of ps)",
     )
+    cs.add_argument(
+        "--namespace",
+        metavar="FQNS",
+        help="fully qualified namespace (contoso.servicebus.windows.net), with --credential",
+    )
+    p.add_argument(
+        "--credential",
+        choices=CREDENTIAL_KINDS,
+        default="default",
+        help="Entra ID credential for --namespace, as the gateway's azure_credential setting: "
+        "workload (AKS workload identity), managed (managed identity) or default "
+        "(DefaultAzureCredential, for development; the default here)",
+    )
+    p.add_argument("--client-id", help="client id of a user-assigned managed identity")
     p.add_argument(
         "--entity",
         action="append",
@@ -388,9 +420,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not conn:
             print(f"error: ${args.connection_string_env} is empty or unset", file=sys.stderr)
             return 2
-    try:
-        summary = asyncio.run(
-            drain(
+    shared = None
+    if args.namespace:
+        shared = SharedCredential(args.credential, args.client_id)
+    elif args.client_id or args.credential != "default":
+        print("error: --credential and --client-id go with --namespace", file=sys.stderr)
+        return 2
+
+    async def run() -> DrainSummary:
+        try:
+            return await drain(
                 conn,
                 args.entity,
                 args.out,
@@ -402,9 +441,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 concurrency=args.concurrency,
                 max_messages=args.max_messages,
                 append=args.append,
+                fully_qualified_namespace=args.namespace,
+                credential=shared.get() if shared is not None else None,
             )
-        )
-    except DrainError as exc:
+        finally:
+            if shared is not None:
+                await shared.aclose()
+
+    try:
+        summary = asyncio.run(run())
+    except (DrainError, ValueError) as exc:  # ValueError: the credential is not configured
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(orjson.dumps(summary.as_dict()).decode())

@@ -137,6 +137,7 @@ def test_production_environment_is_accepted_by_the_gateway(production: dict[str,
     assert gw.syphon.enabled is False  # the separate syphon Deployment runs it
     assert gw.auth_rules_file == "/etc/sbgate/auth-rules"
     assert gw.allow_open is False
+    assert gw.azure_credential == "workload"  # workload identity on: a deterministic credential
 
     syphon = settings_of(production, "sbgate-syphon")
     assert syphon.syphon.enabled is True
@@ -289,3 +290,38 @@ def test_config_file_is_mounted() -> None:
 def test_schema_rejects_unknown_values() -> None:
     assert "additional properties" in render(merge(MINIMAL, {"replicas": 3}))["error"]
     assert "logFormat" in render(merge(MINIMAL, {"config": {"logFormat": "xml"}}))["error"]
+
+
+def test_credential_follows_workload_identity_or_the_value(minimal: dict[str, Any]) -> None:
+    assert "SBGATE_AZURE_CREDENTIAL" not in environment(minimal, "sbgate")
+    by_name = {
+        "serviceBus": {
+            "primary": {"connectionString": "", "namespace": "contoso.servicebus.windows.net"},
+            "secondary": {"connectionString": ""},
+            "credential": "managed",
+            "managedIdentityClientId": "11111111-2222-3333-4444-555555555555",
+        }
+    }
+    result = render(merge(MINIMAL, by_name))
+    settings = settings_of(result, "sbgate")
+    assert settings.azure_credential == "managed"
+    assert settings.azure_client_id == "11111111-2222-3333-4444-555555555555"
+    bad = render(merge(MINIMAL, {"serviceBus": {"credential": "cli"}}))
+    assert "credential" in bad["error"]
+
+
+def test_audit_cronjob(production: dict[str, Any]) -> None:
+    (job,) = objects(production, "CronJob").values()
+    assert job["spec"]["schedule"] == "30 3 * * *"
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "myregistry.azurecr.io/sbgate-audit:0.1.0"
+    assert "command" not in c  # the audit image's entry point: gateway audit
+    assert c["args"][:2] == ["--ledger", "/data/ledger"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp", "/audit", "/data"}
+    labels = job["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    assert labels["azure.workload.identity/use"] == "true"
+    assert "CronJob" not in {d["kind"] for d in render(MINIMAL)["manifests"]}  # off by default
+    assert "audit.args" in render(merge(MINIMAL, {"audit": {"enabled": True}}))["error"]

@@ -84,6 +84,8 @@ async def test_load_then_drain_then_audit_finds_nothing_lost(
             "--delivered",
             str(delivered),
             "--out",
+            str(out / "tables"),
+            "--report-dir",
             str(out),
             "--grace-seconds",
             "0",

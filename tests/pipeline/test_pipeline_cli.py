@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +85,8 @@ def test_clean_run_through_the_cli_exits_0(spark: Any, tmp_path: Path) -> None:
             str(tmp_path / "in" / "delivered"),
             "--out",
             str(out),
+            "--report-dir",
+            str(tmp_path / "report"),
             "--no-charts",
             "--price",
             "send_primary=1.5",
@@ -95,12 +94,12 @@ def test_clean_run_through_the_cli_exits_0(spark: Any, tmp_path: Path) -> None:
     )
     assert code == EXIT_OK
     assert spark.range(1).count() == 1  # the CLI used the live session and left it up
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["messages"]["by_classification"]["delivered"] == len(expected.classification)
     assert report["anomalies"]["errors"] == 0
     assert report["verdict"] == "no acknowledged message was lost"
     assert report["billing"]["by_stage"]["send_primary"]["price_per_million"] == 1.5
-    assert report["charts"] == [] and not (out / "throughput.png").exists()
+    assert report["charts"] == [] and not (tmp_path / "report" / "throughput.png").exists()
 
 
 def test_parse_args_options() -> None:
@@ -130,43 +129,3 @@ def test_parse_args_options() -> None:
         ["--ledger", "a", "--delivered", "d", "--out", "o", "--failed-may-be-stored"]
     )
     assert lenient.audit.failed_may_be_stored
-
-
-@pytest.mark.integration
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("SBGATE_SLOW_TESTS"), reason="starts a second JVM: SBGATE_SLOW_TESTS=1"
-)
-def test_spark_submit_runs_the_job_file(tmp_path: Path) -> None:
-    generate(tmp_path / "in", messages=60, seed=9)
-    venv_bin = Path(sys.executable).parent
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    job = Path(__file__).resolve().parents[2] / "pipeline" / "job.py"
-    proc = subprocess.run(
-        [
-            str(venv_bin / "spark-submit"),
-            "--master",
-            "local[2]",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.driver.host=127.0.0.1",
-            "--conf",
-            "spark.driver.bindAddress=127.0.0.1",
-            str(job),
-            "--ledger",
-            str(tmp_path / "in" / "ledger"),
-            "--acks",
-            str(tmp_path / "in" / "acks"),
-            "--delivered",
-            str(tmp_path / "in" / "delivered"),
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        env=env,
-        capture_output=True,
-        timeout=280,
-        check=False,
-    )
-    assert proc.returncode == 3, proc.stderr[-2000:]
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["exit_code"] == 3

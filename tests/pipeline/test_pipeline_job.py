@@ -21,11 +21,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 class Audit:
-    def __init__(self, expected: Expected, out: Path, rc: int) -> None:
+    def __init__(self, expected: Expected, out: Path, report_dir: Path, rc: int) -> None:
         self.expected = expected
         self.out = out
+        self.report_dir = report_dir
         self.rc = rc
-        self.report: dict[str, Any] = json.loads((out / "report.json").read_text())
+        self.report: dict[str, Any] = json.loads((report_dir / "report.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +37,12 @@ def audit(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Audit:
         ledger=(str(root / "in" / "ledger"),),
         acks=(str(root / "in" / "acks"),),
         delivered=(str(root / "in" / "delivered" / "*.jsonl"),),
-        out=root / "out",
+        out=str(root / "out"),
+        report_dir=str(root / "report"),
         audit=AuditOptions(grace_seconds=60, stage_prices={"ping": 1.0}),
     )
     rc = run(spark, opts)
-    return Audit(expected, root / "out", rc)
+    return Audit(expected, root / "out", root / "report", rc)
 
 
 def table(spark: Any, audit: Audit, name: str) -> list[dict[str, Any]]:
@@ -110,7 +112,7 @@ def test_report_numbers_match_the_data(audit: Audit) -> None:
     assert cutoff == exp.latest_evidence - dt.timedelta(seconds=60)
     assert r["backlog"]["syphoned"] == exp.syphoned
     assert r["failover"]["count"] == 2 and r["failover"]["open_at_end"] == 1
-    md = (audit.out / "report.md").read_text()
+    md = (audit.report_dir / "report.md").read_text()
     assert "**Verdict: 4 acknowledged message(s) LOST** (exit code 3)" in md
     assert "| lost | 4 |" in md
 
@@ -183,7 +185,7 @@ def test_tables_charts_and_latency(spark: Any, audit: Audit) -> None:
     for name in audit.report["tables"]:
         assert (audit.out / name / "_SUCCESS").exists(), name
     for chart in ("throughput.png", "backlog_depth.png", "latency_by_route.png"):
-        data = (audit.out / chart).read_bytes()
+        data = (audit.report_dir / chart).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, chart
     lat = {(r["source"], r["route"]): r for r in audit.report["latency_ms"]}
     assert set(lat) == {

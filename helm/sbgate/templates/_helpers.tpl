@@ -206,6 +206,9 @@ Deployment template, so `helm install` and `helm template` stop with the message
 {{- if and .Values.workloadIdentity.enabled (not .Values.workloadIdentity.clientId) (not (hasKey .Values.serviceAccount.annotations "azure.workload.identity/client-id")) -}}
 {{- $msgs = append $msgs "workloadIdentity.clientId: the client ID of the identity is required with workloadIdentity.enabled" -}}
 {{- end -}}
+{{- if and .Values.audit.enabled (not .Values.audit.args) -}}
+{{- $msgs = append $msgs "audit.args: the audit's arguments are required with audit.enabled (at least --ledger, --delivered and --out)" -}}
+{{- end -}}
 {{- if ne (toString .Values.terminationGracePeriodSeconds) "" -}}
 {{- $min := include "sbgate.minGracePeriod" . | int -}}
 {{- if lt (int .Values.terminationGracePeriodSeconds) $min -}}
@@ -324,4 +327,24 @@ httpGet:
   path: {{ .path }}
   port: http
 {{ omit .probe "enabled" | toYaml }}
+{{- end -}}
+
+{{/* The audit image: image.registry + audit.image.repository, tag default appVersion. */}}
+{{- define "sbgate.audit.image" -}}
+{{- $repo := .Values.audit.image.repository -}}
+{{- if .Values.image.registry -}}
+{{- $repo = printf "%s/%s" .Values.image.registry $repo -}}
+{{- end -}}
+{{- printf "%s:%s" $repo (.Values.audit.image.tag | default .Chart.AppVersion | toString) -}}
+{{- end -}}
+
+{{/*
+The Entra ID credential for namespaces given by name (SBGATE_AZURE_CREDENTIAL): the value of
+serviceBus.credential, else "workload" when workload identity is on, else none (the gateway's
+default).
+*/}}
+{{- define "sbgate.azureCredential" -}}
+{{- if .Values.serviceBus.credential -}}{{ .Values.serviceBus.credential }}
+{{- else if .Values.workloadIdentity.enabled -}}workload
+{{- end -}}
 {{- end -}}
