@@ -29,7 +29,12 @@ import orjson
 from aiohttp import web
 
 from bench.syphon_bench import free_port, gateway_env
-from gateway.app import create_app, default_backlog_factory, default_client_factory
+from gateway.app import (
+    create_app,
+    default_backlog_factory,
+    default_client_factory,
+    shared_credential,
+)
 from gateway.config import NamespaceSettings, SyphonSettings, TimeoutSettings, load_settings
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
@@ -123,7 +128,7 @@ async def main(argv: list[str] | None = None) -> None:
         env = {k: v for k, v in env.items() if k.startswith("SBGATE_")}
         env.pop("SBGATE_PING_PRIMARY_INTERVAL")  # every setting at its default but the wiring
         settings = load_settings(env)
-        make = default_client_factory(settings)
+        make = default_client_factory(settings, shared_credential(settings))
 
         def clients(ns: NamespaceSettings) -> NamespaceClient:
             return _SlowBacklogLink(make(ns))

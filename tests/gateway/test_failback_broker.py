@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.app import default_backlog_factory, default_client_factory
+from gateway.app import default_backlog_factory, default_client_factory, shared_credential
 from gateway.config import NamespaceSettings, load_settings
 from gateway.core.failover import MARKED_HEALTHY, PING_DELIVERED
 from gateway.core.message import OutboundMessage
@@ -128,7 +128,8 @@ async def test_backlog_writes_completing_after_the_failback_are_moved_home(
     gateway: GatewayFactory, control: ControlClient, broker: BrokerProcess
 ) -> None:
     gate = Gate()
-    make = default_client_factory(load_settings(broker_env(broker, **ENV)))
+    settings = load_settings(broker_env(broker, **ENV))
+    make = default_client_factory(settings, shared_credential(settings))
 
     def clients(ns: NamespaceSettings) -> NamespaceClient:
         return GatedClient(make(ns), gate)

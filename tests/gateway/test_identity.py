@@ -36,6 +36,8 @@ from sblocal.server import LocalBroker
 from tests.conftest import HardenedTestServer
 from tests.support.identity import AZURE_ENV, TokenEndpoint
 
+pytestmark = pytest.mark.integration  # local token endpoints on 127.0.0.1, subprocesses
+
 SCOPE = "https://servicebus.azure.net/.default"
 
 

@@ -23,6 +23,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import dockerfile_check  # noqa: E402
 import pipeline_dist  # noqa: E402
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # builds and subprocesses
+
 
 def lock_check(tree: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
