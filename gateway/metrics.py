@@ -1,15 +1,29 @@
 """Prometheus metrics. One registry per app (tests run several apps in one process).
 
-Every metric is listed in the README's "Metrics" section; names follow Prometheus
-conventions (`sbgate_` prefix, base units, `_total` for counters).
+Every metric is listed in the metrics reference (tested against this registry); names
+follow Prometheus conventions (`sbgate_` prefix, base units, `_total` for counters). Each
+registry also carries the standard process, platform and GC collectors that dashboards
+assume; the `_created` series are off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import platform
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Enum,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -22,6 +36,12 @@ from gateway.syphon.syphon import SyphonObserver
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+# 202 -> home: from a second (a failback racing the writes) to a day (a long outage).
+_DWELL_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+STATES: tuple[Status, ...] = ("healthy", "failing", "failed_over")
+
+# `_created` series double every counter and histogram for a value no dashboard reads.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
@@ -30,6 +50,10 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # The standard collectors (process_*, python_info, python_gc_*): the default
+        # registry's instances describe this process, whichever app registry exports them.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
         self.build_info = Info("sbgate_build", "Version of the running gateway.", registry=r)
         self.build_info.info({"version": __version__, "python": platform.python_version()})
         self.http_requests = Counter(
@@ -93,8 +117,16 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.ready = Gauge("sbgate_ready", "1 when /readyz answers 200, 0 otherwise.", registry=r)
         self.failover_state = Gauge(
             "sbgate_failover_state",
-            "Failover state per entity: 0 healthy, 1 failing, 2 failed over.",
+            "Failover state per entity: 0 healthy, 1 failing, 2 failed over "
+            "(sbgate_failover_status says the same by name).",
             ["entity"],
+            registry=r,
+        )
+        self.failover_status = Enum(
+            "sbgate_failover_status",
+            "Failover state per entity, one series per state (1 for the current one).",
+            ["entity"],
+            states=list(STATES),
             registry=r,
         )
         self.failover_transitions = Counter(
@@ -150,6 +182,27 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             ["kind"],
             registry=r,
         )
+        self.backlog_dwell = Histogram(
+            "sbgate_backlog_dwell_seconds",
+            "Time from the 202 answer to the message's arrival home (moved by the syphon).",
+            ["entity"],
+            buckets=_DWELL_BUCKETS,
+            registry=r,
+        )
+        self.backlog_messages = Gauge(
+            "sbgate_backlog_messages",
+            "Active messages per backlog queue, as of the syphon's last depth check (every "
+            "minute while a backlog may hold messages).",
+            ["queue"],
+            registry=r,
+        )
+        self.backlog_oldest_ts = Gauge(
+            "sbgate_backlog_oldest_message_timestamp_seconds",
+            "When the oldest message the syphon last found at the head of a backlog queue "
+            "was accepted (unix time); absent while the queue is empty.",
+            ["queue"],
+            registry=r,
+        )
         self.redis_connected = Gauge(
             "sbgate_redis_connected",
             "1 while the shared state backend (Redis) is reachable; 1 without Redis.",
@@ -202,6 +255,7 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
     # FailoverObserver
     def entity_state(self, entity: str, status: Status) -> None:
         self.failover_state.labels(entity).set(SEVERITY[status])
+        self.failover_status.labels(entity).state(status)
         self.failover_transitions.labels(entity, status).inc()
 
     def backlog_send(self, queue: str, ok: bool) -> None:
@@ -228,6 +282,22 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
 
     def operation(self, kind: str) -> None:
         self.syphon_operations.labels(kind).inc()
+
+    def dwell(self, entity: str, seconds: float) -> None:
+        self.backlog_dwell.labels(entity).observe(seconds)
+
+    def backlog_depths(self, depths: Mapping[str, int]) -> None:
+        for queue, n in depths.items():
+            self.backlog_messages.labels(queue).set(n)
+            if n == 0:
+                self.backlog_oldest(queue, None)
+
+    def backlog_oldest(self, queue: str, accepted_at: float | None) -> None:
+        if accepted_at is None:
+            with contextlib.suppress(KeyError):
+                self.backlog_oldest_ts.remove(queue)
+        else:
+            self.backlog_oldest_ts.labels(queue).set(accepted_at)
 
 
 class _LedgerCollector(Collector):

@@ -77,6 +77,11 @@ def rewrite(m: OutboundMessage, entity_path: str, accepted_at: float) -> Outboun
     )
 
 
+def accepted_at(m: OutboundMessage) -> float | None:
+    """When the gateway accepted backlog message `m` (unix time), if it says."""
+    return _seconds(m.application_properties.get(ACCEPTED))
+
+
 def rewritten_size(m: OutboundMessage, entity_path: str) -> int:
     """The size `m` will have in a backlog queue (the rewrite adds bytes)."""
     return rewrite(m, entity_path, 0.0).size
@@ -89,6 +94,7 @@ class Restored:
     entity_path: str
     message: OutboundMessage
     expired: bool  # its original TTL ran out while it waited in the backlog
+    accepted_at: float | None = None  # unix time the gateway accepted it (answered 202)
 
 
 def restore(m: OutboundMessage, now: float) -> Restored | None:
@@ -135,7 +141,7 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
         ),
         application_properties=props,
     )
-    return Restored(entity_path=path, message=original, expired=expired)
+    return Restored(entity_path=path, message=original, expired=expired, accepted_at=accepted)
 
 
 def ping_message(message_id: str) -> OutboundMessage:
@@ -155,6 +161,7 @@ __all__ = [
     "PING_CONTENT_TYPE",
     "REWRITE_KEYS",
     "Restored",
+    "accepted_at",
     "backlog_path",
     "estimate_size",
     "ping_message",

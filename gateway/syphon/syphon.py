@@ -37,11 +37,11 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.config import SyphonSettings, TimeoutSettings
-from gateway.core.backlog import BACKLOG_LOCK_DURATION, PING_CONTENT_TYPE, restore
+from gateway.core.backlog import BACKLOG_LOCK_DURATION, PING_CONTENT_TYPE, accepted_at, restore
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient
@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 TTL_EXPIRED = "TTLExpiredException"
 NOT_A_BACKLOG_MESSAGE = "NotABacklogMessage"
 MIN_CHECK_SPACING = 1.0  # at most one depth check per second, however many failbacks
+# While a backlog may hold messages (the last check saw some, or an entity is not healthy),
+# depths are checked this often: the backlog gauges stay fresh for dashboards and alerts.
+# Idle (everything healthy and empty) only the safety check runs.
+BUSY_CHECK_INTERVAL = 60.0
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 60.0
 
 
@@ -70,6 +74,16 @@ class SyphonObserver:
     def dead_lettered(self, reason: str) -> None: ...
 
     def operation(self, kind: str) -> None: ...
+
+    def dwell(self, entity: str, seconds: float) -> None:
+        """A message moved home `seconds` after the gateway answered 202 for it."""
+
+    def backlog_depths(self, depths: Mapping[str, int]) -> None:
+        """Active messages per backlog queue, from a depth check."""
+
+    def backlog_oldest(self, queue: str, accepted_at: float | None) -> None:
+        """When the oldest message a receive found at the head of `queue` was accepted
+        (unix time); None: the queue was found empty."""
 
 
 @dataclass
@@ -113,6 +127,7 @@ class Syphon:
         self._runnable = {q: asyncio.Event() for q in self._queues}
         self._signals = dict.fromkeys(self._queues, 0)  # wake-ups so far, per queue
         self._expected: set[str] = set()  # a depth check saw messages in these queues
+        self._depths: dict[str, int] = {}  # as of the last depth check
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
         self._wake = asyncio.Event()
@@ -159,12 +174,15 @@ class Syphon:
     # -- state events --------------------------------------------------------------------
 
     def _on_entity(self, st: EntityState) -> None:
-        if st.status == "healthy":  # a failback: what waited for it may be movable now
-            # The queues that hold its messages may be backing off because it was failed
-            # over; none must wait for a timer now.
-            self._retry_at.clear()
-            self._backoff.clear()
-            self.request_check()
+        if st.status != "healthy":
+            self._wake.set()  # the supervisor re-plans: depths are checked while busy
+            return
+        # A failback: what waited for it may be movable now. The queues that hold its
+        # messages may be backing off because it was failed over; none must wait for a
+        # timer now.
+        self._retry_at.clear()
+        self._backoff.clear()
+        self.request_check()
 
     def _on_backlog(self, b: BacklogState) -> None:
         return None
@@ -197,12 +215,15 @@ class Syphon:
             if now >= next_safety:
                 self._check_requested = True
                 next_safety = now + self._settings.idle_check_interval
+            busy_at = self._last_check + BUSY_CHECK_INTERVAL if self._busy() else float("inf")
+            if now >= busy_at:
+                self._check_requested = True
             if self._check_requested and now - self._last_check >= MIN_CHECK_SPACING:
                 self._check_requested = False
                 self._last_check = now
                 await self._depth_check()
                 continue
-            wake_at = min([next_safety, *self._retry_at.values()])
+            wake_at = min([next_safety, busy_at, *self._retry_at.values()])
             if self._check_requested:
                 wake_at = min(wake_at, self._last_check + MIN_CHECK_SPACING)
             self._wake.clear()
@@ -215,6 +236,9 @@ class Syphon:
                 depths = await self._backlog.depths(self._queues)
         except TimeoutError:
             depths = None
+        if depths is not None:
+            self._depths = {q: depths.get(q, 0) for q in self._queues}
+            self._observer.backlog_depths(self._depths)
         for q in self._queues:
             if q in self._retry_at:
                 continue
@@ -222,6 +246,15 @@ class Syphon:
                 if depths is not None:
                     self._expected.add(q)
                 self._signal(q)
+
+    def _busy(self) -> bool:
+        """A backlog may hold messages: the last check saw some, or an entity is not
+        healthy (its messages may be arriving in a backlog now)."""
+        if any(self._depths.values()):
+            return True
+        return self._store is not None and any(
+            s.status != "healthy" for s in self._store.snapshot().values()
+        )
 
     # -- moving --------------------------------------------------------------------------
 
@@ -275,6 +308,10 @@ class Syphon:
         except (SendFailure, TimeoutError) as exc:
             self._fault(path, exc)
             return "failed"
+        oldest = min(
+            (t for r in received if (t := accepted_at(r.message)) is not None), default=None
+        )
+        self._observer.backlog_oldest(path, oldest)
         if not received:
             return "empty"
         async with self._sem:
@@ -361,8 +398,12 @@ class Syphon:
             if isinstance(exc, SendFailure):
                 self._fault(path, exc)
             return False
+        home = self._clock.now()
         for r, m in items:  # only now: the send succeeded
             await self._settle(path, r, "complete")
+            accepted = accepted_at(r.message)
+            if accepted is not None:
+                self._observer.dwell(entity, max(home - accepted, 0.0))
             self._ledger.emit(
                 "syphoned",
                 message_id=m.message_id,

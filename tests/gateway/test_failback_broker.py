@@ -184,6 +184,8 @@ async def test_a_scheduled_message_goes_home_expiring_at_its_schedule_plus_ttl(
         assert _ts(m["scheduled_enqueue_time"]) == schedule.timestamp()
         expires = schedule.timestamp() + sent[m["message_id"]]
         assert _ts(m["expires_at"]) == expires, "expires at the original schedule + TTL"
+    metrics = await (await gw.get("/metrics")).text()
+    assert 'sbgate_backlog_dwell_seconds_count{entity="orders"} 2.0' in metrics
 
 
 def _props(props: dict[str, Any]) -> dict[str, str]:

@@ -17,6 +17,7 @@ from gateway.core.dispatcher import Dispatcher
 from gateway.core.entities import EntityRef
 from gateway.core.failover import Failover, PairClients
 from gateway.core.message import OutboundMessage
+from gateway.metrics import Metrics
 from gateway.syphon.ports import RealClock
 from gateway.syphon.syphon import MIN_CHECK_SPACING, Syphon
 from tests.support.fake_broker import FakeNamespace
@@ -65,6 +66,7 @@ class Replica:
         syphon: bool = True,
         failover: FailoverSettings = FAILOVER,
         store: ClusterStore | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         loop_time = asyncio.get_running_loop().time
         self.store = store or ClusterStore(redis, name)
@@ -78,6 +80,7 @@ class Replica:
             LIMITS,
             clock=loop_time,
             rng=random.Random(name),  # reproducible backlog choice
+            observer=metrics,
         )
         self.syphon = (
             Syphon(
@@ -89,6 +92,7 @@ class Replica:
                 settings=SYPHON,
                 timeouts=TIMEOUTS,
                 clock=LoopClock(),
+                observer=metrics,
             )
             if syphon
             else None
