@@ -379,7 +379,7 @@ ingress.annotations, which win.
 {{- if .Values.ingress.nginxAnnotations -}}
 {{- /* Continue the client's W3C trace (traceparent) when the controller traces. */ -}}
 {{- $_ := set $out "nginx.ingress.kubernetes.io/opentelemetry-trust-incoming-span" "true" -}}
-{{- /* Admit every body the gateway admits, so it answers oversized ones itself (JSON 413). */ -}}
+{{- /* Admit every body the gateway admits (a smaller cluster-wide limit would refuse them). */ -}}
 {{- $maxBody := get .Values.config.extraEnv "SBGATE_MAX_BODY_BYTES" | default 1048576 -}}
 {{- $_ := set $out "nginx.ingress.kubernetes.io/proxy-body-size" (include "sbgate.envValue" $maxBody) -}}
 {{- end -}}
