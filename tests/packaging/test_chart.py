@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -620,3 +621,180 @@ async def test_every_series_the_alerts_and_the_dashboard_read_is_exposed(
     assert not missing, f"queries read series /metrics does not have: {missing}"
     landed = PENDING_METRICS & exposed
     assert not landed, f"{sorted(landed)} exist now: remove them from PENDING_METRICS"
+
+
+# --- the alerts evaluated by Prometheus' own rule engine (promtool test rules) -----------------
+
+PROMTOOL = shutil.which("promtool")
+# The labels the chart's ServiceMonitor gives every series of the release (production values).
+SCRAPED = 'namespace="messaging", service="sbgate"'
+
+
+def series(name: str, labels: str, values: str) -> dict[str, str]:
+    return {"series": f"{name}{{{SCRAPED}{', ' if labels else ''}{labels}}}", "values": values}
+
+
+def expect(at: str, alert: str, *fired: dict[str, str]) -> dict[str, Any]:
+    """At `at`, `alert` fires once per `fired` label set (none: it does not fire)."""
+    base = {"namespace": "messaging", "team": "messaging"}
+    return {
+        "eval_time": at,
+        "alertname": alert,
+        "exp_alerts": [{"exp_labels": {**base, **labels}} for labels in fired],
+    }
+
+
+# Each case: input series (one-minute samples; `a+bxN` is a, a+b, ... N more) and the alerts
+# expected at given times. The production values: failed over 10m, oldest message 20 minutes.
+ALERT_CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
+    "failed over for 10 minutes, on one replica of two": (
+        [
+            series(
+                "sbgate_failover_status",
+                'pod="a", entity="orders", sbgate_failover_status="failed_over"',
+                "0 0 1x20",
+            ),
+            series(
+                "sbgate_failover_status",
+                'pod="b", entity="orders", sbgate_failover_status="failed_over"',
+                "0x22",
+            ),
+            # Another release's gateway, in another namespace: not this release's alert.
+            {
+                "series": 'sbgate_failover_status{namespace="other", service="sbgate", '
+                'pod="c", entity="orders", sbgate_failover_status="failed_over"}',
+                "values": "1x22",
+            },
+        ],
+        [
+            expect("11m", "SbgateEntityFailedOver"),
+            expect(
+                "13m",
+                "SbgateEntityFailedOver",
+                {"entity": "orders", "severity": "warning"},
+            ),
+        ],
+    ),
+    "messages enter the backlog and none leave (no moved series yet)": (
+        [series("sbgate_messages_total", 'pod="a", entity="orders", route="backlog"', "0+10x30")],
+        [
+            expect("10m", "SbgateBacklogGrowing"),
+            expect("25m", "SbgateBacklogGrowing", {"severity": "warning"}),
+        ],
+    ),
+    "the syphon keeps up with the backlog": (
+        [
+            series("sbgate_messages_total", 'pod="a", entity="orders", route="backlog"', "0+10x30"),
+            series("sbgate_syphon_moved_total", 'pod="b", entity="orders"', "0+8x30"),
+            series("sbgate_syphon_dead_lettered_total", 'pod="b", reason="TTLExpired"', "0+2x30"),
+        ],
+        [expect("25m", "SbgateBacklogGrowing")],
+    ),
+    "a message accepted at 0 still waits at the head of a backlog queue": (
+        [
+            series(
+                "sbgate_backlog_oldest_message_timestamp_seconds",
+                'pod="a", queue="primary/x-servicebus-transfer/3"',
+                "0x30",
+            ),
+        ],
+        [
+            expect("19m", "SbgateBacklogMessageTooOld"),
+            expect(
+                "25m",
+                "SbgateBacklogMessageTooOld",
+                {"queue": "primary/x-servicebus-transfer/3", "severity": "critical"},
+            ),
+        ],
+    ),
+    "an empty backlog queue has no oldest message": (
+        [],
+        [expect("25m", "SbgateBacklogMessageTooOld")],
+    ),
+    "a pod drops one ledger event": (
+        [
+            series("sbgate_ledger_events_dropped_total", 'pod="a"', "0 0 0 1x10"),
+            series("sbgate_ledger_events_dropped_total", 'pod="b"', "0x13"),
+        ],
+        [
+            expect("2m", "SbgateLedgerEventsDropped"),
+            expect("4m", "SbgateLedgerEventsDropped", {"pod": "a", "severity": "warning"}),
+        ],
+    ),
+    "one pod loses Redis": (
+        [
+            series("sbgate_redis_connected", 'pod="a"', "1 1 0x10"),
+            series("sbgate_redis_connected", 'pod="b"', "1x12"),
+        ],
+        [
+            expect("3m", "SbgateRedisDisconnected"),
+            expect("6m", "SbgateRedisDisconnected", {"pod": "a", "severity": "warning"}),
+        ],
+    ),
+    "one request in ten answered 503": (
+        [
+            series(
+                "sbgate_http_requests_total",
+                'entity="orders", status="201", route="primary"',
+                "0+90x20",
+            ),
+            series(
+                "sbgate_http_requests_total",
+                'entity="orders", status="503", route="none"',
+                "0+10x20",
+            ),
+        ],
+        [expect("15m", "SbgateHighErrorRatio", {"severity": "critical"})],
+    ),
+    "one request in a hundred answered 503, and no traffic at all": (
+        [
+            series(
+                "sbgate_http_requests_total",
+                'entity="orders", status="201", route="primary"',
+                "0+99x20",
+            ),
+            series(
+                "sbgate_http_requests_total",
+                'entity="orders", status="503", route="none"',
+                "0+1x20",
+            ),
+            series("sbgate_admission_rejected_total", 'pod="a"', "0x20"),
+        ],
+        [expect("15m", "SbgateHighErrorRatio"), expect("15m", "SbgateAdmissionSaturated")],
+    ),
+    "requests refused for lack of room for ten minutes": (
+        [series("sbgate_admission_rejected_total", 'pod="a"', "0+6x20")],
+        [expect("15m", "SbgateAdmissionSaturated", {"severity": "warning"})],
+    ),
+}
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool (make sysdeps installs prometheus)")
+def test_the_alerts_fire_when_they_should_and_only_then(
+    production: dict[str, Any], tmp_path: Path
+) -> None:
+    import yaml
+
+    (rule,) = objects(production, "PrometheusRule").values()
+    groups = copy.deepcopy(rule["spec"]["groups"])
+    for r in (r for g in groups for r in g["rules"]):
+        # Prometheus renders annotations at fire time; promtool would compare them in full.
+        r.pop("annotations")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}), encoding="utf-8")
+    tests = [
+        {"name": name, "interval": "1m", "input_series": given, "alert_rule_test": expected}
+        for name, (given, expected) in ALERT_CASES.items()
+    ]
+    assert {e["alertname"] for _, cases in ALERT_CASES.values() for e in cases} == ALERTS
+    spec = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
+    assert PROMTOOL is not None
+    proc = subprocess.run(
+        [PROMTOOL, "test", "rules", "tests.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
