@@ -379,6 +379,28 @@ def test_alerts_dashboard_and_ingress_are_off_by_default(minimal: dict[str, Any]
     assert set(objects(minimal, "ConfigMap")) == {"sbgate"}  # no dashboard
 
 
+def test_alerts_dashboard_and_ingress_turned_on_with_their_defaults() -> None:
+    values = {
+        "config": {"publicHosts": ["sbgate.contoso.com"]},
+        "ingress": {"enabled": True},
+        "metrics": {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+    }
+    result = render(merge(MINIMAL, values))
+    alerts = rules(result)
+    assert set(alerts) == ALERTS
+    assert alerts["SbgateBacklogMessageTooOld"]["expr"].endswith("> 1800")  # 30 minutes
+    assert alerts["SbgateBacklogGrowing"]["expr"].endswith("> 0.01")
+    assert alerts["SbgateLedgerEventsDropped"]["for"] == "0m"
+    assert all(set(r["labels"]) == {"severity"} for r in alerts.values())
+    cm = objects(result, "ConfigMap")["sbgate-dashboard"]
+    assert "annotations" not in cm["metadata"]  # no folder
+    (rule,) = objects(result, "Ingress")["sbgate"]["spec"]["rules"]
+    assert rule["host"] == "sbgate.contoso.com"
+    paths = [p["path"] for p in rule["http"]["paths"]]
+    assert paths == message_paths("orders", "queue") + message_paths("events", "topic")
+    assert "tls" not in objects(result, "Ingress")["sbgate"]["spec"]
+
+
 def test_production_alerts(production: dict[str, Any]) -> None:
     alerts = rules(production)
     assert set(alerts) == ALERTS
