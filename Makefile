@@ -17,11 +17,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Tests start real redis-server processes on free ports, and the audit pipeline runs real
-# Spark (pyspark 4 needs Java 17+): install what is missing.
+# Tests start real redis-server processes on free ports, the audit pipeline runs real
+# Spark (pyspark 4 needs Java 17+), and the chart's alerts are evaluated by Prometheus' promtool
+# (Debian's prometheus package): install what is missing.
 sysdeps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	{ command -v java >/dev/null && java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; } \
 	  || missing="$$missing openjdk-17-jre-headless"; \
 	if [ -n "$$missing" ]; then \

@@ -1,12 +1,15 @@
 """Lint and render the Helm chart with Helm's own Go library (helm-sdkpy), no cluster needed.
 
-Run by scripts/lint-packaging.sh inside .venv-tools (helm-sdkpy, PyYAML, jsonschema):
+Run by scripts/lint-packaging.sh inside .venv-tools (helm-sdkpy, PyYAML, jsonschema,
+kubernetes-validate, promql-parser):
 
     python scripts/helm_check.py check            # every check below; exit 1 on any finding
     python scripts/helm_check.py render -f F.yaml  # rendered manifests as JSON (for tests)
     python scripts/helm_check.py readme            # regenerate helm/sbgate/README.md's tables
+    python scripts/helm_check.py queries -f F.yaml # metric names each alert and dashboard reads
 
-What `check` does, for the default values and for ci/production-values.yaml:
+What `check` does, for the default values, for ci/production-values.yaml, and for the defaults
+with the alerts, the dashboard and the Ingress turned on:
 - Helm lint (the library's lint action) on the chart with those values; any warning or error
   fails. helm-sdkpy's lint takes no values file, so the chart is copied and its values.yaml
   replaced by the coalesced values.
@@ -20,8 +23,13 @@ What `check` does, for the default values and for ci/production-values.yaml:
 - Kubernetes versions: the chart's `kubeVersion` must admit the oldest and newest versions in
   KUBE_VERSIONS and refuse the ones just outside; every manifest rendered (for both value sets)
   must validate, strictly (no unknown fields), against those versions' own schemas as bundled
-  by kubernetes-validate (offline). Custom resources (ServiceMonitor) have no bundled schema and
-  are reported as skipped.
+  by kubernetes-validate (offline). Custom resources (ServiceMonitor, PrometheusRule) have no
+  bundled schema and are reported as skipped there.
+- The alerts, the dashboard and the Ingress, rendered a third time on top of the defaults: the
+  PrometheusRule's spec against the CRD's schema (PROMETHEUS_RULE_SPEC), every alert with a
+  severity, summary, description and runbook, every expression parsed by promql-parser; the
+  dashboard ConfigMap equal to dashboards/sbgate.json, its data source variable used by every
+  panel, every query parsed; every Ingress path to a port of the gateway Service.
 """
 
 from __future__ import annotations
@@ -67,6 +75,13 @@ MINIMAL: dict[str, Any] = {
     "auth": {"rules": "# SAS rules (test)\n"},
 }
 
+# The optional alerts, dashboard and Ingress turned on with their default settings.
+OBSERVABILITY: dict[str, Any] = {
+    "config": {"publicHosts": ["sbgate.contoso.com"]},
+    "ingress": {"enabled": True},
+    "metrics": {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+}
+
 # Lint severities (helm.sh/helm/v4/pkg/chart/v2/lint/support).
 SEVERITY = {0: "UNKNOWN", 1: "INFO", 2: "WARNING", 3: "ERROR"}
 
@@ -108,6 +123,8 @@ _RESOURCES = [
     ("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True),
     ("batch", "v1", "CronJob", "cronjobs", True),
     ("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", True),
+    ("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules", True),
+    ("networking.k8s.io", "v1", "Ingress", "ingresses", True),
 ]
 # The supported range (Chart.yaml's kubeVersion): the oldest and newest Kubernetes versions whose
 # schemas the rendered manifests are validated against (kubernetes-validate bundles them).
@@ -412,6 +429,7 @@ def check_manifests(docs: list[dict[str, Any]], values: dict[str, Any]) -> list[
         expect({TMP_MOUNT, "/audit"} <= mounts, f"{where}: /tmp and /audit must be writable")
         expect(bool(c.get("args")), f"{where}: no arguments for gateway audit")
         expect("command" not in c, f"{where}: the image's entry point (gateway audit) is kept")
+    errors += check_observability(docs)
     return errors
 
 
@@ -452,6 +470,189 @@ def validate_manifests(docs: list[dict[str, Any]], version: str) -> tuple[list[s
 def expect_kinds(docs: list[dict[str, Any]], expected: dict[str, int]) -> list[str]:
     got = {k: len(v) for k, v in by_kind(docs).items()}
     return [] if got == expected else [f"objects: expected {expected}, got {got}"]
+
+
+# --- the alerts, the dashboard and the Ingress -------------------------------------------------
+
+DASHBOARD = CHART / "dashboards" / "sbgate.json"
+_DURATION = (
+    "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+)
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+# The PrometheusRule's spec as the Prometheus Operator's CRD (monitoring.coreos.com/v1) defines
+# it, strictly: kubernetes-validate bundles no schema for custom resources.
+PROMETHEUS_RULE_SPEC: dict[str, Any] = {
+    "type": "object",
+    "required": ["groups"],
+    "additionalProperties": False,
+    "properties": {
+        "groups": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "rules"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "interval": {"type": "string", "pattern": _DURATION},
+                    "query_offset": {"type": "string", "pattern": _DURATION},
+                    "limit": {"type": "integer"},
+                    "labels": _STRINGS,
+                    "partial_response_strategy": {"type": "string"},
+                    "rules": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["expr"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "alert": {"type": "string"},
+                                "record": {"type": "string"},
+                                "expr": {"type": ["string", "integer"]},
+                                "for": {"type": "string", "pattern": _DURATION},
+                                "keep_firing_for": {"type": "string", "pattern": _DURATION},
+                                "labels": _STRINGS,
+                                "annotations": _STRINGS,
+                            },
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
+# What every alert says, for whoever it wakes up.
+ALERT_ANNOTATIONS = ("summary", "description", "runbook")
+
+
+def grafana_to_promql(expr: str) -> str:
+    """A dashboard query with Grafana's variables replaced by values PromQL parses."""
+    expr = re.sub(r"\$\{?(__rate_interval|__interval|__range)\}?", "5m", expr)
+    return re.sub(r"\$\{?[A-Za-z_]\w*(:\w+)?\}?", ".*", expr)
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects; ValueError if it does not parse."""
+    import promql_parser
+
+    names: set[str] = set()
+
+    def visit(node: Any) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            by_matcher = [m.value for m in node.matchers.matchers if m.name == "__name__"]
+            names.update([node.name] if node.name else by_matcher)
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return names
+
+
+def rule_queries(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """Every PrometheusRule expression, by `<rule object>/<alert or record>`."""
+    return {
+        f"{d['metadata']['name']}/{r.get('alert') or r.get('record')}": str(r["expr"])
+        for d in by_kind(docs).get("PrometheusRule", [])
+        for g in d["spec"]["groups"]
+        for r in g["rules"]
+    }
+
+
+def dashboard_queries(dashboard: dict[str, Any]) -> dict[str, str]:
+    """Every PromQL query of a Grafana dashboard (panels, rows' panels, query variables), with
+    Grafana's variables replaced, by `panel <title> <refId>` or `variable <name>`."""
+    out: dict[str, str] = {}
+    panels = list(dashboard.get("panels", []))
+    for p in panels:
+        panels.extend(p.get("panels", []))  # a collapsed row holds its panels
+        for t in p.get("targets", []):
+            out[f"panel {p.get('title')!r} {t.get('refId')}"] = grafana_to_promql(t["expr"])
+    for v in dashboard.get("templating", {}).get("list", []):
+        if v.get("type") != "query":
+            continue
+        query = v["query"] if isinstance(v["query"], str) else v["query"]["query"]
+        m = re.fullmatch(r"\s*(?:label_values\((.+),\s*\w+\)|query_result\((.+)\))\s*", query)
+        if m:
+            out[f"variable {v['name']}"] = grafana_to_promql(m.group(1) or m.group(2))
+    return out
+
+
+def check_dashboard(dashboard: dict[str, Any], where: str) -> list[str]:
+    """A dashboard anyone can import: a Prometheus data source variable that every panel and
+    query uses, unique panel ids, queries that parse."""
+    errors: list[str] = []
+    variables = {v["name"]: v for v in dashboard.get("templating", {}).get("list", [])}
+    ds = variables.get("datasource", {})
+    if ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+        errors.append(f"{where}: no Prometheus data source variable `datasource`")
+    panels = list(dashboard.get("panels", []))
+    for p in panels:
+        panels.extend(p.get("panels", []))
+    ids = [p.get("id") for p in panels]
+    if len(ids) != len(set(ids)):
+        errors.append(f"{where}: panel ids repeat: {ids}")
+    for p in panels:
+        if p.get("type") == "row":
+            continue
+        for node in (p, *p.get("targets", [])):
+            if node.get("datasource", {}).get("uid") != "${datasource}":
+                errors.append(f"{where}: panel {p.get('title')!r} does not use ${{datasource}}")
+        if not p.get("targets"):
+            errors.append(f"{where}: panel {p.get('title')!r} has no query")
+    for name, expr in dashboard_queries(dashboard).items():
+        try:
+            metric_names(expr)
+        except ValueError as exc:
+            errors.append(f"{where}: {name}: {exc}: {expr}")
+    return errors
+
+
+def check_observability(docs: list[dict[str, Any]]) -> list[str]:
+    """The PrometheusRule (CRD schema, PromQL that parses, every alert annotated), the dashboard
+    ConfigMap (the chart's file, a sound dashboard) and the Ingress (to the gateway Service's
+    port, not to the operational endpoints unless asked)."""
+    errors: list[str] = []
+    kinds = by_kind(docs)
+    for d in kinds.get("PrometheusRule", []):
+        where = f"PrometheusRule {d['metadata']['name']}"
+        try:
+            jsonschema.validate(d["spec"], PROMETHEUS_RULE_SPEC)
+        except jsonschema.ValidationError as exc:
+            errors.append(f"{where}: {'.'.join(str(p) for p in exc.path)}: {exc.message}")
+            continue
+        for rule in (r for g in d["spec"]["groups"] for r in g["rules"]):
+            alert = rule.get("alert", "?")
+            missing = [a for a in ALERT_ANNOTATIONS if not rule.get("annotations", {}).get(a)]
+            if missing:
+                errors.append(f"{where}: {alert} has no {', '.join(missing)}")
+            if not rule.get("labels", {}).get("severity"):
+                errors.append(f"{where}: {alert} has no severity")
+        for name, expr in rule_queries([d]).items():
+            try:
+                metric_names(expr)
+            except ValueError as exc:
+                errors.append(f"{where}: {name}: {exc}: {expr}")
+    shipped = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    for cm in kinds.get("ConfigMap", []):
+        for key, text in cm.get("data", {}).items():
+            if not key.endswith(".json"):
+                continue
+            where = f"ConfigMap {cm['metadata']['name']} {key}"
+            dashboard = json.loads(text)
+            if dashboard != shipped:
+                errors.append(f"{where}: differs from {DASHBOARD.relative_to(ROOT)}")
+            errors += check_dashboard(dashboard, where)
+    services = {
+        s["metadata"]["name"]: {p["name"] for p in s["spec"]["ports"]}
+        for s in kinds.get("Service", [])
+    }
+    for ing in kinds.get("Ingress", []):
+        where = f"Ingress {ing['metadata']['name']}"
+        for rule in ing["spec"]["rules"]:
+            for path in rule["http"]["paths"]:
+                svc = path["backend"]["service"]
+                if svc["port"].get("name") not in services.get(svc["name"], set()):
+                    errors.append(f"{where}: {path['path']} goes to no Service port: {svc}")
+    return errors
 
 
 # --- values.yaml documentation and schema ------------------------------------------------------
@@ -600,15 +801,32 @@ def run_checks() -> int:
             production,
             coalesce(default_values, production),
             {
-                "ConfigMap": 1,
+                "ConfigMap": 2,
                 "Service": 2,
                 "ServiceAccount": 1,
                 "Deployment": 2,
                 "PodDisruptionBudget": 1,
                 "HorizontalPodAutoscaler": 1,
                 "ServiceMonitor": 1,
+                "PrometheusRule": 1,
+                "Ingress": 1,
                 "NetworkPolicy": 1,
                 "CronJob": 1,
+            },
+        ),
+        (
+            "defaults + alerts, dashboard, ingress",
+            coalesce(MINIMAL, OBSERVABILITY),
+            coalesce(default_values, coalesce(MINIMAL, OBSERVABILITY)),
+            {
+                "ConfigMap": 2,
+                "Secret": 1,
+                "Service": 1,
+                "ServiceAccount": 1,
+                "Deployment": 1,
+                "PodDisruptionBudget": 1,
+                "PrometheusRule": 1,
+                "Ingress": 1,
             },
         ),
     ]
@@ -681,8 +899,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check", help="lint and render checks (exit 1 on any finding)")
     sub.add_parser("readme", help="regenerate the parameter tables in helm/sbgate/README.md")
     r = sub.add_parser("render", help="print the rendered manifests as JSON")
-    r.add_argument("-f", "--values", action="append", default=[], type=Path)
-    r.add_argument("--set-json", action="append", default=[], help="a JSON object of values")
+    q = sub.add_parser(
+        "queries", help="the metric names each alert (as rendered) and dashboard query reads"
+    )
+    for p in (r, q):
+        p.add_argument("-f", "--values", action="append", default=[], type=Path)
+        p.add_argument("--set-json", action="append", default=[], help="a JSON object of values")
     args = parser.parse_args(argv)
     if args.cmd == "check":
         return run_checks()
@@ -700,6 +922,14 @@ def main(argv: list[str] | None = None) -> int:
     except RenderError as exc:
         json.dump({"error": str(exc)}, sys.stdout)
         return 2
+    if args.cmd == "queries":
+        dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+        queries = {
+            **{f"alert {k}": v for k, v in rule_queries(docs).items()},
+            **{f"dashboard {k}": v for k, v in dashboard_queries(dashboard).items()},
+        }
+        json.dump({k: sorted(metric_names(v)) for k, v in queries.items()}, sys.stdout)
+        return 0
     json.dump({"manifests": docs, "notes": notes}, sys.stdout)
     return 0
 

