@@ -342,19 +342,6 @@ ALERTS = {
     "SbgateHighErrorRatio",
     "SbgateAdmissionSaturated",
 }
-# Series that the observability work of issue #14 adds to gateway/metrics.py on another branch.
-# The test below lets the alerts and the dashboard read them before they exist, and fails once
-# they do: then delete this set.
-PENDING_METRICS = frozenset(
-    {
-        "sbgate_failover_status",
-        "sbgate_backlog_messages",
-        "sbgate_backlog_oldest_message_timestamp_seconds",
-        "sbgate_backlog_dwell_seconds_bucket",
-        "process_cpu_seconds_total",
-        "process_resident_memory_bytes",
-    }
-)
 # The series names a metric family exposes, by type (prometheus_client's text format).
 _SUFFIXES = {
     "counter": ("_total",),
@@ -636,13 +623,11 @@ async def test_every_series_the_alerts_and_the_dashboard_read_is_exposed(
     assert any(k.startswith("dashboard panel") for k in queried)
     assert any(k.startswith("dashboard variable") for k in queried)
     missing = {
-        where: sorted(set(names) - exposed - PENDING_METRICS)
+        where: sorted(set(names) - exposed)
         for where, names in queried.items()
-        if set(names) - exposed - PENDING_METRICS
+        if set(names) - exposed
     }
     assert not missing, f"queries read series /metrics does not have: {missing}"
-    landed = PENDING_METRICS & exposed
-    assert not landed, f"{sorted(landed)} exist now: remove them from PENDING_METRICS"
 
 
 # --- the alerts evaluated by Prometheus' own rule engine (promtool test rules) -----------------
