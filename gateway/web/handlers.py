@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from gateway.auth import AuthError, Right
+from gateway.auth import Right
 from gateway.config import LimitSettings
 from gateway.core.entities import EntityCatalog, validate_entity_path
 from gateway.core.message import OutboundMessage
@@ -89,16 +89,10 @@ def json_response(status: int, body: object, headers: dict[str, str] | None = No
 
 
 def error_response(err: GatewayError, request_id: str | None = None) -> web.Response:
-    headers: dict[str, str] = {}
-    if err.retry_after is not None:
-        headers["Retry-After"] = str(max(1, round(err.retry_after)))
+    """The JSON answer to `err`, with its own headers (Retry-After, WWW-Authenticate)."""
+    headers = err.headers()
     if request_id:
         headers["X-Request-Id"] = request_id
-    return json_response(err.status, err.body(), headers)
-
-
-def auth_error_response(err: AuthError) -> web.Response:
-    headers = {"WWW-Authenticate": "SharedAccessSignature"} if err.status == 401 else None
     return json_response(err.status, err.body(), headers)
 
 
@@ -129,8 +123,6 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         response = await handler(request)
     except GatewayError as err:
         response = error_response(err)
-    except AuthError as err:
-        response = auth_error_response(err)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -253,10 +245,6 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
         if isinstance(err, Saturated):
             state.metrics.admission_rejected.inc()
         response = error_response(err, request_id)
-    except AuthError as err:
-        status = err.status
-        response = auth_error_response(err)
-        response.headers["X-Request-Id"] = request_id
     else:
         status = delivery.status
         route = delivery.route
@@ -296,7 +284,7 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
                 entity=entity_label,
                 latency_ms=elapsed * 1000,
                 status=status,
-                error=error.code if error else "unauthorized",
+                error=error.code if error else "unknown",
             )
     state.metrics.request_answered(entity_label, status, route, elapsed)
     principal = request.get(PRINCIPAL)
