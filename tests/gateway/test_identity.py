@@ -95,6 +95,7 @@ def test_workload_identity_without_its_environment_is_refused() -> None:
         SharedCredential("workload", "client-1").get()
 
 
+@pytest.mark.integration  # a `gateway serve` subprocess
 def test_gateway_serve_without_the_credentials_environment_exits_2() -> None:
     env = {k: v for k, v in os.environ.items() if k not in AZURE_ENV and "SBGATE_" not in k}
     env |= {
