@@ -24,7 +24,7 @@ from azure.identity.aio import (
 )
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
-from gateway.app import RUNTIME, create_app, default_client_factory
+from gateway.app import CLIENTS, CREDENTIAL, create_app, default_client_factory
 from gateway.config import ConfigError, load_settings
 from gateway.servicebus import admin as admin_module
 from gateway.servicebus.client import SdkNamespaceClient
@@ -222,9 +222,8 @@ async def test_one_credential_for_every_client_and_the_admin_closed_at_shutdown(
         try:
             credential = shared.get()
             closes = spy_close(credential)
-            rt = app[RUNTIME]
-            assert rt.credential is shared
-            sdk_clients = list(rt.clients.values())
+            assert app[CREDENTIAL] is shared
+            sdk_clients = list(app[CLIENTS].values())
             assert len(sdk_clients) == 2
             assert all(isinstance(c, SdkNamespaceClient) for c in sdk_clients)
             assert all(c.credential is credential for c in sdk_clients)  # type: ignore[attr-defined]
