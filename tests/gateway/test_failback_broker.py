@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from gateway.app import default_backlog_factory, default_client_factory
+from gateway.app import default_backlog_factory, default_client_factory, shared_credential
 from gateway.config import NamespaceSettings, load_settings
 from gateway.core.failover import MARKED_HEALTHY, PING_DELIVERED
 from gateway.core.message import OutboundMessage
@@ -128,7 +128,9 @@ async def test_backlog_writes_completing_after_the_failback_are_moved_home(
     gateway: GatewayFactory, control: ControlClient, broker: BrokerProcess
 ) -> None:
     gate = Gate()
-    make = default_client_factory(load_settings(broker_env(broker, **ENV)))
+    settings = load_settings(broker_env(broker, **ENV))
+    credential = shared_credential(settings)  # the app owns it and closes it
+    make = default_client_factory(settings, credential)
 
     def clients(ns: NamespaceSettings) -> NamespaceClient:
         return GatedClient(make(ns), gate)
@@ -137,7 +139,7 @@ async def test_backlog_writes_completing_after_the_failback_are_moved_home(
         assert isinstance(client, GatedClient)
         return default_backlog_factory(ns, client.inner)
 
-    gw = await gateway(ENV, client_factory=clients, backlog_factory=backlogs)
+    gw = await gateway(ENV, client_factory=clients, backlog_factory=backlogs, credential=credential)
     await gw.post("/admin/entities/orders/failover")
     sends = [
         asyncio.ensure_future(gw.post("/orders/messages", data=b"x", headers=_id(f"race-{i}")))
