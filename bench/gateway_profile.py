@@ -161,9 +161,8 @@ def _build(parts: set[str]) -> tuple[web.AppRunner, Callable[[], None]]:
     if "bare" in parts:
         return web.AppRunner(bare_app(), access_log=None), lambda: None
     app, settings = gateway_app("null")
-    from gateway.app import RUNTIME
     from gateway.core.router import Delivery
-    from gateway.web.handlers import ROUTER
+    from gateway.web.handlers import EDGE, ROUTER
 
     if "handler" in parts:
         for resource in app.router.resources():
@@ -177,7 +176,7 @@ def _build(parts: set[str]) -> tuple[web.AppRunner, Callable[[], None]]:
         def _noop(*args: Any) -> None:
             return None
 
-        metrics: Any = app[RUNTIME].metrics
+        metrics: Any = app[EDGE].metrics
         metrics.request_answered = metrics.messages_accepted = _noop
     runner: web.AppRunner
     if "runner" in parts:

@@ -1,7 +1,20 @@
-"""The app factory, shared by `gateway serve` and the tests.
+"""The app factory, shared by `gateway serve`, `gateway syphon`, the tests and the benchmarks.
 
-Resources are `cleanup_ctx` generators with exactly one `yield`: started in order, cleaned
-up in reverse. Only this module (and the CLI) knows the concrete adapters.
+`create_app` builds the application and stores what its resources need under typed app keys.
+The resources are the cleanup contexts below, in start order: async generators with exactly
+one `yield`, started in order and cleaned up in reverse, each writing what it starts under
+its own key. Once started, an app holds:
+
+* `SETTINGS`, `PLAN` (what runs), `ADAPTERS` (the ports' adapters), `EDGE` (catalog, limits,
+  metrics, lifecycle, ledger: what the handlers read) and, with rules, `AUTHORIZER`;
+* `CREDENTIAL` — the process's one Entra ID credential, closed last;
+* `CLIENTS` — one `NamespaceClient` per namespace name;
+* `STORE` — the failover state store, when failover or the syphon runs;
+* `DISPATCHER`, `PAIRS` (each pair's clients and usable backlog queues), `ROUTER`, and
+  `FAILOVER` when failover runs;
+* `SYPHONS` — the syphon workers (none unless the syphon runs).
+
+Only this module (and the CLI) knows the concrete adapters.
 """
 
 from __future__ import annotations
@@ -10,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +36,7 @@ from gateway.core.entities import EntityCatalog
 from gateway.core.failover import Failover, PairClients
 from gateway.core.ports import NamespaceClient
 from gateway.core.router import PrimaryRouter
-from gateway.ledger import EventLedger, LedgerSettings, NullLedger, create_ledger
+from gateway.ledger import LedgerSettings, create_ledger
 from gateway.metrics import Metrics
 from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
@@ -37,31 +50,359 @@ from gateway.web.openapi import add_openapi_route
 
 log = logging.getLogger(__name__)
 
+Mode = Literal["serve", "syphon"]
 ClientFactory = Callable[[NamespaceSettings], NamespaceClient]
 StoreFactory = Callable[[Settings], StateStore]
 BacklogFactory = Callable[[NamespaceSettings, NamespaceClient], BacklogPort | None]
 Provisioner = Callable[[NamespaceSettings, list[str]], Awaitable[list[str]]]
 
 
-@dataclass
-class Runtime:
-    """The live objects of one app, for the CLI, the admin API and tests."""
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What an app runs, decided once from the settings and the mode."""
 
-    settings: Settings
-    metrics: Metrics
-    lifecycle: Lifecycle
-    catalog: EntityCatalog
-    clients: dict[str, NamespaceClient] = field(default_factory=dict)
-    dispatcher: Dispatcher | None = None
-    store: StateStore | None = None
-    failover: Failover | None = None
-    pair_clients: dict[str, PairClients] = field(default_factory=dict)
-    syphons: list[Syphon] = field(default_factory=list)
-    ledger: EventLedger = field(default_factory=NullLedger)
-    credential: SharedCredential | None = None  # the process's one Entra ID credential
+    mode: Mode
+    failover: bool  # the failover router: serving, enabled, and some pair has a secondary
+    syphon: bool  # the syphon pool: some pair has a secondary, and `gateway syphon` or enabled
+
+    @classmethod
+    def of(cls, settings: Settings, mode: Mode) -> Plan:
+        paired = any(p.secondary for p in settings.pairs)
+        return cls(
+            mode=mode,
+            failover=mode == "serve" and settings.failover.enabled and paired,
+            syphon=paired and (mode == "syphon" or settings.syphon.enabled),
+        )
+
+    @property
+    def shared_state(self) -> bool:
+        """Failover and the syphon keep state in a store that replicas share."""
+        return self.failover or self.syphon
 
 
-RUNTIME = web.AppKey("runtime", Runtime)
+@dataclass(frozen=True, slots=True)
+class Adapters:
+    """The adapters at the app's ports: the real ones by default, fakes in tests and benches."""
+
+    client: ClientFactory
+    store: StoreFactory
+    provision: Provisioner
+    backlog: BacklogFactory
+
+
+SETTINGS = web.AppKey("settings", Settings)
+PLAN = web.AppKey("plan", Plan)
+ADAPTERS = web.AppKey("adapters", Adapters)
+CREDENTIAL = web.AppKey("credential", SharedCredential)
+CLIENTS = web.AppKey[Mapping[str, NamespaceClient]]("clients")
+STORE = web.AppKey[StateStore]("store")
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+PAIRS = web.AppKey[Mapping[str, PairClients]]("pairs")
+SYPHONS = web.AppKey[list[Syphon]]("syphons")
+
+
+def create_app(
+    settings: Settings,
+    *,
+    mode: Mode = "serve",
+    client_factory: ClientFactory | None = None,
+    store_factory: StoreFactory | None = None,
+    provisioner: Provisioner | None = None,
+    backlog_factory: BacklogFactory | None = None,
+    metrics: Metrics | None = None,
+    credential: SharedCredential | None = None,
+) -> web.Application:
+    """Build the gateway's aiohttp application from validated `settings`.
+
+    `mode="syphon"` serves only /healthz, /readyz and /metrics and runs the syphon pool
+    (`gateway syphon`). The keyword arguments replace adapters at their ports (tests,
+    benchmarks). The app owns `credential` (default: one from the settings; one for every
+    SDK client and the admin client of this process) and closes it at shutdown, after the
+    clients. Raises `AuthConfigError` (a ValueError) on bad authorization rules."""
+    credential = credential or shared_credential(settings)
+    app = web.Application(
+        middlewares=[handlers.edge_middleware],
+        client_max_size=settings.limits.max_body_bytes,
+        handler_args={"max_field_size": settings.limits.max_header_bytes},
+    )
+    app[SETTINGS] = settings
+    app[PLAN] = Plan.of(settings, mode)
+    app[CREDENTIAL] = credential
+    app[ADAPTERS] = Adapters(
+        client=client_factory or default_client_factory(settings, credential),
+        store=store_factory or default_store_factory,
+        provision=provisioner or default_provisioner(settings, credential),
+        backlog=backlog_factory or default_backlog_factory,
+    )
+    app[EDGE] = EdgeState(
+        catalog=EntityCatalog(settings.entities),
+        limits=settings.limits,
+        metrics=metrics or Metrics(),
+        lifecycle=Lifecycle(),
+        ledger=create_ledger(ledger_settings(settings), replica=settings.replica_id),
+    )
+    authorizer = build_authorizer(settings)
+    if authorizer is not None:
+        app[AUTHORIZER] = authorizer
+    _add_routes(app, mode)
+    # Start order; aiohttp cleans up in reverse, so each resource outlives its users: the
+    # credential its clients, the clients the dispatcher, the ledger everything that emits.
+    app.cleanup_ctx.extend(
+        [
+            credential_ctx,
+            clients_ctx,
+            state_ctx,
+            ledger_ctx,
+            dispatcher_ctx,
+            router_ctx,
+            syphon_ctx,
+            lifecycle_ctx,
+        ]
+    )
+    return app
+
+
+def _add_routes(app: web.Application, mode: Mode) -> None:
+    if mode == "serve":
+        handlers.add_routes(app)
+        add_admin_routes(app)
+    else:
+        handlers.add_health_routes(app)
+    app.router.add_get("/metrics", _metrics_handler)
+    add_openapi_route(app, serving=mode == "serve")
+    if mode == "serve":
+        handlers.add_not_ingestion_routes(app)  # last: it answers every other path
+
+
+async def _metrics_handler(request: web.Request) -> web.StreamResponse:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    body = generate_latest(request.app[EDGE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# -- the resources, in start order ---------------------------------------------------------
+
+
+async def credential_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Nothing to start (the credential is created on first use); closed after the clients."""
+    try:
+        yield
+    finally:
+        await app[CREDENTIAL].aclose()
+
+
+async def clients_ctx(app: web.Application) -> AsyncIterator[None]:
+    """One client per namespace (pairs may share one), closed after everything using them."""
+    make = app[ADAPTERS].client
+    clients: dict[str, NamespaceClient] = {}
+    for pair in app[SETTINGS].pairs:
+        for ns in (pair.primary, pair.secondary):
+            if ns is not None and ns.name not in clients:
+                clients[ns.name] = make(ns)
+    app[CLIENTS] = clients
+    try:
+        yield
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+async def state_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The state store replicas share, when failover or the syphon runs (`STORE`)."""
+    metrics = app[EDGE].metrics
+    store = app[ADAPTERS].store(app[SETTINGS]) if app[PLAN].shared_state else None
+    if store is None:
+        metrics.redis_connected.set(1)  # nothing to be disconnected from
+    else:
+        await store.start()
+        app[STORE] = store
+        metrics.redis_connected.set_function(lambda: 1.0 if store.connected else 0.0)
+    try:
+        yield
+    finally:
+        if store is not None:
+            await store.close()
+
+
+async def ledger_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The event ledger: flushed and closed after everything that emits."""
+    edge = app[EDGE]
+    edge.metrics.bind_ledger(edge.ledger)
+    async with edge.ledger:
+        yield
+
+
+async def dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The dispatcher (`DISPATCHER`), with senders opened for every declared entity, and
+    each pair's clients and usable backlog queues (`PAIRS`, checked or created now)."""
+    settings, edge, clients = app[SETTINGS], app[EDGE], app[CLIENTS]
+    dispatcher = Dispatcher(settings.limits, settings.timeouts, observer=edge.metrics)
+    app[DISPATCHER] = dispatcher
+    edge.metrics.bind_admission(lambda: dispatcher.gate.waiting, lambda: dispatcher.gate.used)
+    primaries = _primaries(settings, clients)
+    warm = dispatcher.warm(Destination(primaries[e.pair], e.path) for e in edge.catalog.all())
+    pairs: dict[str, PairClients] = {}
+    if app[PLAN].shared_state:
+        # Opening senders and checking backlog queues both take a while: in parallel.
+        pairs, warmed = await asyncio.gather(
+            _pair_clients(settings, clients, app[ADAPTERS].provision), warm
+        )
+    else:
+        warmed = await warm
+    app[PAIRS] = pairs
+    for dest, err in warmed.items():
+        if err:
+            log.warning("could not open senders for %s yet: %s", dest, err)
+    try:
+        yield
+    finally:
+        await dispatcher.close(grace=5.0)
+
+
+async def router_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Where requests go (`ROUTER`): the failover router, started (`FAILOVER`), or always
+    the primary."""
+    settings, edge, dispatcher = app[SETTINGS], app[EDGE], app[DISPATCHER]
+    failover = None
+    if app[PLAN].failover:
+        failover = Failover(
+            dispatcher,
+            app[PAIRS],
+            app[STORE],
+            settings.failover,
+            settings.limits,
+            observer=edge.metrics,
+            ledger=edge.ledger,
+        )
+        app[ROUTER] = app[FAILOVER] = failover
+        failover.start(edge.catalog.all())
+    else:
+        app[ROUTER] = PrimaryRouter(dispatcher, _primaries(settings, app[CLIENTS]))
+    try:
+        yield
+    finally:
+        if failover is not None:
+            await failover.close()
+
+
+async def syphon_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The syphon workers (`SYPHONS`), one per pair with usable backlog queues; `gateway
+    syphon` is not ready for a while after a namespace fault."""
+    settings = app[SETTINGS]
+    syphons = _start_syphons(app) if app[PLAN].syphon else []
+    app[SYPHONS] = syphons
+    if app[PLAN].mode == "syphon":
+        app[EDGE].lifecycle.checks.append(_syphon_health(syphons, settings))
+    try:
+        yield
+    finally:
+        grace = min(settings.shutdown.shutdown_timeout, settings.timeouts.send_timeout)
+        await asyncio.gather(*(s.close(grace) for s in syphons))
+
+
+async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Last: ready once everything above started; draining as soon as cleanup begins."""
+    edge = app[EDGE]
+    lifecycle = edge.lifecycle
+    lifecycle.started = True
+    edge.metrics.ready.set_function(lambda: 1.0 if lifecycle.ready else 0.0)
+    log.info("gateway ready", extra={"entities": [e.path for e in edge.catalog.all()]})
+    yield
+    lifecycle.draining = True
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _primaries(
+    settings: Settings, clients: Mapping[str, NamespaceClient]
+) -> dict[str, NamespaceClient]:
+    """Each pair's primary client, by pair name."""
+    return {p.name: clients[p.primary.name] for p in settings.pairs}
+
+
+def _start_syphons(app: web.Application) -> list[Syphon]:
+    settings, edge, clients = app[SETTINGS], app[EDGE], app[CLIENTS]
+    syphons: list[Syphon] = []
+    for p in settings.pairs:
+        pc = app[PAIRS].get(p.name)
+        if p.secondary is None or pc is None or not pc.backlog_queues:
+            continue
+        port = app[ADAPTERS].backlog(p.secondary, clients[p.secondary.name])
+        if port is None:
+            log.warning("pair %s: no backlog receiver available; syphon off", p.name)
+            continue
+        syphon = Syphon(
+            backlog=port,
+            queues=pc.backlog_queues,
+            dispatcher=app[DISPATCHER],
+            primary=pc.primary,
+            store=app.get(STORE),
+            settings=settings.syphon,
+            timeouts=settings.timeouts,
+            observer=edge.metrics,
+            ledger=edge.ledger,
+        )
+        syphon.start()
+        syphons.append(syphon)
+    return syphons
+
+
+async def _pair_clients(
+    settings: Settings, clients: Mapping[str, NamespaceClient], provision: Provisioner
+) -> dict[str, PairClients]:
+    """Each pair's clients and its usable backlog queues (checked/created now)."""
+    out: dict[str, PairClients] = {}
+    for p in settings.pairs:
+        queues: list[str] = []
+        if p.secondary is not None:
+            wanted = [
+                backlog_path(p.primary.name, i)
+                for i in range(settings.failover.backlog_queue_count)
+            ]
+            queues = await provision(p.secondary, wanted)
+            if not queues:
+                log.error(
+                    "pair %s: no usable backlog queue; failover cannot engage for its entities",
+                    p.name,
+                )
+        out[p.name] = PairClients(
+            primary=clients[p.primary.name],
+            secondary=clients[p.secondary.name] if p.secondary is not None else None,
+            backlog_queues=tuple(queues),
+        )
+    return out
+
+
+def _syphon_health(syphons: list[Syphon], settings: Settings) -> Callable[[], str | None]:
+    """`gateway syphon` readiness: not ready for a while after a namespace fault."""
+
+    def check() -> str | None:
+        now = time.time()
+        for s in syphons:
+            if (
+                s.last_fault is not None
+                and now - s.last_fault < settings.syphon.fault_unready_seconds
+            ):
+                return "namespace fault"
+        return None
+
+    return check
+
+
+def ledger_settings(settings: Settings) -> LedgerSettings:
+    """``ledger = off | stdout | <directory>`` as the ledger's own settings."""
+    if settings.ledger == "off":
+        return LedgerSettings()
+    if settings.ledger == "stdout":
+        return LedgerSettings(sink="stdout")
+    return LedgerSettings(
+        sink="dir", directory=Path(settings.ledger), compress=settings.ledger_compress
+    )
+
+
+# -- the default adapters ---------------------------------------------------------------------
 
 
 def default_client_factory(
@@ -120,250 +461,3 @@ def default_backlog_factory(ns: NamespaceSettings, client: NamespaceClient) -> B
     if isinstance(client, SdkNamespaceClient):
         return SdkBacklogPort(client.sdk_client, ns, client.credential)
     return None
-
-
-def create_app(
-    settings: Settings,
-    *,
-    mode: Literal["serve", "syphon"] = "serve",
-    client_factory: ClientFactory | None = None,
-    store_factory: StoreFactory | None = None,
-    provisioner: Provisioner | None = None,
-    backlog_factory: BacklogFactory | None = None,
-    metrics: Metrics | None = None,
-    credential: SharedCredential | None = None,
-) -> web.Application:
-    """Build the gateway's aiohttp application from validated `settings`.
-
-    `mode="syphon"` serves only /healthz, /readyz and /metrics and runs the syphon pool
-    (`gateway syphon`). The keyword arguments replace adapters at their ports (tests,
-    benchmarks). The app owns `credential` (default: one from the settings) and closes it at
-    shutdown, after the clients."""
-    metrics = metrics or Metrics()
-    lifecycle = Lifecycle()
-    catalog = EntityCatalog(settings.entities)
-    rt = Runtime(settings=settings, metrics=metrics, lifecycle=lifecycle, catalog=catalog)
-    rt.ledger = create_ledger(ledger_settings(settings), replica=settings.replica_id)
-    # One credential for every SDK client and the admin client of this process.
-    rt.credential = credential or shared_credential(settings)
-    make_client = client_factory or default_client_factory(settings, rt.credential)
-    make_store = store_factory or default_store_factory
-    provision = provisioner or default_provisioner(settings, rt.credential)
-    make_backlog = backlog_factory or default_backlog_factory
-    paired = any(p.secondary for p in settings.pairs)
-    failover_on = mode == "serve" and settings.failover.enabled and paired
-    syphon_on = paired and (mode == "syphon" or settings.syphon.enabled)
-
-    app = web.Application(
-        middlewares=[handlers.edge_middleware],
-        client_max_size=settings.limits.max_body_bytes,
-        handler_args={"max_field_size": settings.limits.max_header_bytes},
-    )
-    app[RUNTIME] = rt
-    authorizer = build_authorizer(settings)
-    if authorizer is not None:
-        app[AUTHORIZER] = authorizer
-    app[EDGE] = EdgeState(
-        catalog=catalog,
-        limits=settings.limits,
-        metrics=metrics,
-        lifecycle=lifecycle,
-        ledger=rt.ledger,
-    )
-    if mode == "serve":
-        handlers.add_routes(app)
-        add_admin_routes(app)
-    else:
-        handlers.add_health_routes(app)
-    app.router.add_get("/metrics", _metrics_handler)
-    add_openapi_route(app, serving=mode == "serve")
-    if mode == "serve":
-        handlers.add_not_ingestion_routes(app)  # last: it answers every other path
-
-    async def credential_ctx(app: web.Application) -> AsyncIterator[None]:
-        # Before the clients, so it is closed after them (cleanup runs in reverse).
-        assert rt.credential is not None
-        try:
-            yield
-        finally:
-            await rt.credential.aclose()
-
-    async def clients_ctx(app: web.Application) -> AsyncIterator[None]:
-        for pair in settings.pairs:
-            for ns in (pair.primary, pair.secondary):
-                if ns is not None and ns.name not in rt.clients:
-                    rt.clients[ns.name] = make_client(ns)
-        try:
-            yield
-        finally:
-            for client in rt.clients.values():
-                await client.close()
-
-    async def state_ctx(app: web.Application) -> AsyncIterator[None]:
-        if not (failover_on or syphon_on):
-            metrics.redis_connected.set(1)
-            yield
-            return
-        store = make_store(settings)
-        rt.store = store
-        await store.start()
-        metrics.redis_connected.set_function(lambda: 1.0 if store.connected else 0.0)
-        try:
-            yield
-        finally:
-            await store.close()
-
-    async def ledger_ctx(app: web.Application) -> AsyncIterator[None]:
-        metrics.bind_ledger(rt.ledger)
-        async with rt.ledger:  # flushed and closed after everything that emits
-            yield
-
-    async def dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
-        dispatcher = Dispatcher(settings.limits, settings.timeouts, observer=metrics)
-        rt.dispatcher = dispatcher
-        metrics.bind_admission(lambda: dispatcher.gate.waiting, lambda: dispatcher.gate.used)
-        primaries = {p.name: rt.clients[p.primary.name] for p in settings.pairs}
-        warm = dispatcher.warm(Destination(primaries[e.pair], e.path) for e in catalog.all())
-        if failover_on or syphon_on:
-            # Opening senders and checking backlog queues both take a while: in parallel.
-            rt.pair_clients, warmed = await asyncio.gather(
-                _pair_clients(settings, rt.clients, provision), warm
-            )
-        else:
-            warmed = await warm
-        if failover_on:
-            assert rt.store is not None
-            failover = Failover(
-                dispatcher,
-                rt.pair_clients,
-                rt.store,
-                settings.failover,
-                settings.limits,
-                observer=metrics,
-                ledger=rt.ledger,
-            )
-            rt.failover = failover
-            app[ROUTER] = failover
-            app[FAILOVER] = failover
-        else:
-            app[ROUTER] = PrimaryRouter(dispatcher, primaries)
-        for dest, err in warmed.items():
-            if err:
-                log.warning("could not open senders for %s yet: %s", dest, err)
-        if rt.failover is not None:
-            rt.failover.start(catalog.all())
-        try:
-            yield
-        finally:
-            if rt.failover is not None:
-                await rt.failover.close()
-            await dispatcher.close(grace=5.0)
-
-    async def syphon_ctx(app: web.Application) -> AsyncIterator[None]:
-        if syphon_on:
-            assert rt.dispatcher is not None
-            for p in settings.pairs:
-                pc = rt.pair_clients.get(p.name)
-                if p.secondary is None or pc is None or not pc.backlog_queues:
-                    continue
-                port = make_backlog(p.secondary, rt.clients[p.secondary.name])
-                if port is None:
-                    log.warning("pair %s: no backlog receiver available; syphon off", p.name)
-                    continue
-                syphon = Syphon(
-                    backlog=port,
-                    queues=pc.backlog_queues,
-                    dispatcher=rt.dispatcher,
-                    primary=pc.primary,
-                    store=rt.store,
-                    settings=settings.syphon,
-                    timeouts=settings.timeouts,
-                    observer=metrics,
-                    ledger=rt.ledger,
-                )
-                syphon.start()
-                rt.syphons.append(syphon)
-            if mode == "syphon":
-                lifecycle.checks.append(_syphon_health(rt.syphons, settings))
-        try:
-            yield
-        finally:
-            grace = min(settings.shutdown.shutdown_timeout, settings.timeouts.send_timeout)
-            await asyncio.gather(*(s.close(grace) for s in rt.syphons))
-
-    async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
-        lifecycle.started = True
-        metrics.ready.set_function(lambda: 1.0 if lifecycle.ready else 0.0)
-        log.info("gateway ready", extra={"entities": [e.path for e in catalog.all()]})
-        yield
-        lifecycle.draining = True
-
-    app.cleanup_ctx.append(credential_ctx)
-    app.cleanup_ctx.extend(
-        [clients_ctx, state_ctx, ledger_ctx, dispatcher_ctx, syphon_ctx, lifecycle_ctx]
-    )
-    return app
-
-
-async def _metrics_handler(request: web.Request) -> web.StreamResponse:
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    body = generate_latest(request.app[RUNTIME].metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-def primary_clients(rt: Runtime) -> Mapping[str, NamespaceClient]:
-    return {p.name: rt.clients[p.primary.name] for p in rt.settings.pairs}
-
-
-async def _pair_clients(
-    settings: Settings, clients: Mapping[str, NamespaceClient], provision: Provisioner
-) -> dict[str, PairClients]:
-    """Each pair's clients and its usable backlog queues (checked/created now)."""
-    out: dict[str, PairClients] = {}
-    for p in settings.pairs:
-        queues: list[str] = []
-        if p.secondary is not None:
-            wanted = [
-                backlog_path(p.primary.name, i)
-                for i in range(settings.failover.backlog_queue_count)
-            ]
-            queues = await provision(p.secondary, wanted)
-            if not queues:
-                log.error(
-                    "pair %s: no usable backlog queue; failover cannot engage for its entities",
-                    p.name,
-                )
-        out[p.name] = PairClients(
-            primary=clients[p.primary.name],
-            secondary=clients[p.secondary.name] if p.secondary is not None else None,
-            backlog_queues=tuple(queues),
-        )
-    return out
-
-
-def _syphon_health(syphons: list[Syphon], settings: Settings) -> Callable[[], str | None]:
-    """`gateway syphon` readiness: not ready for a while after a namespace fault."""
-
-    def check() -> str | None:
-        now = time.time()
-        for s in syphons:
-            if (
-                s.last_fault is not None
-                and now - s.last_fault < settings.syphon.fault_unready_seconds
-            ):
-                return "namespace fault"
-        return None
-
-    return check
-
-
-def ledger_settings(settings: Settings) -> LedgerSettings:
-    """``ledger = off | stdout | <directory>`` as the ledger's own settings."""
-    if settings.ledger == "off":
-        return LedgerSettings()
-    if settings.ledger == "stdout":
-        return LedgerSettings(sink="stdout")
-    return LedgerSettings(
-        sink="dir", directory=Path(settings.ledger), compress=settings.ledger_compress
-    )

@@ -95,7 +95,7 @@ def _banner(settings: Settings, info: dict[str, Any] | None) -> str:
 
 
 async def _serve(settings: Settings, mode: Literal["serve", "syphon"] = "serve") -> int:
-    from gateway.app import RUNTIME, create_app
+    from gateway.app import create_app
     from gateway.web.hardening import HardenedAppRunner
 
     embedded = None
@@ -125,45 +125,61 @@ async def _serve(settings: Settings, mode: Literal["serve", "syphon"] = "serve")
             print(_banner(settings, embedded.info if embedded else None), flush=True)
         else:
             print(f"sbgate syphon running; health on port {settings.listen_port}", flush=True)
-
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        rt = app[RUNTIME]
-        exit_code = 0
-        if mode == "syphon" and settings.syphon.exit_on_fault and rt.syphons:
-            # Kubernetes restarts the pod: the fresh process reconnects both namespaces.
-            faults = [asyncio.create_task(s.fault_seen.wait()) for s in rt.syphons]
-            stopper = asyncio.create_task(stop.wait())
-            done, pending = await asyncio.wait(
-                [stopper, *faults], return_when=asyncio.FIRST_COMPLETED
-            )
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            if stopper not in done:
-                log.error("namespace fault: exiting (syphon.exit_on_fault)")
-                exit_code = 3
-        else:
-            await stop.wait()
-        # Graceful shutdown: readiness fails at once, keep serving while endpoints drop the
-        # pod, then stop accepting and wait for in-flight requests (aiohttp's
-        # shutdown_timeout), then the cleanup contexts close senders and clients.
-        rt.lifecycle.draining = True
-        log.info("draining", extra={"drain_delay": settings.shutdown.drain_delay})
-        stop.clear()
-        try:
-            async with asyncio.timeout(settings.shutdown.drain_delay):
-                await stop.wait()  # a second signal skips the rest of the delay
-        except TimeoutError:
-            pass
+        exit_code = await _until_stopped(app, settings, mode)
         await runner.cleanup()
         log.info("stopped")
         return exit_code
     finally:
         if embedded is not None:
             await embedded.stop()
+
+
+async def _until_stopped(
+    app: web.Application, settings: Settings, mode: Literal["serve", "syphon"]
+) -> int:
+    """Serve until SIGTERM or SIGINT, then start the graceful shutdown: readiness fails at
+    once, and the app keeps serving for ``drain_delay`` while endpoints drop the pod (a
+    second signal cuts it short). The caller's ``runner.cleanup()`` then stops accepting,
+    waits for in-flight requests (aiohttp's shutdown_timeout), and the cleanup contexts
+    close senders and clients. Returns the exit code: 3 when `gateway syphon` stopped on a
+    namespace fault (``syphon.exit_on_fault``), else 0."""
+    from gateway.app import SYPHONS
+    from gateway.web.handlers import EDGE
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    syphons = app[SYPHONS]
+    exit_code = 0
+    if mode == "syphon" and settings.syphon.exit_on_fault and syphons:
+        # Kubernetes restarts the pod: the fresh process reconnects both namespaces.
+        if await _first_fault([s.fault_seen for s in syphons], stop):
+            log.error("namespace fault: exiting (syphon.exit_on_fault)")
+            exit_code = 3
+    else:
+        await stop.wait()
+    app[EDGE].lifecycle.draining = True
+    log.info("draining", extra={"drain_delay": settings.shutdown.drain_delay})
+    stop.clear()
+    try:
+        async with asyncio.timeout(settings.shutdown.drain_delay):
+            await stop.wait()  # a second signal skips the rest of the delay
+    except TimeoutError:
+        pass
+    return exit_code
+
+
+async def _first_fault(faults: list[asyncio.Event], stop: asyncio.Event) -> bool:
+    """Wait for `stop` or any of `faults`; True when a fault came first. Every waiter is
+    cancelled and awaited before returning."""
+    stopper = asyncio.create_task(stop.wait())
+    waiters = [asyncio.create_task(f.wait()) for f in faults]
+    done, pending = await asyncio.wait([stopper, *waiters], return_when=asyncio.FIRST_COMPLETED)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return stopper not in done
 
 
 # Command-line options that stand for settings: each one sets its environment variable, so

@@ -3,7 +3,9 @@
 Two families:
 
 * `RequestError` — the client's request is wrong or cannot be admitted. Raised by the HTTP
-  edge and the engine's admission; carries the HTTP status and a stable `code`.
+  edge and the engine's admission; carries the HTTP status and a stable `code`. The SAS
+  authorization failures (`gateway.auth.errors`: 401 `Unauthorized`, 403 `Forbidden`) are
+  request errors too, so one `except GatewayError` answers every refusal the same way.
 * `SendFailure` — the broker did not store a message. It carries one row of the
   classification table below (`CLASSIFICATIONS`): whether a retry may help, whether it counts
   toward failover, and how to answer the client. The Service Bus adapter maps SDK exceptions
@@ -36,6 +38,12 @@ class GatewayError(Exception):
     def body(self) -> dict[str, Any]:
         """The JSON error body: ``{"error": code, "message": text, ...details}``."""
         return {"error": self.code, "message": self.message, **self.details}
+
+    def headers(self) -> dict[str, str]:
+        """The answer's own headers: ``Retry-After`` (whole seconds, at least 1) when set."""
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after)))}
 
 
 class RequestError(GatewayError):

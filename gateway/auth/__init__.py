@@ -1,9 +1,10 @@
 """sbgate: gateway/auth — Service Bus-compatible SAS authorization, as pure logic.
 
 The HTTP layer builds one `Authorizer` at start-up from `load_rules` / `rules_from_json` and calls
-`Authorizer.authorize` per request; it raises `Unauthorized` (401) or `Forbidden` (403), each
-carrying ``status``, ``error`` and a ``message`` safe to return and log. `mint_token` and
-`gateway.auth.cli.main` (``gateway token ...``) mint tokens. See docs/auth.md.
+`Authorizer.authorize` per request; it raises `Unauthorized` (401) or `Forbidden` (403), request
+errors of the gateway's error tree carrying ``status``, ``code`` and a ``message`` safe to
+return and log. `mint_token` and `gateway.auth.cli.main` (``gateway token ...``) mint tokens.
+See docs/auth.md.
 """
 
 from gateway.auth.errors import AuthConfigError, AuthError, ErrorCode, Forbidden, Unauthorized

@@ -1,4 +1,4 @@
-"""Authorization errors. Each one says how to answer the client.
+"""Authorization errors: request errors (`gateway.errors.RequestError`) that say how to answer.
 
 * `Unauthorized` (401): the caller did not prove who it is — the token is missing, malformed,
   signed with an unknown or wrong key, expired, or made for another resource or host.
@@ -12,11 +12,12 @@ Messages are safe to send to the client and to log: they never contain a key or 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import ClassVar
+
+from gateway.errors import RequestError
 
 
 class ErrorCode(StrEnum):
-    """Stable machine-readable codes carried in `AuthError.error`."""
+    """Stable machine-readable codes carried in `AuthError.code` (the body's ``error``)."""
 
     MISSING_TOKEN = "missing_token"  # noqa: S105  # nosec B105  # an error code, not a credential
     MALFORMED_TOKEN = "malformed_token"  # noqa: S105  # nosec B105  # an error code, not a credential
@@ -30,41 +31,33 @@ class ErrorCode(StrEnum):
     ENTITY_NOT_ALLOWED = "entity_not_allowed"
 
 
-class AuthError(Exception):
-    """Base of the per-request authorization failures; carries the HTTP status to answer."""
+class AuthError(RequestError):
+    """A per-request authorization failure; its `code` is one of `ErrorCode`."""
 
-    status: ClassVar[int] = 401
+    status = 401
 
-    def __init__(self, error: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
-        self.error: str = str(error)
-        self.message = message
-
-    @property
-    def code(self) -> str:
-        """Alias of `error`, matching the gateway's other errors."""
-        return self.error
-
-    def body(self) -> dict[str, str]:
-        """The JSON error body: ``{"error": code, "message": text}``."""
-        return {"error": self.error, "message": self.message}
+        self.code = str(code)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(error={self.error!r}, message={self.message!r})"
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
 
 
 class Unauthorized(AuthError):
     """401: no valid credential for this resource; the client must present a (new) token."""
 
-    status: ClassVar[int] = 401
-    # RFC 9110 §11.6.1: a 401 answer carries a challenge naming the scheme.
-    www_authenticate: ClassVar[str] = "SharedAccessSignature"
+    status = 401
+
+    def headers(self) -> dict[str, str]:
+        # RFC 9110 §11.6.1: a 401 answer carries a challenge naming the scheme.
+        return {**super().headers(), "WWW-Authenticate": "SharedAccessSignature"}
 
 
 class Forbidden(AuthError):
     """403: the credential is valid but its rule lacks the right or does not cover the entity."""
 
-    status: ClassVar[int] = 403
+    status = 403
 
 
 class AuthConfigError(ValueError):

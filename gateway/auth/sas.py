@@ -375,6 +375,19 @@ class Authorizer:
         ``sr`` path covers the entity — all `Unauthorized` (401). Then the rule grants the
         right and applies to the entity — else `Forbidden` (403). Pure and synchronous.
         """
+        token, rule, slot = self._authenticate(authorization_header)
+        self._check_access(token, rule, entity_path, right)
+        return Principal(
+            key_name=rule.name,
+            key_slot=slot,
+            rights=effective_rights(rule.rights),
+            resource=token.resource,
+            expires_at=token.expiry,
+            entity_path=entity_path,
+        )
+
+    def _authenticate(self, authorization_header: str | None) -> tuple[SasToken, AuthRule, KeySlot]:
+        """The token, its rule and the key that signed it, if genuine and current (else 401)."""
         if authorization_header is None or not authorization_header.strip():
             raise Unauthorized(
                 ErrorCode.MISSING_TOKEN,
@@ -402,6 +415,13 @@ class Authorizer:
                 ErrorCode.TOKEN_LIFETIME_TOO_LONG,
                 f"the token expires more than {self._max_lifetime:g} s from now",
             )
+        return token, rule, slot
+
+    def _check_access(
+        self, token: SasToken, rule: AuthRule, entity_path: str | None, right: Right
+    ) -> None:
+        """The token was made for this gateway and entity (else 401), and its rule grants
+        `right` on the entity (else 403)."""
         resource = token.target
         if not self._serves(resource):
             raise Unauthorized(
@@ -425,14 +445,6 @@ class Authorizer:
                 ErrorCode.ENTITY_NOT_ALLOWED,
                 f"rule {rule.name!r} does not apply to {target}",
             )
-        return Principal(
-            key_name=rule.name,
-            key_slot=slot,
-            rights=effective_rights(rule.rights),
-            resource=token.resource,
-            expires_at=token.expiry,
-            entity_path=entity_path,
-        )
 
 
 def _resource_covers(resource: Resource, entity: Segments | None) -> bool:

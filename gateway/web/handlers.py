@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from gateway.auth import AuthError, Right
-from gateway.config import LimitSettings
-from gateway.core.entities import EntityCatalog, validate_entity_path
+from gateway.auth import Right
+from gateway.config import EntityKind, LimitSettings
+from gateway.core.entities import EntityCatalog, EntityRef, validate_entity_path
 from gateway.core.message import OutboundMessage
-from gateway.core.router import Router
+from gateway.core.router import Delivery, Router
 from gateway.errors import (
     GatewayError,
     InvalidEntityPath,
@@ -89,16 +89,10 @@ def json_response(status: int, body: object, headers: dict[str, str] | None = No
 
 
 def error_response(err: GatewayError, request_id: str | None = None) -> web.Response:
-    headers: dict[str, str] = {}
-    if err.retry_after is not None:
-        headers["Retry-After"] = str(max(1, round(err.retry_after)))
+    """The JSON answer to `err`, with its own headers (Retry-After, WWW-Authenticate)."""
+    headers = err.headers()
     if request_id:
         headers["X-Request-Id"] = request_id
-    return json_response(err.status, err.body(), headers)
-
-
-def auth_error_response(err: AuthError) -> web.Response:
-    headers = {"WWW-Authenticate": "SharedAccessSignature"} if err.status == 401 else None
     return json_response(err.status, err.body(), headers)
 
 
@@ -129,8 +123,6 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         response = await handler(request)
     except GatewayError as err:
         response = error_response(err)
-    except AuthError as err:
-        response = auth_error_response(err)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -201,144 +193,169 @@ def _check_sizes(messages: list[OutboundMessage], limits: LimitSettings) -> None
 
 
 async def post_messages(request: web.Request) -> web.StreamResponse:
-    """POST /queues/{name}/messages, /topics/{name}/messages, /{name}/messages."""
+    """POST /queues/{name}/messages, /topics/{name}/messages, /{name}/messages.
+
+    Every refusal is a `GatewayError` raised before anything is sent (bad path, auth, unknown
+    entity, bad body, limits) or by the router (saturated, send failed); the outcome, either
+    way, is recorded once (`_record_outcome`)."""
     state = request.app[EDGE]
     started = time.perf_counter()
     request_id = request_id_of(request)
-    kind_segment = request.match_info.get("kind")
-    kind = {"queues": "queue", "topics": "topic"}.get(kind_segment or "")
-    entity_label = "_unknown"
-    status = 500
-    route = "none"
-    message_ids: list[str] = []
-    error: GatewayError | None = None
+    entity_path = "_unknown"
+    messages: list[OutboundMessage] = []
     try:
-        name = request.match_info["name"]
-        found = state.catalog.find(name, kind)  # type: ignore[arg-type]
-        if found is None:
-            validate_entity_path(name)  # 400 before 401: a bad path names no resource
-        authorize(request, name, Right.SEND)  # 401/403 before 404: don't reveal entities
-        if found is None:
-            raise state.catalog.unknown(name, kind)  # type: ignore[arg-type]
-        entity = found
-        entity_label = entity.path
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in {"", "identity"}:
-            raise UnsupportedMediaType(
-                "compressed bodies (Content-Encoding) are not supported; send it uncompressed"
-            )
-        body = await _read_body(request, state.limits.max_body_bytes)
-        content_type = request.headers.get("Content-Type")
-        base_type = (content_type or "").split(";")[0].strip().lower()
-        if base_type == rest.BATCH_CONTENT_TYPE:
-            messages = rest.parse_batch(
-                body, request.headers.get("Idempotency-Key"), state.limits.max_batch_messages
-            )
-        else:
-            messages = [
-                rest.parse_single(
-                    body,
-                    content_type,
-                    _headers_as_sent(request),
-                    request.headers.get("BrokerProperties"),
-                    request.headers.get("Idempotency-Key"),
-                )
-            ]
-        _check_sizes(messages, state.limits)
-        message_ids = [m.message_id for m in messages]
+        entity = _addressed_entity(request, state.catalog)
+        entity_path = entity.path
+        messages = await _read_messages(request, state.limits)
         delivery = await request.app[ROUTER].submit(entity, messages)
     except GatewayError as err:
-        error = err
-        status = err.status
-        if isinstance(err, Saturated):
-            state.metrics.admission_rejected.inc()
-        response = error_response(err, request_id)
-    except AuthError as err:
-        status = err.status
-        response = auth_error_response(err)
-        response.headers["X-Request-Id"] = request_id
-    else:
-        status = delivery.status
-        route = delivery.route
-        state.metrics.messages_accepted(entity.path, route, len(messages))
-        if state.ledger.enabled:
-            latency_ms = (time.perf_counter() - started) * 1000
-            backlog = delivery.destination if route == "backlog" else None
-            for m in messages:
-                state.ledger.emit(
-                    "accepted",
-                    message_id=m.message_id,
-                    entity=entity.path,
-                    route=delivery.route,
-                    backlog=backlog,
-                    size=m.size,
-                    latency_ms=latency_ms,
-                )
-        response = json_response(
-            status,
-            {
-                "messageIds": message_ids,
-                "entity": entity.path,
-                "route": route,
-                **({"backlog": delivery.destination} if route == "backlog" else {}),
-            },
-            {
-                "X-Request-Id": request_id,
-                "X-Route": delivery.destination if route == "backlog" else "primary",
-            },
-        )
-    elapsed = time.perf_counter() - started
-    if status >= 400 and state.ledger.enabled and message_ids:
-        for mid in message_ids:
-            state.ledger.emit(
-                "rejected",
-                message_id=mid,
-                entity=entity_label,
-                latency_ms=elapsed * 1000,
-                status=status,
-                error=error.code if error else "unauthorized",
-            )
-    state.metrics.request_answered(entity_label, status, route, elapsed)
-    principal = request.get(PRINCIPAL)
-    _log_outcome(
-        request_id,
-        entity_label,
-        status,
-        route,
-        message_ids,
-        elapsed,
-        error,
-        principal.key_name if principal else None,
+        _record_outcome(request, state, started, entity_path, messages, err)
+        return error_response(err, request_id)
+    _record_outcome(request, state, started, entity_path, messages, delivery)
+    backlog = delivery.route == "backlog"
+    body: dict[str, object] = {
+        "messageIds": [m.message_id for m in messages],
+        "entity": entity_path,
+        "route": delivery.route,
+    }
+    if backlog:
+        body["backlog"] = delivery.destination
+    return json_response(
+        delivery.status,
+        body,
+        {"X-Request-Id": request_id, "X-Route": delivery.destination if backlog else "primary"},
     )
-    return response
+
+
+_KINDS: dict[str | None, EntityKind] = {"queues": "queue", "topics": "topic"}
+
+
+def _addressed_entity(request: web.Request, catalog: EntityCatalog) -> EntityRef:
+    """The declared entity the request sends to, once the caller may send to it."""
+    name = request.match_info["name"]
+    kind = _KINDS.get(request.match_info.get("kind"))
+    found = catalog.find(name, kind)
+    if found is None:
+        validate_entity_path(name)  # 400 before 401: a bad path names no resource
+    authorize(request, name, Right.SEND)  # 401/403 before 404: don't reveal entities
+    if found is None:
+        raise catalog.unknown(name, kind)
+    return found
+
+
+async def _read_messages(request: web.Request, limits: LimitSettings) -> list[OutboundMessage]:
+    """The request's messages in the REST format (one, or a JSON batch), within the limits."""
+    headers = request.headers
+    encoding = headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in {"", "identity"}:
+        raise UnsupportedMediaType(
+            "compressed bodies (Content-Encoding) are not supported; send it uncompressed"
+        )
+    body = await _read_body(request, limits.max_body_bytes)
+    content_type = headers.get("Content-Type")
+    if (content_type or "").split(";")[0].strip().lower() == rest.BATCH_CONTENT_TYPE:
+        messages = rest.parse_batch(body, headers.get("Idempotency-Key"), limits.max_batch_messages)
+    else:
+        messages = [
+            rest.parse_single(
+                body,
+                content_type,
+                _headers_as_sent(request),
+                headers.get("BrokerProperties"),
+                headers.get("Idempotency-Key"),
+            )
+        ]
+    _check_sizes(messages, limits)
+    return messages
+
+
+def _record_outcome(
+    request: web.Request,
+    state: EdgeState,
+    started: float,
+    entity: str,
+    messages: list[OutboundMessage],
+    result: Delivery | GatewayError,
+) -> None:
+    """Metrics, ledger events and the one log line of a send request, whatever its outcome.
+
+    `entity` is ``_unknown`` until the path named a declared entity; `messages` is empty
+    until the body parsed within the limits (nothing to put in the ledger before that)."""
+    elapsed = time.perf_counter() - started
+    metrics = state.metrics
+    if isinstance(result, GatewayError):
+        status, route, error = result.status, "none", result
+        if isinstance(result, Saturated):
+            metrics.admission_rejected.inc()
+    else:
+        status, route, error = result.status, result.route, None
+        metrics.messages_accepted(entity, route, len(messages))
+    if messages and state.ledger.enabled:
+        _emit_ledger(state.ledger, entity, messages, result, elapsed)
+    metrics.request_answered(entity, status, route, elapsed)
+    _log_outcome(request, entity, status, route, messages, elapsed, error)
+
+
+def _emit_ledger(
+    ledger: EventLedger,
+    entity: str,
+    messages: list[OutboundMessage],
+    result: Delivery | GatewayError,
+    elapsed: float,
+) -> None:
+    """One ``accepted`` or ``rejected`` event per message (read by the audit pipeline)."""
+    latency_ms = elapsed * 1000
+    if isinstance(result, GatewayError):
+        for m in messages:
+            ledger.emit(
+                "rejected",
+                message_id=m.message_id,
+                entity=entity,
+                latency_ms=latency_ms,
+                status=result.status,
+                error=result.code,
+            )
+        return
+    backlog = result.destination if result.route == "backlog" else None
+    for m in messages:
+        ledger.emit(
+            "accepted",
+            message_id=m.message_id,
+            entity=entity,
+            route=result.route,
+            backlog=backlog,
+            size=m.size,
+            latency_ms=latency_ms,
+        )
 
 
 def _log_outcome(
-    request_id: str,
+    request: web.Request,
     entity: str,
     status: int,
     route: str,
-    message_ids: list[str],
+    messages: list[OutboundMessage],
     elapsed: float,
     error: GatewayError | None,
-    key_name: str | None = None,
 ) -> None:
     level = logging.INFO
-    if error is not None:
-        level = logging.WARNING if isinstance(error, SendFailure | Saturated) else logging.INFO
+    if isinstance(error, SendFailure | Saturated):
+        level = logging.WARNING
     if not log.isEnabledFor(level):
         return
+    request_id = request_id_of(request)
     extra: dict[str, object] = {
         "request_id": request_id,
         "entity": entity,
         "status": status,
         "route": route,
-        "message_ids": message_ids[:20],
-        "messages": len(message_ids),
+        "message_ids": [m.message_id for m in messages[:20]],
+        "messages": len(messages),
         "latency_ms": round(elapsed * 1000, 3),
     }
-    if key_name:
-        extra["key_name"] = key_name
+    principal = request.get(PRINCIPAL)
+    if principal is not None:
+        extra["key_name"] = principal.key_name
     if error is not None:
         extra["error"] = error.code
         extra["error_message"] = error.message

@@ -331,58 +331,72 @@ def parse_batch(
     seen: set[str] = set()
     for i, item in enumerate(items):
         where = f"batch[{i}]"
-        if not isinstance(item, dict):
-            raise RequestError(f"{where} must be a JSON object")
-        unknown = set(item) - {"Body", "IsBodyBase64", "BrokerProperties", "UserProperties"}
-        if unknown:
-            raise RequestError(f"{where} has unknown field(s) {sorted(unknown)}")
-        body_value = item.get("Body", "")
-        if not isinstance(body_value, str):
-            raise RequestError(f"{where}.Body must be a string (set IsBodyBase64 for binary)")
-        is_b64 = item.get("IsBodyBase64", False)
-        if not isinstance(is_b64, bool):
-            raise RequestError(f"{where}.IsBodyBase64 must be true or false")
-        if is_b64:
-            try:
-                body = base64.b64decode(body_value, validate=True)
-            except (binascii.Error, ValueError):
-                raise RequestError(f"{where}.Body is not valid base64") from None
-        else:
-            body = body_value.encode("utf-8", "surrogatepass")
-            if any(0xD800 <= ord(c) <= 0xDFFF for c in body_value):
-                raise RequestError(f"{where}.Body is not valid UTF-8 text")
-        props = item.get("BrokerProperties") or {}
-        if not isinstance(props, dict):
-            raise RequestError(f"{where}.BrokerProperties must be a JSON object")
-        user = item.get("UserProperties") or {}
-        if not isinstance(user, dict):
-            raise RequestError(f"{where}.UserProperties must be a JSON object")
-        app: dict[str, AppValue] = {}
-        for k, v in user.items():
-            if isinstance(v, bool | str | int | float) and not (
-                isinstance(v, float) and not math.isfinite(v)
-            ):
-                if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
-                    raise RequestError(f"{where}.UserProperties.{k} is out of the 64-bit range")
-                app[k] = v
-            else:
-                raise RequestError(
-                    f"{where}.UserProperties.{k} must be a string, number or boolean"
-                )
-        ct = props.get("ContentType")
-        msg = build_message(
-            body,
-            ct if isinstance(ct, str) else None,
-            props,
-            app,
-            default_message_id=f"{key}:{i}" if key else None,
-            where=where,
-        )
+        msg = _batch_item(item, where, f"{key}:{i}" if key else None)
         if msg.message_id in seen:
             raise RequestError(f"{where}: MessageId {msg.message_id!r} repeats within the batch")
         seen.add(msg.message_id)
         out.append(msg)
     return out
+
+
+_BATCH_ITEM_FIELDS = frozenset({"Body", "IsBodyBase64", "BrokerProperties", "UserProperties"})
+
+
+def _batch_item(item: Any, where: str, default_message_id: str | None) -> OutboundMessage:
+    """One batch item → a message (`default_message_id` when it names none)."""
+    if not isinstance(item, dict):
+        raise RequestError(f"{where} must be a JSON object")
+    unknown = set(item) - _BATCH_ITEM_FIELDS
+    if unknown:
+        raise RequestError(f"{where} has unknown field(s) {sorted(unknown)}")
+    body = _batch_body(item, where)
+    props = item.get("BrokerProperties") or {}
+    if not isinstance(props, dict):
+        raise RequestError(f"{where}.BrokerProperties must be a JSON object")
+    user = item.get("UserProperties") or {}
+    if not isinstance(user, dict):
+        raise RequestError(f"{where}.UserProperties must be a JSON object")
+    ct = props.get("ContentType")
+    return build_message(
+        body,
+        ct if isinstance(ct, str) else None,
+        props,
+        _user_properties(user, where),
+        default_message_id=default_message_id,
+        where=where,
+    )
+
+
+def _batch_body(item: dict[str, Any], where: str) -> bytes:
+    """A batch item's ``Body``: UTF-8 text, or base64 when ``IsBodyBase64`` is true."""
+    body_value = item.get("Body", "")
+    if not isinstance(body_value, str):
+        raise RequestError(f"{where}.Body must be a string (set IsBodyBase64 for binary)")
+    is_b64 = item.get("IsBodyBase64", False)
+    if not isinstance(is_b64, bool):
+        raise RequestError(f"{where}.IsBodyBase64 must be true or false")
+    if is_b64:
+        try:
+            return base64.b64decode(body_value, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError(f"{where}.Body is not valid base64") from None
+    if _has_surrogates(body_value):
+        raise RequestError(f"{where}.Body is not valid UTF-8 text")
+    return body_value.encode("utf-8")
+
+
+def _user_properties(user: dict[str, Any], where: str) -> dict[str, AppValue]:
+    """A batch item's ``UserProperties``: strings, finite numbers (64-bit integers), booleans."""
+    app: dict[str, AppValue] = {}
+    for k, v in user.items():
+        if not isinstance(v, bool | str | int | float) or (
+            isinstance(v, float) and not math.isfinite(v)
+        ):
+            raise RequestError(f"{where}.UserProperties.{k} must be a string, number or boolean")
+        if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+            raise RequestError(f"{where}.UserProperties.{k} is out of the 64-bit range")
+        app[k] = v
+    return app
 
 
 def check_batch_content_type(content_type: str | None) -> None:

@@ -265,13 +265,13 @@ def test_auth_matrix(scenario: Scenario, rule_name: str, entity: str, right: Rig
             authorizer.authorize(header, entity_path=entity, right=right)
         assert forbidden.value.status == 403
         expected = "missing_right" if right not in GRANTED[rule_name] else "entity_not_allowed"
-        assert forbidden.value.error == expected
+        assert forbidden.value.code == expected
         _assert_no_secrets(forbidden.value, header)
         return
     with pytest.raises(Unauthorized) as unauthorized:
         authorizer.authorize(header, entity_path=entity, right=right)
     assert unauthorized.value.status == 401
-    assert unauthorized.value.error == outcome
+    assert unauthorized.value.code == outcome
     assert unauthorized.value.body() == {"error": outcome, "message": unauthorized.value.message}
     _assert_no_secrets(unauthorized.value, header)
 
@@ -373,7 +373,7 @@ def test_malformed_headers_are_401(header: str) -> None:
     with pytest.raises(Unauthorized) as info:
         _authorizer().authorize(header, entity_path="orders", right=Right.SEND)
     assert info.value.status == 401
-    assert info.value.error == "malformed_token"
+    assert info.value.code == "malformed_token"
     _assert_no_secrets(info.value, VALID)
     assert VALID_FIELDS["sig"] not in info.value.message
 
@@ -401,10 +401,10 @@ def test_namespace_admin_needs_the_root_resource_and_a_star_rule() -> None:
     assert ok.entity_path is None
     with pytest.raises(Unauthorized) as narrow:
         authorizer.authorize(_token("admin", "orders"), entity_path=None, right=Right.MANAGE)
-    assert narrow.value.error == "resource_mismatch"
+    assert narrow.value.code == "resource_mismatch"
     with pytest.raises(Forbidden) as not_manage:
         authorizer.authorize(_token("sender", ""), entity_path=None, right=Right.MANAGE)
-    assert not_manage.value.error == "missing_right"
+    assert not_manage.value.code == "missing_right"
 
 
 def test_manage_rule_limited_to_an_entity_cannot_manage_the_namespace() -> None:
@@ -418,7 +418,7 @@ def test_manage_rule_limited_to_an_entity_cannot_manage_the_namespace() -> None:
     header = sign_token(_uri(""), "ops", _key("ops"), NOW + TTL)
     with pytest.raises(Forbidden) as info:
         authorizer.authorize(header, entity_path=None, right=Right.MANAGE)
-    assert info.value.error == "entity_not_allowed"
+    assert info.value.code == "entity_not_allowed"
     # An admin endpoint targeting one entity passes that entity: then the rule applies.
     principal = authorizer.authorize(header, entity_path="orders", right=Right.MANAGE)
     assert principal.rights == frozenset(Right)
@@ -430,7 +430,7 @@ def test_manage_rule_limited_to_an_entity_cannot_manage_the_namespace() -> None:
 def test_invalid_entity_paths_are_covered_by_nothing(entity: str) -> None:
     with pytest.raises(Unauthorized) as info:
         _authorizer().authorize(_token("admin", ""), entity_path=entity, right=Right.SEND)
-    assert info.value.error == "resource_mismatch"
+    assert info.value.code == "resource_mismatch"
 
 
 @pytest.mark.parametrize(
@@ -454,7 +454,7 @@ def test_public_host_matching(sr_host: str, allowed: bool) -> None:
         return
     with pytest.raises(Unauthorized) as info:
         authorizer.authorize(header, entity_path="orders", right=Right.SEND)
-    assert info.value.error == "invalid_audience"
+    assert info.value.code == "invalid_audience"
 
 
 def test_entity_names_compare_ascii_case_insensitively() -> None:
@@ -473,7 +473,7 @@ def test_max_token_lifetime() -> None:
         authorizer.authorize(
             _token("sender", "orders", expiry=NOW + 3601), entity_path="orders", right=Right.SEND
         )
-    assert info.value.error == "token_lifetime_too_long"
+    assert info.value.code == "token_lifetime_too_long"
 
 
 def test_expiry_follows_the_clock() -> None:
@@ -486,7 +486,7 @@ def test_expiry_follows_the_clock() -> None:
     clock.now = NOW + 10 + SKEW + 0.5
     with pytest.raises(Unauthorized) as info:
         authorizer.authorize(header, entity_path="orders", right=Right.SEND)
-    assert info.value.error == "token_expired"
+    assert info.value.code == "token_expired"
 
 
 # --- key rotation ------------------------------------------------------------------------------
@@ -519,7 +519,7 @@ def test_key_rotation_without_downtime() -> None:
             if expected[label] is None:
                 with pytest.raises(Unauthorized) as info:
                     step.authorize(header, entity_path="orders", right=Right.SEND)
-                assert info.value.error == "invalid_signature"
+                assert info.value.code == "invalid_signature"
             else:
                 principal = step.authorize(header, entity_path="orders", right=Right.SEND)
                 assert principal.key_slot == expected[label]
@@ -1024,7 +1024,7 @@ if HAVE_HYPOTHESIS:
         header = _with_fields(token, sig=quote_plus(tampered))
         with pytest.raises(Unauthorized) as info:
             _authorizer().authorize(header, entity_path="orders", right=Right.SEND)
-        assert info.value.error in {"invalid_signature", "malformed_token"}
+        assert info.value.code in {"invalid_signature", "malformed_token"}
 
     @settings(max_examples=500, deadline=None)
     @given(data=st.data())

@@ -90,6 +90,25 @@ async def test_admin_needs_manage(gw):
     assert resp.status == 200
 
 
+async def test_refusals_answer_alike_on_every_route(gw):
+    """Auth failures are request errors like any other: the same JSON body, X-Request-Id, and
+    the SAS challenge on a 401 only, whether the message route or the admin API refuses."""
+    for path, method, status in (
+        ("/queues/orders/messages", "POST", 401),
+        ("/admin/entities", "GET", 401),
+        ("/admin/entities/orders/healthy", "POST", 401),
+    ):
+        resp = await gw.request(method, path, headers={"X-Request-Id": "rid-1"})
+        body = await resp.json()
+        assert resp.status == status and set(body) == {"error", "message"}, body
+        assert body["error"] == "missing_token"
+        assert resp.headers["WWW-Authenticate"] == "SharedAccessSignature"
+        assert resp.headers["X-Request-Id"] == "rid-1"
+        assert "Retry-After" not in resp.headers
+    resp = await gw.get("/admin/entities", headers={"Authorization": token(None)})
+    assert resp.status == 403 and "WWW-Authenticate" not in resp.headers
+
+
 async def test_probes_and_metrics_stay_open(gw):
     for path in ("/healthz", "/readyz", "/metrics"):
         assert (await gw.get(path)).status == 200

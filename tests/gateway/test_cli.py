@@ -1,11 +1,14 @@
-"""The `gateway` command line: delegated subcommands get their options untouched."""
+"""The `gateway` command line: delegated subcommands get their options untouched; how
+`gateway syphon` stops."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
 from gateway.auth import Authorizer, Right, parse_rules
-from gateway.cli import main
+from gateway.cli import _first_fault, main
 
 KEY = "Y2xpLXRlc3Qta2V5LWZvci10ZXN0cy1vbmx5LTAwMDAwMDA="
 
@@ -88,3 +91,15 @@ def test_the_banner_prints_a_load_test_token_that_sends_to_every_entity() -> Non
     for entity in ("orders", "events"):
         assert authorizer.authorize(token, entity_path=entity, right=Right.SEND)
     assert any("LOADTEST_ENTITIES=queue:orders,topic:events" in x for x in lines)
+
+
+async def test_gateway_syphon_stops_on_the_first_fault_or_signal_leaving_no_waiter() -> None:
+    """`syphon.exit_on_fault`: a fault before the signal means exit 3; either way every
+    waiter task is cancelled and awaited (none left pending for the loop to complain of)."""
+    stop, faults = asyncio.Event(), [asyncio.Event(), asyncio.Event()]
+    before = asyncio.all_tasks()
+    faults[1].set()
+    assert await _first_fault(faults, stop) is True
+    stop.set()
+    assert await _first_fault([asyncio.Event()], stop) is False
+    assert asyncio.all_tasks() == before

@@ -24,7 +24,7 @@ from azure.identity.aio import (
 )
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
-from gateway.app import RUNTIME, create_app, default_client_factory
+from gateway.app import CLIENTS, CREDENTIAL, create_app, default_client_factory
 from gateway.config import ConfigError, load_settings
 from gateway.servicebus import admin as admin_module
 from gateway.servicebus.client import SdkNamespaceClient
@@ -97,6 +97,7 @@ def test_workload_identity_without_its_environment_is_refused() -> None:
         SharedCredential("workload", "client-1").get()
 
 
+@pytest.mark.integration  # a `gateway serve` subprocess
 def test_gateway_serve_without_the_credentials_environment_exits_2() -> None:
     env = {k: v for k, v in os.environ.items() if k not in AZURE_ENV and "SBGATE_" not in k}
     env |= {
@@ -223,9 +224,8 @@ async def test_one_credential_for_every_client_and_the_admin_closed_at_shutdown(
         try:
             credential = shared.get()
             closes = spy_close(credential)
-            rt = app[RUNTIME]
-            assert rt.credential is shared
-            sdk_clients = list(rt.clients.values())
+            assert app[CREDENTIAL] is shared
+            sdk_clients = list(app[CLIENTS].values())
             assert len(sdk_clients) == 2
             assert all(isinstance(c, SdkNamespaceClient) for c in sdk_clients)
             assert all(c.credential is credential for c in sdk_clients)  # type: ignore[attr-defined]

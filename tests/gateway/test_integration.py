@@ -365,10 +365,10 @@ async def test_sub_second_ttl_reaches_the_broker_in_milliseconds(gateway: Gatewa
 
 
 async def test_draining_responses_say_connection_close(gateway: GatewayFactory):
-    from gateway.app import RUNTIME
+    from gateway.web.handlers import EDGE
 
     gw = await gateway()
-    gw.app[RUNTIME].lifecycle.draining = True
+    gw.app[EDGE].lifecycle.draining = True
     resp = await gw.get("/healthz")
     assert resp.headers["Connection"] == "close"
     assert (await gw.get("/readyz")).status == 503

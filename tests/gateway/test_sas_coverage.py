@@ -39,7 +39,7 @@ def covers(header: str, entity: str) -> bool:
     try:
         AUTHORIZER.authorize(header, entity_path=entity, right=Right.SEND)
     except Unauthorized as exc:
-        assert exc.error in {"resource_mismatch", "invalid_audience", "malformed_token"}
+        assert exc.code in {"resource_mismatch", "invalid_audience", "malformed_token"}
         return False
     return True
 
