@@ -31,6 +31,7 @@ from aiohttp import web
 from bench.syphon_bench import free_port, gateway_env
 from gateway.app import create_app, default_backlog_factory, default_client_factory
 from gateway.config import NamespaceSettings, SyphonSettings, TimeoutSettings, load_settings
+from gateway.core.backlog import is_backlog_path
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
 from gateway.syphon.ports import BacklogPort
@@ -66,7 +67,7 @@ class _SlowBacklogLink:
 
     async def open_sender(self, path: str) -> Sender:
         sender = await self.inner.open_sender(path)
-        return _SlowSender(sender) if "/x-servicebus-transfer/" in path else sender
+        return _SlowSender(sender) if is_backlog_path(path) else sender
 
     async def close(self) -> None:
         await self.inner.close()

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from gateway.core.entities import validate_entity_path
+from gateway.errors import InvalidEntityPath
 from gateway.secret import Secret as Secret  # re-exported: settings hold secrets
 
 ENV_PREFIX = "SBGATE_"
@@ -351,9 +353,6 @@ def _str_list(name: str, value: Any) -> tuple[str, ...]:
     raise ConfigError(f"{name}: expected a list of strings")
 
 
-_ENTITY_PATH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9][A-Za-z0-9._\-]*)*")
-
-
 def _namespace(
     where: str, raw: Mapping[str, Any], default_name: str | None = None
 ) -> NamespaceSettings:
@@ -401,12 +400,10 @@ def _entity(where: str, raw: Mapping[str, Any]) -> EntitySettings:
     path = _str(f"{where}.path", raw.get("path") or raw.get("name"))
     kind = _choice(f"{where}.kind", raw.get("kind", "queue"), {"queue", "topic"})
     pair = str(raw.get("pair", "default"))
-    if (
-        len(path) > 260
-        or not _ENTITY_PATH.fullmatch(path)
-        or "x-servicebus-transfer" in path.lower()
-    ):
-        raise ConfigError(f"{where}.path: {path!r} is not a valid entity path")
+    try:
+        validate_entity_path(path)  # the one rule, as clients' requests are held to it
+    except InvalidEntityPath as exc:
+        raise ConfigError(f"{where}.path: {path!r} is not a valid entity path: {exc}") from None
     return EntitySettings(path=path, kind=kind, pair=pair)  # type: ignore[arg-type]
 
 

@@ -19,9 +19,9 @@ from typing import Any
 from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
-log = logging.getLogger(__name__)
+from gateway.core.backlog import PATH, PING_CONTENT_TYPE
 
-PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,7 @@ async def drain_source(
                     if m.content_type == PING_CONTENT_TYPE:
                         continue
                     props = m.application_properties or {}
-                    entity = _text(props.get(b"x-ms-path") or props.get("x-ms-path"))
+                    entity = _text(props.get(PATH.encode()) or props.get(PATH))
                     out.append(
                         {
                             "message_id": _text(m.message_id),

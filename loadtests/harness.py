@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from loadtests.drain import PING_CONTENT_TYPE, Source, drain
+from gateway.core.backlog import PING_CONTENT_TYPE, is_backlog_path
+from loadtests.drain import Source, drain
 from loadtests.stack import PRIMARY, QUEUES, SECONDARY, SUBSCRIPTION, TOPIC
 from sblocal.testing import BrokerProcess
 
@@ -31,7 +32,7 @@ async def backlog_sources(broker: BrokerProcess) -> list[Source]:
     paths = sorted(
         e["path"]
         for e in entities
-        if "/x-servicebus-transfer/" in str(e.get("path", "")) and e.get("kind") == "queue"
+        if is_backlog_path(str(e.get("path", ""))) and e.get("kind") == "queue"
     )
     return [Source("backlog", p, dead_letter=dl) for p in paths for dl in (False, True)]
 
@@ -41,7 +42,7 @@ async def backlog_depth(broker: BrokerProcess) -> int:
     total = 0
     for e in await broker.control.entities(SECONDARY):
         path = str(e.get("path", ""))
-        if "/x-servicebus-transfer/" in path and e.get("kind") == "queue":
+        if is_backlog_path(path) and e.get("kind") == "queue":
             total += int(e.get("active", 0)) + int(e.get("locked", 0))
     return total
 

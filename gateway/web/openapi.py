@@ -15,10 +15,10 @@ import orjson
 from aiohttp import web
 
 from gateway.config import LimitSettings
+from gateway.core.entities import ENTITY_PATH_PATTERN as _ENTITY_PATTERN
 from gateway.web import rest
 
 _LIMITS = LimitSettings()
-_ENTITY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9][A-Za-z0-9._\-]*)*$"
 _RFC1123 = r"^[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT$"
 
 JsonObject = dict[str, Any]
