@@ -28,9 +28,9 @@ from gateway.app import RUNTIME, create_app, default_client_factory
 from gateway.config import ConfigError, load_settings
 from gateway.servicebus import admin as admin_module
 from gateway.servicebus.client import SdkNamespaceClient
+from gateway.servicebus.drain import drain
+from gateway.servicebus.drain import main as drain_main
 from gateway.servicebus.identity import SharedCredential, create_credential
-from gateway.tools.drain import drain
-from gateway.tools.drain import main as drain_main
 from sblocal.config import BrokerConfig, NamespaceConfig, QueueConfig
 from sblocal.server import LocalBroker
 from tests.conftest import HardenedTestServer
@@ -95,6 +95,7 @@ def test_workload_identity_without_its_environment_is_refused() -> None:
         SharedCredential("workload", "client-1").get()
 
 
+@pytest.mark.integration  # a `gateway serve` subprocess
 def test_gateway_serve_without_the_credentials_environment_exits_2() -> None:
     env = {k: v for k, v in os.environ.items() if k not in AZURE_ENV and "SBGATE_" not in k}
     env |= {

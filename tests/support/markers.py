@@ -34,6 +34,7 @@ COMPONENT_FIXTURES = frozenset(
         "mgmt_broker",  # tests/broker/test_admin_contract.py: a broker with HTTPS management
         "served",  # tests/broker/test_management_unit.py: the HTTPS management app
         "echo_port",  # tests/loadtests/test_harness_units.py: a TCP echo server
+        "idp",  # tests/gateway/test_identity.py: a local Entra ID token endpoint (HTTPS)
     }
 )
 
