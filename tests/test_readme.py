@@ -12,25 +12,8 @@ from gateway.servicebus.errors import SDK_EXCEPTIONS
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
 
-def accepted_env_vars() -> set[str]:
-    names = {f"SBGATE_{k.upper()}" for k in config._TOP_FIELDS}
-    names |= {
-        f"SBGATE_{f.upper()}"
-        for _, fields in config._SECTION_FIELDS.values()
-        for f in fields
-        if f != "enabled"  # ambiguous across sections: set through the aliases below
-    }
-    names |= {f"SBGATE_{k}" for k in config._ENV_ALIASES}
-    names |= {
-        f"SBGATE_{role}_{field}"
-        for role in ("PRIMARY", "SECONDARY")
-        for field in config._NS_ENV_FIELDS
-    }
-    return names | {"SBGATE_ENTITIES", "SBGATE_CONFIG"}
-
-
 def test_every_setting_is_in_the_readme():
-    missing = sorted(n for n in accepted_env_vars() if n not in README)
+    missing = sorted(n for n in config.env_names() if n not in README)
     assert not missing, f"settings missing from the README: {missing}"
 
 
