@@ -1,7 +1,8 @@
 """Prometheus metrics. One registry per app (tests run several apps in one process).
 
-Every metric is listed in the README's "Metrics" section; names follow Prometheus
-conventions (`sbgate_` prefix, base units, `_total` for counters).
+Every metric is listed in docs/metrics.md, rendered from these declarations (their help text
+is the meaning there); names follow Prometheus conventions (`sbgate_` prefix, base units,
+`_total` for counters).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ _SCHEMAS: JsonObject = {
     "BrokerProperties": {
         "type": "object",
         "description": (
-            "Service Bus broker properties (the README's Message format). Unknown properties "
+            "Service Bus broker properties (docs/http-api.md, Message format). Unknown properties "
             "are ignored, as Service Bus does; null means absent. Each string at most 32 KB."
         ),
         "properties": {
