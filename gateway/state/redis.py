@@ -31,9 +31,9 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
 from redis.asyncio import Redis
@@ -47,6 +47,8 @@ from gateway.state.base import SEVERITY, BacklogState, EntityState, StateStore, 
 from gateway.state.memory import LocalState
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
+V = TypeVar("V")
 
 # What a failed Redis call can raise (besides our own deadline's TimeoutError).
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
@@ -538,30 +540,32 @@ class RedisStateStore(LocalState):
             self._resync_needed = False
             await self._resync(sess)
         elif kind == "entity":
-            base = self._pending_entities.pop(key)
-            try:
-                async with asyncio.timeout(self._op_timeout):
-                    await self._write_entity(sess, key, base)
-            except _REDIS_ERRORS:
-                self._pending_entities.setdefault(key, base)
-                raise
+            await self._write_pending(
+                self._pending_entities, key, lambda base: self._write_entity(sess, key, base)
+            )
         elif kind == "backlog":
-            disable = self._pending_backlogs.pop(key)
-            try:
-                async with asyncio.timeout(self._op_timeout):
-                    await self._write_backlog(sess, key, disable)
-            except _REDIS_ERRORS:
-                self._pending_backlogs.setdefault(key, disable)
-                raise
+            await self._write_pending(
+                self._pending_backlogs, key, lambda off: self._write_backlog(sess, key, off)
+            )
         else:
             queue = key or None
-            del self._pending_writes[queue]
-            try:
-                async with asyncio.timeout(self._op_timeout):
-                    await sess.client.publish(self._channel, _written_event(queue, self.replica_id))
-            except _REDIS_ERRORS:
-                self._pending_writes[queue] = None
-                raise
+            event = _written_event(queue, self.replica_id)
+            await self._write_pending(
+                self._pending_writes, queue, lambda _: sess.client.publish(self._channel, event)
+            )
+
+    async def _write_pending(
+        self, pending: dict[K, V], key: K, write: Callable[[V], Awaitable[object]]
+    ) -> None:
+        """Take `key`'s change out of `pending` and write it under our deadline; on a Redis
+        error put it back, unless a newer change for `key` arrived meanwhile."""
+        value = pending.pop(key)
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await write(value)
+        except _REDIS_ERRORS:
+            pending.setdefault(key, value)
+            raise
 
     async def _write_entity(self, sess: _Session, entity: str, base: int) -> None:
         state = self._entities.get(entity)
