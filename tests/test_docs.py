@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import env_names
+from gateway.config import env_names, load_settings
 from gateway.errors import GatewayError, SendFailure
 from gateway.web.openapi import DOCUMENT
 from tests.support import doc_tables
@@ -98,3 +98,13 @@ def test_links_between_the_pages_resolve(page):
             if anchor not in {_anchor(h) for h in headings}:
                 broken.append(target)
     assert not broken, f"{page.name}: broken links {broken}"
+
+
+def test_the_configuration_pages_toml_example_loads(tmp_path):
+    example = re.search(r"```toml\n(.*?)```", text(DOCS / "configuration.md"), re.DOTALL)
+    assert example is not None, "docs/configuration.md has no TOML example"
+    path = tmp_path / "sbgate.toml"
+    path.write_text(example.group(1), encoding="utf-8")
+    settings = load_settings({}, path)
+    assert [p.name for p in settings.pairs] == ["default", "eu"]
+    assert [e.path for e in settings.entities] == ["orders", "invoices"]
