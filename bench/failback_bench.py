@@ -34,6 +34,7 @@ from gateway.config import NamespaceSettings, SyphonSettings, TimeoutSettings, l
 from gateway.core.backlog import is_backlog_path
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
+from gateway.servicebus.identity import SharedCredential
 from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import MIN_CHECK_SPACING
 from sblocal.testing import BrokerProcess, ControlClient
@@ -124,7 +125,8 @@ async def main(argv: list[str] | None = None) -> None:
         env = {k: v for k, v in env.items() if k.startswith("SBGATE_")}
         env.pop("SBGATE_PING_PRIMARY_INTERVAL")  # every setting at its default but the wiring
         settings = load_settings(env)
-        make = default_client_factory(settings)
+        # Connection strings only: the credential is never created (nothing to close).
+        make = default_client_factory(settings, SharedCredential("default"))
 
         def clients(ns: NamespaceSettings) -> NamespaceClient:
             return _SlowBacklogLink(make(ns))

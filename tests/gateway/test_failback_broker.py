@@ -17,9 +17,11 @@ import orjson
 
 from gateway.app import default_backlog_factory, default_client_factory
 from gateway.config import NamespaceSettings, load_settings
+from gateway.core.backlog import is_backlog_path
 from gateway.core.failover import MARKED_HEALTHY, PING_DELIVERED
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
+from gateway.servicebus.identity import SharedCredential
 from gateway.syphon.ports import BacklogPort
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory, broker_env
@@ -118,7 +120,7 @@ class GatedClient:
 
     async def open_sender(self, path: str) -> Sender:
         sender = await self.inner.open_sender(path)
-        return GatedSender(sender, self._gate) if "/x-servicebus-transfer/" in path else sender
+        return GatedSender(sender, self._gate) if is_backlog_path(path) else sender
 
     async def close(self) -> None:
         await self.inner.close()
@@ -128,7 +130,10 @@ async def test_backlog_writes_completing_after_the_failback_are_moved_home(
     gateway: GatewayFactory, control: ControlClient, broker: BrokerProcess
 ) -> None:
     gate = Gate()
-    make = default_client_factory(load_settings(broker_env(broker, **ENV)))
+    # Connection strings only: the credential is never created (nothing to close).
+    make = default_client_factory(
+        load_settings(broker_env(broker, **ENV)), SharedCredential("default")
+    )
 
     def clients(ns: NamespaceSettings) -> NamespaceClient:
         return GatedClient(make(ns), gate)
