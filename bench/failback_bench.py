@@ -36,6 +36,7 @@ from gateway.app import (
     shared_credential,
 )
 from gateway.config import NamespaceSettings, SyphonSettings, TimeoutSettings, load_settings
+from gateway.core.backlog import is_backlog_path
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
 from gateway.syphon.ports import BacklogPort
@@ -71,7 +72,7 @@ class _SlowBacklogLink:
 
     async def open_sender(self, path: str) -> Sender:
         sender = await self.inner.open_sender(path)
-        return _SlowSender(sender) if "/x-servicebus-transfer/" in path else sender
+        return _SlowSender(sender) if is_backlog_path(path) else sender
 
     async def close(self) -> None:
         await self.inner.close()

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from gateway.config import LimitSettings, SyphonSettings, TimeoutSettings
+from gateway.core.backlog import backlog_path
 from gateway.core.dispatcher import Dispatcher
 from gateway.state.memory import MemoryStateStore
 from gateway.syphon.syphon import Syphon
@@ -113,7 +114,7 @@ async def p8(n: int) -> dict[str, Any]:
                 ingest_s = time.perf_counter() - t0
             backlogged = sum(
                 [
-                    await depth(control, "secondary", f"primary/x-servicebus-transfer/{i}")
+                    await depth(control, "secondary", backlog_path("primary", i))
                     for i in range(QUEUES)
                 ]
             )
@@ -159,7 +160,7 @@ async def idle_ops() -> int:
     await store.start()
     syphon = Syphon(
         backlog=port,
-        queues=[f"primary/x-servicebus-transfer/{i}" for i in range(QUEUES)],
+        queues=[backlog_path("primary", i) for i in range(QUEUES)],
         dispatcher=Dispatcher(LimitSettings(), TimeoutSettings()),
         primary=FakeClient(),
         store=store,

@@ -4,7 +4,11 @@ Sources, later ones winning: built-in defaults → the TOML file (``SBGATE_CONFI
 ``--config``) → environment variables ``SBGATE_*``. Nothing else in the gateway reads
 ``os.environ``: `load_settings` receives the environment as a mapping.
 
-See the README's "Configuration" section for every setting.
+Each setting is declared once, on its dataclass field (`setting(...)`): its default, the
+parser that checks its value (with its bounds), a one-line description and, where it is not
+the field's name in capitals, its environment variable. The loader's tables (`SETTINGS`) and
+the documentation's table (docs/configuration.md, checked against `SETTINGS` by the tests)
+are derived from those declarations.
 """
 
 from __future__ import annotations
@@ -13,15 +17,20 @@ import math
 import re
 import socket
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal, Protocol, cast, get_args
 
+from gateway.core.entities import validate_entity_path
+from gateway.errors import InvalidEntityPath
 from gateway.secret import Secret as Secret  # re-exported: settings hold secrets
 
 ENV_PREFIX = "SBGATE_"
 EntityKind = Literal["queue", "topic"]
+LogFormat = Literal["json", "text"]
+CredentialKind = Literal["workload", "managed", "default"]
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class ConfigError(ValueError):
@@ -51,16 +60,201 @@ def parse_connection_string(value: str) -> dict[str, str]:
     return parts
 
 
+# --- values: a raw TOML or environment value → a setting's value ------------------------
+
+
+class Parser(Protocol):
+    """Checks and converts one raw value (a TOML value, or an environment variable's text);
+    raises `ConfigError` starting with `name`. `accepts` says what it takes, for the docs."""
+
+    def __call__(self, name: str, value: Any, /) -> Any: ...
+
+    def accepts(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Bool:
+    def __call__(self, name: str, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        s = str(value).strip().lower()
+        if s in {"1", "true", "yes", "on"}:
+            return True
+        if s in {"0", "false", "no", "off"}:
+            return False
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+    def accepts(self) -> str:
+        return "`true` or `false`"
+
+
+def _plain(n: float) -> str:
+    """A bound as the docs show it: 600, 0.05, 2147483647."""
+    return str(int(n)) if float(n).is_integer() else f"{n:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Number:
+    kind: type[int] | type[float]
+    minimum: float
+    maximum: float
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
+        try:
+            n = self.kind(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+        if isinstance(n, float) and not math.isfinite(n):
+            raise ConfigError(f"{name}: must be finite, got {value!r}")
+        if not self.minimum <= n <= self.maximum:
+            raise ConfigError(
+                f"{name}: must be between {self.minimum:g} and {self.maximum:g}, got {n!r}"
+            )
+        return n
+
+    def accepts(self) -> str:
+        what = "an integer" if self.kind is int else "a number"
+        return f"{what}, {_plain(self.minimum)} to {_plain(self.maximum)}"
+
+
+def _int(minimum: int, maximum: int = 2**31 - 1) -> _Number:
+    return _Number(int, minimum, maximum)
+
+
+def _float(minimum: float, maximum: float = 365 * 86400.0) -> _Number:
+    return _Number(float, minimum, maximum)
+
+
+def _str(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name}: expected a non-empty string")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Text:
+    secret: bool = False  # held as a `Secret`: never shown in logs or errors
+
+    def __call__(self, name: str, value: Any) -> str | Secret:
+        text = _str(name, value)
+        return Secret(text) if self.secret else text
+
+    def accepts(self) -> str:
+        return "a secret string" if self.secret else "a string"
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"{name}: must be one of {sorted(allowed)}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    allowed: tuple[str, ...]
+    upper: bool = False  # compared in capitals (log levels)
+
+    def __call__(self, name: str, value: Any) -> str:
+        return _choice(name, str(value).upper() if self.upper else value, self.allowed)
+
+    def accepts(self) -> str:
+        return ", ".join(f"`{a}`" for a in self.allowed)
+
+
+@dataclass(frozen=True, slots=True)
+class _StrList:
+    def __call__(self, name: str, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ConfigError(f"{name}: expected a list of strings")
+
+    def accepts(self) -> str:
+        return "comma-separated (TOML: a list of strings)"
+
+
+# --- declaring a setting -----------------------------------------------------------------
+
+_SETTING: Final = "sbgate.setting"
+_SECTION: Final = "sbgate.section"
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """How one setting is read and documented; declared on its field with `setting`."""
+
+    parse: Parser
+    doc: str  # one line, for docs/configuration.md
+    env: str | None = None  # the variable after SBGATE_; None: the field's name in capitals
+    shown_default: str | None = None  # the documented default, when the value cannot say it
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    parse: Parser,
+    doc: str,
+    env: str | None = None,
+    shown_default: str | None = None,
+    default_factory: Any = MISSING,
+) -> Any:
+    """A dataclass field that is a setting (see the module docstring)."""
+    meta = {_SETTING: Setting(parse, doc, env, shown_default)}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type[Any]) -> Any:
+    """A field holding a TOML table of settings (``[limits]``...): its own dataclass."""
+    return field(default_factory=cls, metadata={_SECTION: True})
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceField:
+    """A namespace setting: ``SBGATE_{PRIMARY,SECONDARY}_<env>`` for the default pair, or
+    the field's name in a ``[pairs.<name>.primary]`` / ``.secondary`` table."""
+
+    env: str
+    doc: str
+    shown_default: str | None = None
+
+
+def _ns_field(env: str, doc: str, shown_default: str | None = None, **kw: Any) -> Any:
+    return field(metadata={_SETTING: NamespaceField(env, doc, shown_default)}, **kw)
+
+
+# --- the settings ------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class NamespaceSettings:
     """One Service Bus namespace: a connection string, or a namespace + azure-identity."""
 
-    name: str  # the short namespace name, used in backlog paths: <name>/x-servicebus-transfer/<i>
-    connection_string: Secret | None = None
-    fully_qualified_namespace: str | None = None
-    # Management (ATOM/HTTPS) endpoint override: the local broker serves it on another port.
-    admin_connection_string: Secret | None = None
-    admin_ca_cert: str | None = None
+    name: str = _ns_field(
+        "NAME",
+        "the short namespace name used in backlog paths: `<name>/x-servicebus-transfer/<i>`",
+        "first DNS label",
+    )
+    connection_string: Secret | None = _ns_field(
+        "CONNECTION_STRING", "the namespace's connection string", default=None
+    )
+    fully_qualified_namespace: str | None = _ns_field(
+        "NAMESPACE",
+        "or its fully qualified name, with the Entra ID credential (`azure_credential`)",
+        default=None,
+    )
+    admin_connection_string: Secret | None = _ns_field(
+        "ADMIN_CONNECTION_STRING",
+        "management endpoint override (the local broker serves it on another port)",
+        default=None,
+    )
+    admin_ca_cert: str | None = _ns_field(
+        "ADMIN_CA_CERT", "the management endpoint's CA file", default=None
+    )
 
     @property
     def endpoint_host(self) -> str:
@@ -88,97 +282,239 @@ class EntitySettings:
     pair: str = "default"
 
 
+_MiB = 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class LimitSettings:
-    max_in_flight: int = 64  # broker send operations in flight, all entities together
-    senders_per_entity: int = 4  # open senders (and concurrent batch sends) per entity
-    admission_timeout: float = 2.0  # how long a request may wait for room before 503
-    max_pending_bytes: int = 64 * 1024 * 1024  # accepted-but-unsent bytes held in memory
-    max_message_bytes: int = 256 * 1024  # one message, body + properties (Standard tier)
-    max_batch_bytes: int = 256 * 1024  # one broker batch (Standard tier)
-    max_batch_messages: int = 100  # messages per broker batch / per REST batch request
-    max_body_bytes: int = 1024 * 1024  # HTTP request body
-    max_header_bytes: int = 64 * 1024  # all request headers together
+    """``[limits]``: backpressure and sizes."""
+
+    max_in_flight: int = setting(
+        64, parse=_int(1, 100_000), doc="broker send operations in flight, all entities"
+    )
+    senders_per_entity: int = setting(
+        4, parse=_int(1, 64), doc="open senders (concurrent batch sends) per entity"
+    )
+    admission_timeout: float = setting(
+        2.0, parse=_float(0.0, 600.0), doc="seconds a request may wait for room before `503`"
+    )
+    max_pending_bytes: int = setting(
+        64 * _MiB, parse=_int(1024), doc="bytes of accepted-but-unsent messages held in memory"
+    )
+    max_message_bytes: int = setting(
+        256 * 1024,
+        parse=_int(1024, 100 * _MiB),
+        doc="one message, body + properties (Standard tier)",
+    )
+    max_batch_bytes: int = setting(
+        256 * 1024, parse=_int(1024, 100 * _MiB), doc="one broker batch / one request"
+    )
+    max_batch_messages: int = setting(
+        100, parse=_int(1, 4500), doc="messages per broker batch and per REST batch"
+    )
+    max_body_bytes: int = setting(_MiB, parse=_int(1024, 200 * _MiB), doc="HTTP request body")
+    max_header_bytes: int = setting(
+        64 * 1024,
+        parse=_int(1024, _MiB),
+        doc="one header line, and the whole request head (else `431`)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class TimeoutSettings:
-    send_timeout: float = 10.0  # our deadline on each broker operation
-    connect_timeout: float = 15.0  # opening a sender at start-up
-    retry_after: float = 10.0  # Retry-After on upstream failures (docs/design.md#errors)
-    sdk_retry_total: int = 1  # the SDK's own retries, inside send_timeout
+    """``[timeouts]``: our deadlines on the broker, and the back-off we ask of clients."""
+
+    send_timeout: float = setting(
+        10.0, parse=_float(0.01, 600.0), doc="our deadline on each broker operation"
+    )
+    connect_timeout: float = setting(
+        15.0, parse=_float(0.01, 600.0), doc="opening a sender; management calls at start-up"
+    )
+    retry_after: float = setting(
+        10.0,
+        parse=_float(0.0, 3600.0),
+        doc="`Retry-After` on upstream failures (every `503` of the [error table](errors.md) "
+        "but shutdown's)",
+    )
+    sdk_retry_total: int = setting(
+        1, parse=_int(0, 10), doc="the SDK's own retries, inside `send_timeout`"
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class FailoverSettings:
-    enabled: bool = True
-    failover_interval: float = 10.0
-    ping_primary_interval: float = 60.0
-    backlog_queue_count: int = 10
-    strict_primary: bool = False
-    create_backlog_queues: bool = True  # False: verify-only mode (no Manage right)
-    backlog_reprobe_interval: float = 30.0
+    """``[failover]``: send availability (docs/design.md#paired-namespaces)."""
+
+    enabled: bool = setting(
+        True, parse=_Bool(), env="ENABLE_FAILOVER", doc="failover, when a secondary is configured"
+    )
+    failover_interval: float = setting(
+        10.0,
+        parse=_float(0.0, 86400.0),
+        doc="seconds of failure before failover (0: the first counting failure)",
+    )
+    ping_primary_interval: float = setting(
+        60.0, parse=_float(0.05, 86400.0), doc="seconds between pings of a failed-over entity"
+    )
+    backlog_queue_count: int = setting(
+        10, parse=_int(1, 100), doc="backlog queues per primary namespace"
+    )
+    strict_primary: bool = setting(
+        False, parse=_Bool(), doc="while failing, `503` instead of the backlog"
+    )
+    create_backlog_queues: bool = setting(
+        True, parse=_Bool(), doc="`false`: verify-only (no Manage right)"
+    )
+    backlog_reprobe_interval: float = setting(
+        30.0,
+        parse=_float(0.05, 86400.0),
+        doc="seconds a failed backlog queue stays out of rotation",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class SyphonSettings:
-    enabled: bool = True
-    workers: int = 4
-    max_batch: int = 50
-    receive_wait: float = 5.0
-    idle_check_interval: float = 900.0
-    fault_unready_seconds: float = 30.0  # `gateway syphon`: not ready this long after a fault
-    exit_on_fault: bool = False  # `gateway syphon`: exit 3 on a namespace fault (pod restart)
+    """``[syphon]``: the worker pool that moves backlogs home."""
+
+    enabled: bool = setting(
+        True, parse=_Bool(), env="ENABLE_SYPHON", doc="run the syphon in `gateway serve`"
+    )
+    workers: int = setting(
+        4,
+        parse=_int(1, 256),
+        doc="backlog queues moving messages at once (receives: one per queue)",
+    )
+    max_batch: int = setting(50, parse=_int(1, 1000), doc="messages per syphon receive")
+    receive_wait: float = setting(
+        5.0, parse=_float(0.05, 3600.0), doc="seconds a syphon receive waits for a first message"
+    )
+    idle_check_interval: float = setting(
+        900.0, parse=_float(0.05, 86400.0), doc="seconds between idle safety checks"
+    )
+    fault_unready_seconds: float = setting(
+        30.0, parse=_float(0.0, 3600.0), doc="`gateway syphon` not ready this long after a fault"
+    )
+    exit_on_fault: bool = setting(
+        False,
+        parse=_Bool(),
+        doc="`gateway syphon` exits 3 on a namespace fault (the pod restarts)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class ShutdownSettings:
-    drain_delay: float = 5.0  # readiness 503 while still serving, so endpoints drop the pod
-    shutdown_timeout: float = 20.0  # wait for in-flight requests (< terminationGracePeriod)
+    """``[shutdown]``: draining on SIGTERM."""
+
+    drain_delay: float = setting(
+        5.0,
+        parse=_float(0.0, 600.0),
+        doc="seconds `/readyz` is 503 while still serving after SIGTERM (endpoints drop the pod)",
+    )
+    shutdown_timeout: float = setting(
+        20.0,
+        parse=_float(0.0, 3600.0),
+        doc="seconds to wait for in-flight requests "
+        "(keep < `terminationGracePeriodSeconds` - drain delay - preStop)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    """Deadlines and caps for slow or greedy clients (enforced by gateway.web.hardening)."""
+    """``[http]``: deadlines and caps for slow or greedy clients (gateway.web.hardening)."""
 
-    header_timeout: float = 10.0  # a complete request head, from connect or its first byte
-    body_timeout: float = 30.0  # the whole body, from the end of the head; else 408
-    keepalive_timeout: float = (
-        75.0  # idle keep-alive: above the ingress's upstream one (nginx: 60 s)
+    header_timeout: float = setting(
+        10.0,
+        parse=_float(0.05, 3600.0),
+        doc="seconds for a complete request head, from connect or its first byte "
+        "(slow clients are closed)",
     )
-    max_headers: int = 100  # request header count
+    body_timeout: float = setting(
+        30.0,
+        parse=_float(0.05, 3600.0),
+        doc="seconds for the whole body after the head, else `408`",
+    )
+    keepalive_timeout: float = setting(
+        75.0,
+        parse=_float(0.05, 3600.0),
+        doc="idle keep-alive connection; keep it *above* the ingress's upstream keep-alive "
+        "(ingress-nginx: 60 s), or the ingress reuses connections the gateway just closed",
+    )
+    max_headers: int = setting(100, parse=_int(8, 10_000), doc="request header count")
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 8080
-    replica_id: str = field(default_factory=socket.gethostname)
+    listen_host: str = setting("127.0.0.1", parse=_Text(), doc="listen address")
+    listen_port: int = setting(8080, parse=_int(0, 65535), doc="listen port")
+    replica_id: str = setting(
+        default_factory=socket.gethostname,
+        parse=_Text(),
+        shown_default="hostname",
+        doc="this replica's name (the pod's) in state and logs",
+    )
+    # The namespace pairs and the entities have their own forms (NamespaceField, ENTITIES).
     pairs: tuple[PairSettings, ...] = ()
     entities: tuple[EntitySettings, ...] = ()
-    redis_url: Secret | None = None
-    log_format: Literal["json", "text"] = "json"
-    log_level: str = "INFO"
-    ledger: str = "off"  # off | stdout | a directory
-    ledger_compress: bool = False
-    allow_open: bool = False
-    auth_rules_file: str | None = None
-    auth_rules: Secret | None = None
-    public_hosts: tuple[str, ...] = ()
-    auth_clock_skew: float = 300.0
-    # Refuse tokens that expire further than this in the future (seconds; 0 = no limit): a
-    # leaked long-lived token is then useless, and clients must re-sign at least this often.
-    auth_max_token_lifetime: float = 0.0
-    # The one Entra ID credential of the process, for namespaces given by name
-    # (gateway.servicebus.identity): workload | managed | default.
-    azure_credential: Literal["workload", "managed", "default"] = "default"
-    azure_client_id: str | None = None  # a user-assigned identity's client id
-    limits: LimitSettings = field(default_factory=LimitSettings)
-    timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
-    failover: FailoverSettings = field(default_factory=FailoverSettings)
-    syphon: SyphonSettings = field(default_factory=SyphonSettings)
-    shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
-    http: HttpSettings = field(default_factory=HttpSettings)
+    redis_url: Secret | None = setting(
+        None,
+        parse=_Text(secret=True),
+        doc="shared failover state; without it, in-process (one replica)",
+    )
+    log_format: LogFormat = setting(
+        "json", parse=_Choice(get_args(LogFormat)), doc="log lines as JSON, or text to read"
+    )
+    log_level: str = setting(
+        "INFO",
+        parse=_Choice(LOG_LEVELS, upper=True),
+        doc="`INFO` logs one line per request; `WARNING` only failures",
+    )
+    ledger: str = setting("off", parse=_Text(), doc="event ledger: `off`, `stdout` or a directory")
+    ledger_compress: bool = setting(False, parse=_Bool(), doc="gzip the ledger files")
+    allow_open: bool = setting(
+        False, parse=_Bool(), doc="allow listening beyond loopback without auth rules"
+    )
+    auth_rules_file: str | None = setting(
+        None, parse=_Text(), doc="SAS rules file (TOML or JSON), e.g. a mounted Secret"
+    )
+    auth_rules: Secret | None = setting(
+        None, parse=_Text(secret=True), doc="the same rules as JSON in a variable"
+    )
+    public_hosts: tuple[str, ...] = setting(
+        (),
+        parse=_StrList(),
+        shown_default="localhost,127.0.0.1,<listen_host>",
+        doc="host names a token's `sr` may name",
+    )
+    auth_clock_skew: float = setting(
+        300.0, parse=_float(0.0, 3600.0), doc="seconds of clock skew allowed on token expiry"
+    )
+    # A leaked long-lived token is then useless, and clients must re-sign at least this often.
+    auth_max_token_lifetime: float = setting(
+        0.0,
+        parse=_float(0.0, 10 * 365 * 86400.0),
+        doc="refuse tokens expiring further than this many seconds ahead "
+        "(`401 token_lifetime_too_long`); 0: no limit",
+    )
+    azure_credential: CredentialKind = setting(
+        "default",
+        parse=_Choice(get_args(CredentialKind)),
+        doc="the one Entra ID credential of the process, for namespaces given by name, shared "
+        "by every client and the admin client (gateway.servicebus.identity): `workload` "
+        "(AKS workload identity; the chart sets it), `managed` (managed identity), `default` "
+        "(`DefaultAzureCredential`, for development)",
+    )
+    azure_client_id: str | None = setting(
+        None,
+        parse=_Text(),
+        doc="a user-assigned managed identity's client id (workload identity reads "
+        "`AZURE_CLIENT_ID` from the webhook)",
+    )
+    limits: LimitSettings = section(LimitSettings)
+    timeouts: TimeoutSettings = section(TimeoutSettings)
+    failover: FailoverSettings = section(FailoverSettings)
+    syphon: SyphonSettings = section(SyphonSettings)
+    shutdown: ShutdownSettings = section(ShutdownSettings)
+    http: HttpSettings = section(HttpSettings)
 
     @property
     def embedded(self) -> bool:
@@ -192,179 +528,239 @@ class Settings:
         raise KeyError(name)
 
 
-# --- parsing helpers --------------------------------------------------------------------
+# --- derived from the declarations: what the loader reads, and the docs list -------------
 
 
-def _bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    s = str(value).strip().lower()
-    if s in {"1", "true", "yes", "on"}:
-        return True
-    if s in {"0", "false", "no", "off"}:
-        return False
-    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+@dataclass(frozen=True, slots=True)
+class SettingInfo:
+    """A declared setting as the loader and the docs see it."""
+
+    section: str | None  # its TOML table (``limits``...), None at the top level
+    name: str  # the field's name: its TOML key
+    env: str  # its environment variable
+    spec: Setting
+    default: Any
+
+    @property
+    def where(self) -> str:
+        """How error messages name it."""
+        return f"{self.section}.{self.name}" if self.section else self.name
+
+    @property
+    def toml(self) -> str:
+        return f"[{self.section}] {self.name}" if self.section else self.name
 
 
-def _number(name: str, value: Any, kind: type, minimum: float, maximum: float) -> Any:
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected a number, got {value!r}")
-    try:
-        n = kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: expected a number, got {value!r}") from None
-    if isinstance(n, float) and not math.isfinite(n):
-        raise ConfigError(f"{name}: must be finite, got {value!r}")
-    if not minimum <= n <= maximum:
-        raise ConfigError(f"{name}: must be between {minimum:g} and {maximum:g}, got {n!r}")
-    return n
+def _default(f: Any) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
-def _int(minimum: int, maximum: int = 2**31 - 1) -> Callable[[str, Any], int]:
-    return lambda name, v: int(_number(name, v, int, minimum, maximum))
+def _declared(cls: type[Any], section_name: str | None) -> Iterator[SettingInfo]:
+    for f in fields(cls):
+        spec = f.metadata.get(_SETTING)
+        if isinstance(spec, Setting):
+            env = ENV_PREFIX + (spec.env or f.name.upper())
+            yield SettingInfo(section_name, f.name, env, spec, _default(f))
 
 
-def _float(minimum: float, maximum: float = 365 * 86400.0) -> Callable[[str, Any], float]:
-    return lambda name, v: float(_number(name, v, float, minimum, maximum))
-
-
-def _str(name: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{name}: expected a non-empty string")
-    return value
-
-
-_SECTION_FIELDS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
-    "limits": (
-        LimitSettings,
-        {
-            "max_in_flight": _int(1, 100_000),
-            "senders_per_entity": _int(1, 64),
-            "admission_timeout": _float(0.0, 600.0),
-            "max_pending_bytes": _int(1024),
-            "max_message_bytes": _int(1024, 100 * 1024 * 1024),
-            "max_batch_bytes": _int(1024, 100 * 1024 * 1024),
-            "max_batch_messages": _int(1, 4500),
-            "max_body_bytes": _int(1024, 200 * 1024 * 1024),
-            "max_header_bytes": _int(1024, 1024 * 1024),
-        },
-    ),
-    "timeouts": (
-        TimeoutSettings,
-        {
-            "send_timeout": _float(0.01, 600.0),
-            "connect_timeout": _float(0.01, 600.0),
-            "retry_after": _float(0.0, 3600.0),
-            "sdk_retry_total": _int(0, 10),
-        },
-    ),
-    "failover": (
-        FailoverSettings,
-        {
-            "enabled": _bool,
-            "failover_interval": _float(0.0, 86400.0),
-            "ping_primary_interval": _float(0.05, 86400.0),
-            "backlog_queue_count": _int(1, 100),
-            "strict_primary": _bool,
-            "create_backlog_queues": _bool,
-            "backlog_reprobe_interval": _float(0.05, 86400.0),
-        },
-    ),
-    "syphon": (
-        SyphonSettings,
-        {
-            "enabled": _bool,
-            "workers": _int(1, 256),
-            "max_batch": _int(1, 1000),
-            "receive_wait": _float(0.05, 3600.0),
-            "idle_check_interval": _float(0.05, 86400.0),
-            "fault_unready_seconds": _float(0.0, 3600.0),
-            "exit_on_fault": _bool,
-        },
-    ),
-    "shutdown": (
-        ShutdownSettings,
-        {"drain_delay": _float(0.0, 600.0), "shutdown_timeout": _float(0.0, 3600.0)},
-    ),
-    "http": (
-        HttpSettings,
-        {
-            "header_timeout": _float(0.05, 3600.0),
-            "body_timeout": _float(0.05, 3600.0),
-            "keepalive_timeout": _float(0.05, 3600.0),
-            "max_headers": _int(8, 10_000),
-        },
-    ),
+SECTIONS: Final[Mapping[str, type[Any]]] = {
+    f.name: cast("type[Any]", f.default_factory)
+    for f in fields(Settings)
+    if f.metadata.get(_SECTION)
 }
-
-_LOG_LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
-
-_TOP_FIELDS: dict[str, Callable[[str, Any], Any]] = {
-    "listen_host": _str,
-    "listen_port": _int(0, 65535),
-    "replica_id": _str,
-    "redis_url": lambda n, v: Secret(_str(n, v)),
-    "log_format": lambda n, v: _choice(n, v, {"json", "text"}),
-    "log_level": lambda n, v: _choice(n, str(v).upper(), _LOG_LEVELS),
-    "ledger": _str,
-    "ledger_compress": _bool,
-    "allow_open": _bool,
-    "auth_rules_file": _str,
-    "auth_rules": lambda n, v: Secret(_str(n, v)),
-    "public_hosts": lambda n, v: _str_list(n, v),
-    "auth_clock_skew": _float(0.0, 3600.0),
-    "auth_max_token_lifetime": _float(0.0, 10 * 365 * 86400.0),
-    "azure_credential": lambda n, v: _choice(n, v, {"workload", "managed", "default"}),
-    "azure_client_id": _str,
-}
-
-# Settings a flat environment variable may set: SBGATE_<FIELD> for top-level fields and
-# SBGATE_<FIELD> for section fields too (their names are unique across sections).
-_SECTION_OF_FIELD = {f: s for s, (_, fs) in _SECTION_FIELDS.items() for f in fs}
-_ENV_ALIASES = {"ENABLE_SYPHON": ("syphon", "enabled"), "ENABLE_FAILOVER": ("failover", "enabled")}
-
-
-# SBGATE_{PRIMARY,SECONDARY}_<FIELD>: the default pair's namespaces.
-_NS_ENV = re.compile(
-    r"^(PRIMARY|SECONDARY)_(CONNECTION_STRING|NAMESPACE|NAME|ADMIN_CONNECTION_STRING|ADMIN_CA_CERT)$"
+SETTINGS: Final[tuple[SettingInfo, ...]] = (
+    *_declared(Settings, None),
+    *(info for name, cls in SECTIONS.items() for info in _declared(cls, name)),
 )
-_NS_ENV_FIELDS = {
-    "CONNECTION_STRING": "connection_string",
-    "NAMESPACE": "fully_qualified_namespace",
-    "NAME": "name",
-    "ADMIN_CONNECTION_STRING": "admin_connection_string",
-    "ADMIN_CA_CERT": "admin_ca_cert",
+# SBGATE_{PRIMARY,SECONDARY}_<env>: the default pair's namespaces.
+NAMESPACE_ROLES: Final = ("PRIMARY", "SECONDARY")
+NAMESPACE_FIELDS: Final[Mapping[str, tuple[str, NamespaceField]]] = {
+    f.metadata[_SETTING].env: (f.name, f.metadata[_SETTING]) for f in fields(NamespaceSettings)
 }
+CONFIG_FILE_ENV: Final = f"{ENV_PREFIX}CONFIG"  # the TOML file (or --config)
+ENTITIES_ENV: Final = f"{ENV_PREFIX}ENTITIES"  # queue:orders,topic:events@pair; TOML [[entities]]
+
+_TOP: Final = {i.name: i for i in SETTINGS if i.section is None}
+_BY_SECTION: Final = {s: {i.name: i for i in SETTINGS if i.section == s} for s in SECTIONS}
+_BY_ENV: Final = {i.env: i for i in SETTINGS}
+if len(_BY_ENV) != len(SETTINGS):  # two sections' fields of one name need their own `env`
+    raise AssertionError("two settings share an environment variable")
 
 
-def _choice(name: str, value: Any, allowed: set[str]) -> str:
-    if value not in allowed:
-        raise ConfigError(f"{name}: must be one of {sorted(allowed)}, got {value!r}")
-    return str(value)
+def env_names() -> set[str]:
+    """Every SBGATE_* variable `load_settings` accepts."""
+    return {name for row in documentation() for name in row.env}
 
 
-def _str_list(name: str, value: Any) -> tuple[str, ...]:
+@dataclass(frozen=True, slots=True)
+class DocRow:
+    """One row of the settings' documentation (docs/configuration.md)."""
+
+    env: tuple[str, ...]
+    toml: tuple[str, ...]
+    default: str
+    accepts: str
+    doc: str
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == ():
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return _plain(value) if isinstance(value, float) else str(value)
+
+
+def documentation() -> list[DocRow]:
+    """Every setting, in the order the docs list them: derived from the declarations."""
+    rows = [DocRow((CONFIG_FILE_ENV,), (), "", "a file path", "the TOML file (or `--config`)")]
+    for info in SETTINGS:
+        if info.section is None:
+            rows.append(_doc_row(info))
+    rows.append(
+        DocRow(
+            (ENTITIES_ENV,),
+            ("[[entities]] path, kind, pair",),
+            "",
+            "`queue:orders,topic:events@pair`",
+            "the entities clients may send to (`kind` defaults to `queue`, `pair` to "
+            "`default`); required with a namespace",
+        )
+    )
+    for suffix, (name, ns) in NAMESPACE_FIELDS.items():
+        env = tuple(f"{ENV_PREFIX}{role}_{suffix}" for role in NAMESPACE_ROLES)
+        toml = tuple(f"[pairs.<pair>.{role.lower()}] {name}" for role in NAMESPACE_ROLES)
+        rows.append(DocRow(env, toml, ns.shown_default or "", "", ns.doc))
+    rows += [_doc_row(info) for info in SETTINGS if info.section is not None]
+    return rows
+
+
+def _doc_row(info: SettingInfo) -> DocRow:
+    spec = info.spec
+    default = spec.shown_default if spec.shown_default is not None else _shown(info.default)
+    return DocRow((info.env,), (info.toml,), default, spec.parse.accepts(), spec.doc)
+
+
+# --- the loader --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Raw:
+    """The raw values from the file and the environment, before parsing."""
+
+    top: dict[str, Any] = field(default_factory=dict)
+    sections: dict[str, dict[str, Any]] = field(default_factory=lambda: {s: {} for s in SECTIONS})
+    pairs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    entities: list[dict[str, Any]] = field(default_factory=list)
+
+    def add_file(self, doc: Mapping[str, Any]) -> None:
+        """A parsed TOML document: unknown keys and tables of the wrong shape are errors."""
+        for key, value in doc.items():
+            if key in _TOP:
+                self.top[key] = value
+            elif key in SECTIONS:
+                if not isinstance(value, dict):
+                    raise ConfigError(f"[{key}] must be a table")
+                self.sections[key].update(value)
+            elif key == "pairs":
+                if not isinstance(value, dict):
+                    raise ConfigError("[pairs.<name>] must be tables")
+                self.pairs = {k: dict(v) for k, v in value.items()}
+            elif key == "entities":
+                if not isinstance(value, list):
+                    raise ConfigError("[[entities]] must be an array of tables")
+                self.entities = [dict(e) for e in value]
+            else:
+                raise ConfigError(f"config file: unknown setting {key!r}")
+
+    def add_env(self, env: Mapping[str, str]) -> None:
+        """The SBGATE_* variables, over the file's values; an unknown one is an error."""
+        for env_key, value in env.items():
+            if not env_key.startswith(ENV_PREFIX) or env_key == CONFIG_FILE_ENV:
+                continue
+            role, _, suffix = env_key.removeprefix(ENV_PREFIX).partition("_")
+            if info := _BY_ENV.get(env_key):
+                values = self.top if info.section is None else self.sections[info.section]
+                values[info.name] = value
+            elif env_key == ENTITIES_ENV:
+                self.entities = _entities_from_env(value)
+            elif role in NAMESPACE_ROLES and suffix in NAMESPACE_FIELDS:
+                self._set_namespace(role.lower(), NAMESPACE_FIELDS[suffix][0], value)
+            else:
+                raise ConfigError(f"{env_key}: unknown setting")
+
+    def _set_namespace(self, role: str, attr: str, value: str) -> None:
+        """One field of the default pair's primary or secondary namespace."""
+        table = self.pairs.setdefault("default", {}).setdefault(role, {})
+        if isinstance(table, str):  # the file gave a connection string
+            table = self.pairs["default"][role] = {"connection_string": table}
+        table[attr] = value
+
+
+def _read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+
+
+def load_settings(env: Mapping[str, str], config_file: str | Path | None = None) -> Settings:
+    """Build the one `Settings` object from a TOML file and the environment.
+
+    Raises `ConfigError` naming the bad setting. Pure: reads only `config_file` and `env`.
+    """
+    raw = _Raw()
+    path = config_file or env.get(CONFIG_FILE_ENV)
+    if path:
+        raw.add_file(_read_toml(path))
+    raw.add_env(env)
+    kwargs: dict[str, Any] = {key: _TOP[key].spec.parse(key, v) for key, v in raw.top.items()}
+    for name, cls in SECTIONS.items():
+        kwargs[name] = cls(**_section_values(name, raw.sections[name]))
+    pairs = tuple(_pair(name, table) for name, table in raw.pairs.items())
+    settings = Settings(**kwargs, pairs=pairs, entities=_entities(raw.entities, pairs))
+    _cross_check(settings)
+    return settings
+
+
+def _section_values(section_name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+    declared = _BY_SECTION[section_name]
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in declared:
+            raise ConfigError(f"[{section_name}]: unknown setting {key!r}")
+        values[key] = declared[key].spec.parse(declared[key].where, value)
+    return values
+
+
+def _pair(name: str, raw: Mapping[str, Any]) -> PairSettings:
+    where = f"pairs.{name}"
+    if "primary" not in raw:
+        raise ConfigError(f"{where}: a primary namespace is required")
+    primary = _namespace(f"{where}.primary", _ns_table(raw["primary"]))
+    secondary = (
+        _namespace(f"{where}.secondary", _ns_table(raw["secondary"]))
+        if raw.get("secondary")
+        else None
+    )
+    extra = set(raw) - {"primary", "secondary"}
+    if extra:
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}")
+    return PairSettings(name=name, primary=primary, secondary=secondary)
+
+
+def _ns_table(value: Any) -> Mapping[str, Any]:
     if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise ConfigError(f"{name}: expected a list of strings")
+        return {"connection_string": value}
+    if isinstance(value, dict):
+        return value
+    raise ConfigError("a namespace must be a connection string or a table")
 
 
-_ENTITY_PATH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9][A-Za-z0-9._\-]*)*")
-
-
-def _namespace(
-    where: str, raw: Mapping[str, Any], default_name: str | None = None
-) -> NamespaceSettings:
-    allowed = {
-        "name",
-        "connection_string",
-        "fully_qualified_namespace",
-        "admin_connection_string",
-        "admin_ca_cert",
-    }
-    extra = set(raw) - allowed
+def _namespace(where: str, raw: Mapping[str, Any]) -> NamespaceSettings:
+    extra = set(raw) - {f.name for f in fields(NamespaceSettings)}
     if extra:
         raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}")
     cs = raw.get("connection_string")
@@ -382,7 +778,7 @@ def _namespace(
             raise ConfigError(f"{where}.connection_string: {exc}") from None
     else:
         host = _str(f"{where}.fully_qualified_namespace", fqns)
-    name = raw.get("name") or default_name or host.split(".")[0].split(":")[0]
+    name = raw.get("name") or host.split(".")[0].split(":")[0]
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9\-]*", name):
         raise ConfigError(f"{where}.name: {name!r} is not a valid namespace name")
     admin = raw.get("admin_connection_string")
@@ -395,19 +791,6 @@ def _namespace(
         else None,
         admin_ca_cert=raw.get("admin_ca_cert"),
     )
-
-
-def _entity(where: str, raw: Mapping[str, Any]) -> EntitySettings:
-    path = _str(f"{where}.path", raw.get("path") or raw.get("name"))
-    kind = _choice(f"{where}.kind", raw.get("kind", "queue"), {"queue", "topic"})
-    pair = str(raw.get("pair", "default"))
-    if (
-        len(path) > 260
-        or not _ENTITY_PATH.fullmatch(path)
-        or "x-servicebus-transfer" in path.lower()
-    ):
-        raise ConfigError(f"{where}.path: {path!r} is not a valid entity path")
-    return EntitySettings(path=path, kind=kind, pair=pair)  # type: ignore[arg-type]
 
 
 def _entities_from_env(value: str) -> list[dict[str, str]]:
@@ -424,99 +807,10 @@ def _entities_from_env(value: str) -> list[dict[str, str]]:
     return out
 
 
-def load_settings(env: Mapping[str, str], config_file: str | Path | None = None) -> Settings:
-    """Build the one `Settings` object from a TOML file and the environment.
-
-    Raises `ConfigError` naming the bad setting. Pure: reads only `config_file` and `env`.
-    """
-    raw: dict[str, Any] = {}
-    path = config_file or env.get(f"{ENV_PREFIX}CONFIG")
-    if path:
-        try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path}: {exc}") from None
-
-    top: dict[str, Any] = {}
-    sections: dict[str, dict[str, Any]] = {s: {} for s in _SECTION_FIELDS}
-    pairs_raw: dict[str, dict[str, Any]] = {}
-    entities_raw: list[dict[str, Any]] = []
-
-    for key, value in raw.items():
-        if key in _TOP_FIELDS:
-            top[key] = value
-        elif key in _SECTION_FIELDS:
-            if not isinstance(value, dict):
-                raise ConfigError(f"[{key}] must be a table")
-            sections[key].update(value)
-        elif key == "pairs":
-            if not isinstance(value, dict):
-                raise ConfigError("[pairs.<name>] must be tables")
-            pairs_raw = {k: dict(v) for k, v in value.items()}
-        elif key == "entities":
-            if not isinstance(value, list):
-                raise ConfigError("[[entities]] must be an array of tables")
-            entities_raw = [dict(e) for e in value]
-        else:
-            raise ConfigError(f"config file: unknown setting {key!r}")
-
-    # Environment overrides.
-    for env_key, value in env.items():
-        if not env_key.startswith(ENV_PREFIX):
-            continue
-        key = env_key[len(ENV_PREFIX) :]
-        low = key.lower()
-        if key == "CONFIG":
-            continue
-        if low in _TOP_FIELDS:
-            top[low] = value
-        elif key in _ENV_ALIASES:
-            section, fname = _ENV_ALIASES[key]
-            sections[section][fname] = value
-        elif low in _SECTION_OF_FIELD:
-            sections[_SECTION_OF_FIELD[low]][low] = value
-        elif key == "ENTITIES":
-            entities_raw = _entities_from_env(value)
-        elif m := _NS_ENV.match(key):
-            role, attr = m.group(1).lower(), _NS_ENV_FIELDS[m.group(2)]
-            table = pairs_raw.setdefault("default", {}).setdefault(role, {})
-            if isinstance(table, str):
-                table = pairs_raw["default"][role] = {"connection_string": table}
-            table[attr] = value
-        else:
-            raise ConfigError(f"{env_key}: unknown setting")
-
-    kwargs: dict[str, Any] = {}
-    for key, value in top.items():
-        kwargs[key] = _TOP_FIELDS[key](key, value)
-    for section, (cls, parsers) in _SECTION_FIELDS.items():
-        values: dict[str, Any] = {}
-        for fname, value in sections[section].items():
-            if fname not in parsers:
-                raise ConfigError(f"[{section}]: unknown setting {fname!r}")
-            values[fname] = parsers[fname](f"{section}.{fname}", value)
-        kwargs[section] = cls(**values)
-
-    pairs: list[PairSettings] = []
-    for pname, praw in pairs_raw.items():
-        where = f"pairs.{pname}"
-        if "primary" not in praw:
-            raise ConfigError(f"{where}: a primary namespace is required")
-        primary = _namespace(f"{where}.primary", _ns_table(praw["primary"]))
-        secondary = (
-            _namespace(f"{where}.secondary", _ns_table(praw["secondary"]))
-            if praw.get("secondary")
-            else None
-        )
-        extra = set(praw) - {"primary", "secondary"}
-        if extra:
-            raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}")
-        pairs.append(PairSettings(name=pname, primary=primary, secondary=secondary))
-    kwargs["pairs"] = tuple(pairs)
-
-    entities = tuple(_entity(f"entities[{i}]", e) for i, e in enumerate(entities_raw))
+def _entities(
+    raw: list[dict[str, Any]], pairs: tuple[PairSettings, ...]
+) -> tuple[EntitySettings, ...]:
+    entities = tuple(_entity(f"entities[{i}]", e) for i, e in enumerate(raw))
     seen: set[str] = set()
     pair_names = {p.name for p in pairs}
     for e in entities:
@@ -525,19 +819,18 @@ def load_settings(env: Mapping[str, str], config_file: str | Path | None = None)
         seen.add(e.path.lower())
         if pairs and e.pair not in pair_names:
             raise ConfigError(f"entities: {e.path!r} names unknown pair {e.pair!r}")
-    kwargs["entities"] = entities
-
-    settings = Settings(**kwargs)
-    _cross_check(settings)
-    return settings
+    return entities
 
 
-def _ns_table(value: Any) -> Mapping[str, Any]:
-    if isinstance(value, str):
-        return {"connection_string": value}
-    if isinstance(value, dict):
-        return value
-    raise ConfigError("a namespace must be a connection string or a table")
+def _entity(where: str, raw: Mapping[str, Any]) -> EntitySettings:
+    path = _str(f"{where}.path", raw.get("path") or raw.get("name"))
+    kind = _choice(f"{where}.kind", raw.get("kind", "queue"), get_args(EntityKind))
+    pair = str(raw.get("pair", "default"))
+    try:
+        validate_entity_path(path)  # the one rule, as clients' requests are held to it
+    except InvalidEntityPath as exc:
+        raise ConfigError(f"{where}.path: {path!r} is not a valid entity path: {exc}") from None
+    return EntitySettings(path=path, kind=kind, pair=pair)  # type: ignore[arg-type]
 
 
 def _cross_check(s: Settings) -> None:

@@ -12,8 +12,8 @@ Two families:
   onto these rows in exactly one place (`gateway.servicebus.errors`); the engine uses the
   rows for its own failures (its send deadline, shutdown) without importing the SDK.
 
-The table is documented, and tested against, in the README's "Errors" section; why each row
-says what it says is in docs/design.md ("Errors").
+The table is rendered into docs/errors.md (tests/test_docs.py holds them equal); why each
+row says what it says is in docs/design.md ("Errors").
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class Classification:
     retry_after: float | None  # seconds for the Retry-After header; None: no header
     recreate_sender: bool  # is the sender's link suspect afterwards?
     # Causes that are not SDK exceptions (the SDK's are in gateway.servicebus.errors), for
-    # the README's table.
+    # docs/errors.md's table.
     also_raised_for: str = ""
 
 
@@ -146,7 +146,7 @@ def _row(
     return Classification(kind, transient, counts, status, retry_after, recreate, also)
 
 
-# The classification table, one named row per way a send can fail, in the README's order.
+# The classification table, one named row per way a send can fail, in docs/errors.md's order.
 # `counts_toward_failover` follows the old SDK's paired-namespace rule: non-transient
 # failures and timeouts count; server-busy and unauthorized never do, and neither does a
 # message the broker refuses for its own sake (too large, invalid): the entity is fine.

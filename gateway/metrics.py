@@ -1,9 +1,9 @@
 """Prometheus metrics. One registry per app (tests run several apps in one process).
 
-Every metric is listed in the metrics reference (tested against this registry); names
-follow Prometheus conventions (`sbgate_` prefix, base units, `_total` for counters). Each
-registry also carries the standard process, platform and GC collectors that dashboards
-assume; the `_created` series are off.
+Every metric is listed in docs/metrics.md, rendered from these declarations (their help text
+is the meaning there); names follow Prometheus conventions (`sbgate_` prefix, base units,
+`_total` for counters). Each registry also carries the standard process, platform and GC
+collectors that dashboards assume; the `_created` series are off.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
     """All of the gateway's metrics, and the dispatcher's and failover's observer."""
 
+    # One declaration per metric, in the order docs/metrics.md lists them. It is long, but a
+    # flat list reads better than helpers that would each set a few of these attributes.
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry

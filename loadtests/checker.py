@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gateway.core.backlog import is_backlog_path
 from loadtests.acks import Ack
 
 TTL_REASONS = frozenset({"TTLExpiredException", "TTLExpired", "MessageExpired"})
@@ -82,7 +83,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 def in_backlog(record: dict[str, Any]) -> bool:
     """Found in a backlog queue (or its DLQ)? Judged by the path drained, so that records of
     either drain (ours, or `gateway drain`, whose DLQ records say ``source: dlq``) work."""
-    return "/x-servicebus-transfer/" in str(record.get("queue", "")).lower()
+    return is_backlog_path(str(record.get("queue", "")))
 
 
 def is_dlq(record: dict[str, Any]) -> bool:

@@ -10,30 +10,27 @@ from typing import Any
 
 import orjson
 
-from loadtests.drain import PING_CONTENT_TYPE, Source, drain
+from gateway.core.backlog import is_backlog_path
+from gateway.servicebus.drain import drain
 from loadtests.stack import PRIMARY, QUEUES, SECONDARY, SUBSCRIPTION, TOPIC
 from sblocal.testing import BrokerProcess
 
 log = logging.getLogger(__name__)
 
 
-def primary_sources() -> list[Source]:
-    out = []
-    for dl in (False, True):
-        out += [Source("primary", q, dead_letter=dl) for q in QUEUES]
-        out.append(Source("primary", TOPIC, SUBSCRIPTION, dead_letter=dl))
-    return out
+def primary_paths() -> list[str]:
+    """The primary entities a run sends to (a subscription for the topic)."""
+    return [*QUEUES, f"{TOPIC}/Subscriptions/{SUBSCRIPTION}"]
 
 
-async def backlog_sources(broker: BrokerProcess) -> list[Source]:
-    """Every backlog queue that exists in the secondary (any index), and its DLQ."""
+async def backlog_paths(broker: BrokerProcess) -> list[str]:
+    """Every backlog queue that exists in the secondary (any index)."""
     entities = await broker.control.entities(SECONDARY)
-    paths = sorted(
-        e["path"]
+    return sorted(
+        str(e["path"])
         for e in entities
-        if "/x-servicebus-transfer/" in str(e.get("path", "")) and e.get("kind") == "queue"
+        if is_backlog_path(str(e.get("path", ""))) and e.get("kind") == "queue"
     )
-    return [Source("backlog", p, dead_letter=dl) for p in paths for dl in (False, True)]
 
 
 async def backlog_depth(broker: BrokerProcess) -> int:
@@ -41,49 +38,36 @@ async def backlog_depth(broker: BrokerProcess) -> int:
     total = 0
     for e in await broker.control.entities(SECONDARY):
         path = str(e.get("path", ""))
-        if "/x-servicebus-transfer/" in path and e.get("kind") == "queue":
+        if is_backlog_path(path) and e.get("kind") == "queue":
             total += int(e.get("active", 0)) + int(e.get("locked", 0))
     return total
 
 
 async def drain_all(broker: BrokerProcess, work_dir: Path) -> list[dict[str, Any]]:
     """Receive-and-delete everything from the primary entities, every backlog queue and
-    every dead-letter queue. Uses `gateway drain` (gateway/tools/drain.py) when this checkout
-    has it, else our own small drain (loadtests/drain.py); the records have the same shape.
-    Each record gets ``drained_at``: when the drain started (a lower bound)."""
+    every dead-letter queue, with `gateway drain` (gateway/servicebus/drain.py). Each record
+    gets ``drained_at``: when the drain started (a lower bound)."""
     started = time.monotonic()
     drained_at = datetime.now(UTC).isoformat()
-    backlog = await backlog_sources(broker)
-    try:
-        from gateway.tools.drain import drain as gateway_drain
-    except ImportError:
-        records = await drain(broker.connection_string(PRIMARY), primary_sources())
-        if backlog:
-            records += await drain(broker.connection_string(SECONDARY), backlog)
-    else:
-        records = []
-        plans = [
-            (PRIMARY, sorted({s.label for s in primary_sources() if not s.dead_letter})),
-            (SECONDARY, sorted({s.label for s in backlog if not s.dead_letter})),
-        ]
-        for ns, paths in plans:
-            if not paths:
-                continue
-            out = work_dir / f"drained-{ns}.jsonl"
-            summary = await gateway_drain(
-                broker.connection_string(ns),
-                paths,
-                out,
-                include_dlq=True,
-                idle_timeout=1.0,
-                receive_mode="receive_and_delete",
-                batch_size=250,
-            )
-            if summary.errors:
-                raise RuntimeError(f"the drain of {ns} failed on {summary.errors}")
-            records += [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    records: list[dict[str, Any]] = []
+    plans = [(PRIMARY, primary_paths()), (SECONDARY, await backlog_paths(broker))]
+    for ns, paths in plans:
+        if not paths:
+            continue
+        out = work_dir / f"drained-{ns}.jsonl"
+        summary = await drain(
+            broker.connection_string(ns),
+            paths,
+            out,
+            include_dlq=True,
+            idle_timeout=1.0,
+            receive_mode="receive_and_delete",
+            batch_size=250,
+        )
+        if summary.errors:
+            raise RuntimeError(f"the drain of {ns} failed on {summary.errors}")
+        records += [orjson.loads(line) for line in out.read_bytes().splitlines()]
     for r in records:
         r.setdefault("drained_at", drained_at)
-    records = [r for r in records if r.get("content_type") != PING_CONTENT_TYPE]
     log.info("drained %d messages in %.1f s", len(records), time.monotonic() - started)
     return records

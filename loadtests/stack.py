@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.core.backlog import backlog_path
 from loadtests.procs import ROOT, GatewayProcess
 from loadtests.proxy import FaultProxy
 from sblocal.testing import BrokerProcess, ControlClient
@@ -147,9 +148,7 @@ class Stack:
         return [r.url for r in self.replicas]
 
     def backlog_queues(self) -> list[str]:
-        return [
-            f"{PRIMARY}/x-servicebus-transfer/{i}" for i in range(self.options.backlog_queue_count)
-        ]
+        return [backlog_path(PRIMARY, i) for i in range(self.options.backlog_queue_count)]
 
     # -- lifecycle ---------------------------------------------------------------------
 

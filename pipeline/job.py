@@ -272,11 +272,8 @@ class _Loaded:
 
 
 def _load(spark: SparkSession, opts: JobOptions) -> _Loaded:
-    """Read, validate and cache the inputs: one pass over each input's JSON.
-
-    That pass counts lines, valid lines and distinct ledger event ids, and finds the time
-    range; the valid rows stay cached for the rest of the job.
-    """
+    """Read, validate and cache the inputs: one pass over each input's JSON (`_read_input`).
+    Raises `InputError` when a required input is missing."""
     resolved = {
         "ledger": resolve("ledger", opts.ledger, required=True),
         "acks": resolve("acks", opts.acks, required=False),
@@ -291,60 +288,74 @@ def _load(spark: SparkSession, opts: JobOptions) -> _Loaded:
             "enqueued_time",
         ),
     }
-    frames: dict[str, DataFrame] = {}
-    cached: list[DataFrame] = []
-    stats: dict[str, dict[str, Any]] = {}
-    ranges: dict[str, tuple[dt.datetime | None, dt.datetime | None]] = {}
-    for name, (schema, parse, ts_col) in plan.items():
-        r: ResolvedInput = resolved[name]
-        rows = parse(read_jsonl(spark, r, schema)).cache()
-        cached.append(rows)
-        valid = F.col(VALID)
-        aggs = [
-            F.count(F.lit(1)).alias("lines"),
-            F.count_if(valid).alias("valid"),
-            F.min(F.when(valid, F.col(ts_col))).alias("lo"),
-            F.max(F.when(valid, F.col(ts_col))).alias("hi"),
-        ]
-        if name == "ledger":
-            # Distinct 64-bit hashes: a hash aggregate on longs instead of on strings. Real
-            # duplicates always show (equal ids, equal hashes); a collision can only make us
-            # de-duplicate (exactly, by event_id) when there was nothing to drop.
-            distinct = F.count_distinct(F.when(valid, F.xxhash64("event_id")))
-            aggs.append(distinct.alias("distinct"))
-        row = rows.agg(*aggs).first()
-        assert row is not None
-        kept = row["distinct"] if name == "ledger" else row["valid"]
-        frame = rows.where(valid).drop(VALID)
-        if name == "ledger" and kept < row["valid"]:
-            # Only when the pass above saw duplicates: de-duplicating costs a shuffle.
-            frame = frame.dropDuplicates(["event_id"]).cache()
-            cached.append(frame)
-            kept = frame.count()
-        frames[name] = frame
-        ranges[name] = (row["lo"], row["hi"])
-        stats[name] = {
-            "paths": list(r.paths) if r.local_files is None else None,
-            "files": r.local_files,
-            "lines": row["lines"],
-            "valid": row["valid"],
-            "ignored": row["lines"] - row["valid"],
-            "duplicates_dropped": row["valid"] - kept,
-        }
-        log.info("%s: %d lines, %d valid, %d kept", name, row["lines"], row["valid"], kept)
+    inputs = {name: _read_input(spark, name, resolved[name], *plan[name]) for name in plan}
+    ranges = {name: (i.lo, i.hi) for name, i in inputs.items()}
     los = [lo for lo, _ in ranges.values() if lo is not None]
     his = [hi for _, hi in ranges.values() if hi is not None]
     evidence = [ranges[n][1] for n in ("ledger", "delivered") if ranges[n][1] is not None]
     return _Loaded(
-        frames["ledger"],
-        frames["acks"],
-        frames["delivered"],
-        stats,
+        inputs["ledger"].frame,
+        inputs["acks"].frame,
+        inputs["delivered"].frame,
+        {name: i.stats for name, i in inputs.items()},
         min(los) if los else None,
         max(his) if his else None,
         max(evidence) if evidence else (max(his) if his else None),  # type: ignore[type-var]
-        cached,
+        [df for i in inputs.values() for df in i.cached],
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Input:
+    """One input, read: its valid rows (cached), its counts and its time range."""
+
+    frame: DataFrame
+    stats: dict[str, Any]
+    lo: dt.datetime | None
+    hi: dt.datetime | None
+    cached: list[DataFrame]
+
+
+def _read_input(
+    spark: SparkSession, name: str, r: ResolvedInput, schema: StructType, parse: Any, ts_col: str
+) -> _Input:
+    """One pass over an input's JSON counts its lines, its valid lines and (for the ledger)
+    its distinct event ids, and finds its time range; the valid rows stay cached for the rest
+    of the job. Ledger duplicates are dropped only when that pass saw some."""
+    rows = parse(read_jsonl(spark, r, schema)).cache()
+    cached = [rows]
+    valid = F.col(VALID)
+    aggs = [
+        F.count(F.lit(1)).alias("lines"),
+        F.count_if(valid).alias("valid"),
+        F.min(F.when(valid, F.col(ts_col))).alias("lo"),
+        F.max(F.when(valid, F.col(ts_col))).alias("hi"),
+    ]
+    if name == "ledger":
+        # Distinct 64-bit hashes: a hash aggregate on longs instead of on strings. Real
+        # duplicates always show (equal ids, equal hashes); a collision can only make us
+        # de-duplicate (exactly, by event_id) when there was nothing to drop.
+        distinct = F.count_distinct(F.when(valid, F.xxhash64("event_id")))
+        aggs.append(distinct.alias("distinct"))
+    row = rows.agg(*aggs).first()
+    assert row is not None
+    kept = row["distinct"] if name == "ledger" else row["valid"]
+    frame = rows.where(valid).drop(VALID)
+    if name == "ledger" and kept < row["valid"]:
+        # Only when the pass above saw duplicates: de-duplicating costs a shuffle.
+        frame = frame.dropDuplicates(["event_id"]).cache()
+        cached.append(frame)
+        kept = frame.count()
+    stats = {
+        "paths": list(r.paths) if r.local_files is None else None,
+        "files": r.local_files,
+        "lines": row["lines"],
+        "valid": row["valid"],
+        "ignored": row["lines"] - row["valid"],
+        "duplicates_dropped": row["valid"] - kept,
+    }
+    log.info("%s: %d lines, %d valid, %d kept", name, row["lines"], row["valid"], kept)
+    return _Input(frame, stats, row["lo"], row["hi"], cached)
 
 
 def table_uri(out: str, name: str) -> str:
@@ -409,31 +420,128 @@ def run(spark: SparkSession, opts: JobOptions) -> int:
 def _run(
     spark: SparkSession, opts: JobOptions, loaded: _Loaded, started: float, staging: Path
 ) -> int:
-    """The audit after loading: tables to ``opts.out``, report files staged locally first."""
-    out = opts.out
-    a = opts.audit
-    start, end, latest = loaded.start, loaded.end, loaded.latest_evidence
-    cutoff = latest - dt.timedelta(seconds=a.grace_seconds) if latest is not None else None
-    cached: list[DataFrame] = list(loaded.cached)
+    """The audit after loading, in stages: reconcile the messages, then failover windows,
+    anomalies, throughput, latency, backlog and billing — each writes its table to
+    ``opts.out`` and returns its section of the report — then the charts, and the report,
+    staged locally and published. Returns the exit code."""
+    audit = _Audit(spark, opts, loaded, staging)
+    reconciled = _reconcile(audit)
+    windows = _failover(audit)
+    _anomalies(audit, reconciled, windows)
+    activity = _throughput(audit, reconciled.names)
+    latency_ms = _latency(audit)
+    backlog, depth = _backlog(audit, reconciled.messages)
+    billing = _billing(audit)
+    exit_code = EXIT_LOST if reconciled.lost else EXIT_OK
+    chart_files = _charts(audit, windows, activity, depth, latency_ms) if opts.charts else []
+    summary: dict[str, Any] = {
+        "version": 1,
+        "generated_at": dt.datetime.now(dt.UTC),
+        "exit_code": exit_code,
+        "verdict": (
+            f"{reconciled.lost} acknowledged message(s) LOST"
+            if reconciled.lost
+            else "no acknowledged message was lost"
+        ),
+        "time_range": {"start": loaded.start, "end": loaded.end},
+        "grace_seconds": opts.audit.grace_seconds,
+        "cutoff": audit.cutoff,
+        "inputs": loaded.stats,
+        **reconciled.report(),
+        **_failover_report(windows),
+        "backlog": backlog,
+        "latency_ms": latency_ms,
+        "throughput": activity.report(),
+        "billing": billing,
+        "tables": list(TABLES),
+        "out": opts.out,
+        "charts": chart_files,
+        "elapsed_seconds": round(time.monotonic() - started, 2),
+    }
+    _publish(audit, summary, started)
+    return exit_code
 
-    def keep(df: DataFrame) -> DataFrame:
-        cached.append(df.cache())
-        return cached[-1]
 
-    # Messages: the heart of the audit. One count per (classification, outcome) gives the
-    # classification totals, the promises and the message-level anomaly counts.
-    names = keep(entity_names(loaded.acks, loaded.ledger, loaded.delivered))
-    messages = keep(
+@dataclass(slots=True)
+class _Audit:
+    """One run after loading: its options, inputs and local staging directory, and the
+    DataFrames it cached (unpersisted once the report is out)."""
+
+    spark: SparkSession
+    opts: JobOptions
+    loaded: _Loaded
+    staging: Path
+    cached: list[DataFrame] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.cached = list(self.loaded.cached)
+
+    @property
+    def cutoff(self) -> dt.datetime | None:
+        """Promises newer than this are pending, not lost (the grace window)."""
+        latest = self.loaded.latest_evidence
+        grace = dt.timedelta(seconds=self.opts.audit.grace_seconds)
+        return latest - grace if latest is not None else None
+
+    def keep(self, df: DataFrame) -> DataFrame:
+        """`df`, cached for the rest of the run."""
+        self.cached.append(df.cache())
+        return self.cached[-1]
+
+    def write(self, df: DataFrame, name: str, *, small: bool = False) -> None:
+        _write(df, self.opts.out, name, small=small)
+
+
+@dataclass(slots=True)
+class _Reconciled:
+    """The messages stage's result: every message classified, and its counts."""
+
+    names: DataFrame  # entity keys and names, for the throughput table
+    messages: DataFrame
+    by_class: dict[str, int]
+    by_kind: dict[str, dict[str, Any]]  # anomaly counts by kind; later stages add theirs
+    promised: int
+    lost_sample: list[dict[str, Any]]
+
+    @property
+    def lost(self) -> int:
+        return self.by_class["lost"]
+
+    def report(self) -> dict[str, Any]:
+        """The report's messages, lost sample and anomalies sections."""
+        kinds = self.by_kind.values()
+        return {
+            "messages": {
+                "total": sum(self.by_class.values()),
+                "promised": self.promised,
+                "by_classification": self.by_class,
+            },
+            "lost_sample": self.lost_sample,
+            "anomalies": {
+                "total": sum(v["count"] for v in kinds),
+                "errors": sum(v["count"] for v in kinds if v["severity"] == "error"),
+                "by_kind": self.by_kind,
+            },
+        }
+
+
+def _reconcile(audit: _Audit) -> _Reconciled:
+    """Classify every message (the heart of the audit) and write the messages table. One
+    count per (classification, outcome) gives the classification totals, the promises and
+    the message-level anomaly counts."""
+    loaded = audit.loaded
+    names = audit.keep(entity_names(loaded.acks, loaded.ledger, loaded.delivered))
+    messages = audit.keep(
         classify(
             loaded.acks,
             loaded.ledger,
             loaded.delivered,
-            cutoff,
+            audit.cutoff,
             names,
-            failed_may_be_stored=a.failed_may_be_stored,
+            failed_may_be_stored=audit.opts.audit.failed_may_be_stored,
         )
     )
-    _write(messages.drop("ekey"), out, "messages")
+    audit.write(messages.drop("ekey"), "messages")
     counts = messages.groupBy("classification", "outcome", "backlog_shadow").agg(
         F.count(F.lit(1)).alias("n")
     )
@@ -451,51 +559,104 @@ def _run(
         if r["backlog_shadow"]:
             kind = by_kind.setdefault(BACKLOG_SHADOW, {"severity": "info", "count": 0})
             kind["count"] += n
-    lost = by_class["lost"]
     lost_sample = (
         _as_dicts(
             messages.where(F.col("classification") == "lost")
             .orderBy("promise_ts", "entity", "message_id")
             .select("entity", "message_id", "promise_ts", "promised_by")
-            .limit(opts.lost_sample)
+            .limit(audit.opts.lost_sample)
             .collect()
         )
-        if lost
+        if by_class["lost"]
         else []
     )
+    return _Reconciled(names, messages, by_class, by_kind, promised, lost_sample)
 
-    # Failover windows (the anomalies and the charts need them too).
-    windows_df = keep(window_activity(loaded.ledger, failover_windows(loaded.ledger, start, end)))
-    windows = _as_dicts(windows_df.collect())
-    _write(windows_df, out, "failover_windows", small=True)
 
-    # Anomalies: message-level ones from the classification, plus data-level ones.
-    extra = _data_anomalies(loaded.stats, windows)
-    for kind, severity, *_ in extra:
-        by_kind.setdefault(kind, {"severity": severity, "count": 0})["count"] += 1
-    anomalies = message_anomalies(messages).unionByName(
-        spark.createDataFrame(extra, ANOMALY_SCHEMA)
+def _failover(audit: _Audit) -> list[dict[str, Any]]:
+    """The failover windows (the anomalies and the charts need them too), written."""
+    ledger = audit.loaded.ledger
+    windows_df = audit.keep(
+        window_activity(ledger, failover_windows(ledger, audit.loaded.start, audit.loaded.end))
     )
-    _write(anomalies, out, "anomalies", small=True)
+    windows = _as_dicts(windows_df.collect())
+    audit.write(windows_df, "failover_windows", small=True)
+    return windows
 
-    # Throughput, latency, backlog, billing: small tables, collected for the report.
-    tp_df = keep(throughput(loaded.ledger, loaded.acks, names))
+
+def _failover_report(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The report's failover summary and windows."""
+    durations = [w["duration_s"] for w in windows if w["duration_s"] is not None]
+    return {
+        "failover": {
+            "count": len(windows),
+            "total_seconds": float(sum(durations)),
+            "longest_seconds": max(durations) if durations else None,
+            "open_at_end": sum(1 for w in windows if w["closed_by"] == "end_of_data"),
+        },
+        "failover_windows": list(windows),
+    }
+
+
+def _anomalies(audit: _Audit, reconciled: _Reconciled, windows: list[dict[str, Any]]) -> None:
+    """The anomalies table: the message-level ones from the classification, plus the
+    data-level ones, which are also counted into ``reconciled.by_kind``."""
+    extra = _data_anomalies(audit.loaded.stats, windows)
+    for kind, severity, *_ in extra:
+        reconciled.by_kind.setdefault(kind, {"severity": severity, "count": 0})["count"] += 1
+    anomalies = message_anomalies(reconciled.messages).unionByName(
+        audit.spark.createDataFrame(extra, ANOMALY_SCHEMA)
+    )
+    audit.write(anomalies, "anomalies", small=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _Activity:
+    """Messages per minute, summed over entities, for the report and the chart."""
+
+    per_minute: dict[dt.datetime, dict[str, int]]
+
+    @property
+    def minutes(self) -> list[dt.datetime]:
+        return sorted(self.per_minute)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "minutes": len(self.per_minute),
+            "peak_accepted_per_minute": max(
+                (v["accepted_primary"] + v["accepted_backlog"] for v in self.per_minute.values()),
+                default=0,
+            ),
+        }
+
+
+def _throughput(audit: _Audit, names: DataFrame) -> _Activity:
+    """The throughput table (per entity and minute), written, and summed per minute."""
+    tp_df = audit.keep(throughput(audit.loaded.ledger, audit.loaded.acks, names))
     tp = tp_df.collect()
-    _write(tp_df, out, "throughput", small=True)
+    audit.write(tp_df, "throughput", small=True)
     per_minute: dict[dt.datetime, dict[str, int]] = {}
     for r in tp:
         agg = per_minute.setdefault(r["minute"], defaultdict(int))
         for c in ("accepted_primary", "accepted_backlog", "syphoned", "client_acked"):
             agg[c] += r[c]
-    minutes = sorted(per_minute)
+    return _Activity(per_minute)
 
-    lat_df = keep(latency(loaded.ledger, loaded.acks))
+
+def _latency(audit: _Audit) -> list[dict[str, Any]]:
+    """The latency table (by route), written; its rows are the report's latency section."""
+    lat_df = audit.keep(latency(audit.loaded.ledger, audit.loaded.acks))
     lat = _as_dicts(lat_df.collect())
-    _write(lat_df, out, "latency", small=True)
+    audit.write(lat_df, "latency", small=True)
+    return lat
 
-    dwell = keep(backlog_dwell(loaded.ledger, messages))
-    _write(dwell, out, "backlog_dwell", small=True)
-    dwell_stats = dwell.agg(
+
+def _backlog(audit: _Audit, messages: DataFrame) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The backlog dwell and depth tables, written. Returns the report's backlog section and
+    the depth per minute (for the chart)."""
+    dwell = audit.keep(backlog_dwell(audit.loaded.ledger, messages))
+    audit.write(dwell, "backlog_dwell", small=True)
+    stats = dwell.agg(
         F.count(F.lit(1)).alias("messages"),
         F.count_if(F.col("state") == "syphoned").alias("syphoned"),
         F.count_if(F.col("state") == "expired").alias("expired"),
@@ -503,15 +664,29 @@ def _run(
         F.percentile_approx("dwell_s", [0.5, 0.9, 0.99], 10_000).alias("pct"),
         F.max("dwell_s").alias("max"),
     ).first()
-    assert dwell_stats is not None
-    pct = dwell_stats["pct"] or [None, None, None]
-    depth_df = keep(backlog_depth(loaded.ledger))
+    assert stats is not None
+    pct = stats["pct"] or [None, None, None]
+    depth_df = audit.keep(backlog_depth(audit.loaded.ledger))
     depth = _as_dicts(depth_df.collect())
-    _write(depth_df, out, "backlog_depth", small=True)
+    audit.write(depth_df, "backlog_depth", small=True)
+    section = {
+        "messages": stats["messages"],
+        "syphoned": stats["syphoned"],
+        "expired": stats["expired"],
+        "waiting": stats["waiting"],
+        "dwell_seconds": {"p50": pct[0], "p90": pct[1], "p99": pct[2], "max": stats["max"]},
+        "max_depth": max((d["depth"] for d in depth), default=0),
+    }
+    return section, depth
 
-    billed_df = keep(billed_operations(loaded.ledger, a))
+
+def _billing(audit: _Audit) -> dict[str, Any]:
+    """The billed operations table (by stage and day), written; returns the report's
+    billing section with totals and the paired-namespace feature's own overhead."""
+    a = audit.opts.audit
+    billed_df = audit.keep(billed_operations(audit.loaded.ledger, a))
     billed = _as_dicts(billed_df.collect())
-    _write(billed_df, out, "billed_ops", small=True)
+    audit.write(billed_df, "billed_ops", small=True)
     by_stage: dict[str, dict[str, Any]] = {
         s: {"operations": 0, "events": 0, "price_per_million": a.price(s), "cost": 0.0}
         for s in BILLING_STAGES
@@ -521,106 +696,60 @@ def _run(
         st["operations"] += row["operations"]
         st["events"] += row["events"]
         st["cost"] += row["cost"]
-
-    exit_code = EXIT_LOST if lost else EXIT_OK
-    chart_files: list[str] = []
-    if opts.charts:
-        spans = [(w["start_ts"], w["end_ts"], w["entity"]) for w in windows]
-        series = {
-            "accepted → primary": "accepted_primary",
-            "accepted → backlog": "accepted_backlog",
-            "syphoned": "syphoned",
-            "client acks (2xx)": "client_acked",
-        }
-        chart_files = [
-            charts.throughput_chart(
-                minutes,
-                {label: [per_minute[m][c] for m in minutes] for label, c in series.items()},
-                spans,
-                staging / "throughput.png",
-            ).name,
-            charts.backlog_depth_chart(
-                [d["minute"] for d in depth],
-                [d["depth"] for d in depth],
-                spans,
-                staging / "backlog_depth.png",
-            ).name,
-            charts.latency_chart(lat, staging / "latency_by_route.png").name,
-        ]
-
-    durations = [w["duration_s"] for w in windows if w["duration_s"] is not None]
-    summary: dict[str, Any] = {
-        "version": 1,
-        "generated_at": dt.datetime.now(dt.UTC),
-        "exit_code": exit_code,
-        "verdict": (
-            f"{lost} acknowledged message(s) LOST" if lost else "no acknowledged message was lost"
-        ),
-        "time_range": {"start": start, "end": end},
-        "grace_seconds": a.grace_seconds,
-        "cutoff": cutoff,
-        "inputs": loaded.stats,
-        "messages": {
-            "total": sum(by_class.values()),
-            "promised": promised,
-            "by_classification": by_class,
-        },
-        "lost_sample": lost_sample,
-        "anomalies": {
-            "total": sum(v["count"] for v in by_kind.values()),
-            "errors": sum(v["count"] for v in by_kind.values() if v["severity"] == "error"),
-            "by_kind": by_kind,
-        },
-        "failover": {
-            "count": len(windows),
-            "total_seconds": float(sum(durations)),
-            "longest_seconds": max(durations) if durations else None,
-            "open_at_end": sum(1 for w in windows if w["closed_by"] == "end_of_data"),
-        },
-        "failover_windows": windows,
-        "backlog": {
-            "messages": dwell_stats["messages"],
-            "syphoned": dwell_stats["syphoned"],
-            "expired": dwell_stats["expired"],
-            "waiting": dwell_stats["waiting"],
-            "dwell_seconds": {
-                "p50": pct[0],
-                "p90": pct[1],
-                "p99": pct[2],
-                "max": dwell_stats["max"],
-            },
-            "max_depth": max((d["depth"] for d in depth), default=0),
-        },
-        "latency_ms": lat,
-        "throughput": {
-            "minutes": len(minutes),
-            "peak_accepted_per_minute": max(
-                (v["accepted_primary"] + v["accepted_backlog"] for v in per_minute.values()),
-                default=0,
-            ),
-        },
-        "billing": {
-            "chunk_kib": a.billing_chunk_kib,
-            "by_stage": by_stage,
-            "total_operations": sum(v["operations"] for v in by_stage.values()),
-            "total_cost": sum(v["cost"] for v in by_stage.values()),
-            "failover_overhead_operations": sum(by_stage[s]["operations"] for s in _FEATURE_STAGES),
-            "failover_overhead_cost": sum(by_stage[s]["cost"] for s in _FEATURE_STAGES),
-            "by_day": billed,
-        },
-        "tables": list(TABLES),
-        "out": out,
-        "charts": chart_files,
-        "elapsed_seconds": round(time.monotonic() - started, 2),
+    return {
+        "chunk_kib": a.billing_chunk_kib,
+        "by_stage": by_stage,
+        "total_operations": sum(v["operations"] for v in by_stage.values()),
+        "total_cost": sum(v["cost"] for v in by_stage.values()),
+        "failover_overhead_operations": sum(by_stage[s]["operations"] for s in _FEATURE_STAGES),
+        "failover_overhead_cost": sum(by_stage[s]["cost"] for s in _FEATURE_STAGES),
+        "by_day": billed,
     }
-    report.write_json(summary, staging / "report.json")
-    report.write_markdown(summary, staging / "report.md")
-    where = publish_report(spark, staging, opts.report_dir)
-    for df in cached:
+
+
+def _charts(
+    audit: _Audit,
+    windows: Sequence[dict[str, Any]],
+    activity: _Activity,
+    depth: Sequence[dict[str, Any]],
+    latency_ms: Sequence[dict[str, Any]],
+) -> list[str]:
+    """The PNG charts, drawn into the staging directory; returns their file names."""
+    spans = [(w["start_ts"], w["end_ts"], w["entity"]) for w in windows]
+    series = {
+        "accepted → primary": "accepted_primary",
+        "accepted → backlog": "accepted_backlog",
+        "syphoned": "syphoned",
+        "client acks (2xx)": "client_acked",
+    }
+    minutes, per_minute = activity.minutes, activity.per_minute
+    return [
+        charts.throughput_chart(
+            minutes,
+            {label: [per_minute[m][c] for m in minutes] for label, c in series.items()},
+            spans,
+            audit.staging / "throughput.png",
+        ).name,
+        charts.backlog_depth_chart(
+            [d["minute"] for d in depth],
+            [d["depth"] for d in depth],
+            spans,
+            audit.staging / "backlog_depth.png",
+        ).name,
+        charts.latency_chart(latency_ms, audit.staging / "latency_by_route.png").name,
+    ]
+
+
+def _publish(audit: _Audit, summary: dict[str, Any], started: float) -> None:
+    """Write report.json and report.md to the staging directory, publish them with the
+    charts to ``--report-dir``, and release the cached DataFrames."""
+    report.write_json(summary, audit.staging / "report.json")
+    report.write_markdown(summary, audit.staging / "report.md")
+    where = publish_report(audit.spark, audit.staging, audit.opts.report_dir)
+    for df in audit.cached:
         df.unpersist()
     log.info("audit done in %.1f s: %s", time.monotonic() - started, summary["verdict"])
-    print(f"{summary['verdict']}; report: {where}; tables: {out}", file=sys.stderr)
-    return exit_code
+    print(f"{summary['verdict']}; report: {where}; tables: {audit.opts.out}", file=sys.stderr)
 
 
 def _data_anomalies(

@@ -17,6 +17,9 @@ from pyspark.sql import functions as F
 
 from pipeline.schemas import BILLING_STAGES, TTL_EXPIRED_REASON
 
+# Backlog queue paths (gateway.core.backlog.BACKLOG_PATH_PATTERN, where the rule is defined):
+# a copy, because the pipeline imports nothing from the gateway (its --py-files archive holds
+# only pipeline/). tests/pipeline/test_pipeline_units.py holds the two equal.
 DEFAULT_BACKLOG_PATTERN: Final = r"/x-servicebus-transfer/\d+$"
 
 

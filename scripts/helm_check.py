@@ -374,7 +374,8 @@ def check_manifests(docs: list[dict[str, Any]], values: dict[str, Any]) -> list[
             got = c.get(probe, {}).get("httpGet", {}).get("path")
             expect(got == path, f"{where}: {probe} must ask {path}, asks {got}")
         env = env_of(c, docs)
-        unknown = [k for k in env if k.startswith("SBGATE_") and k not in KNOWN_ENV]
+        known = known_env()
+        unknown = [k for k in env if k.startswith("SBGATE_") and k not in known]
         expect(not unknown, f"{where}: unknown SBGATE_ variables {unknown}")
         expect(env.get("SBGATE_LISTEN_HOST") == "0.0.0.0", f"{where}: listen on 0.0.0.0")  # noqa: S104
         expect(
@@ -435,16 +436,15 @@ def check_manifests(docs: list[dict[str, Any]], values: dict[str, Any]) -> list[
 
 TMP_MOUNT = "/tmp"  # noqa: S108 - a mount path inside the pod, not a file we create
 
-# Every SBGATE_* name the chart may set (gateway/config.py reads these; unknown ones are refused).
-KNOWN_ENV = {
-    f"SBGATE_{n}"
-    for n in """LISTEN_HOST LISTEN_PORT REPLICA_ID REDIS_URL LOG_FORMAT LOG_LEVEL LEDGER ALLOW_OPEN
-    AUTH_RULES_FILE PUBLIC_HOSTS ENTITIES PRIMARY_CONNECTION_STRING SECONDARY_CONNECTION_STRING
-    PRIMARY_NAMESPACE SECONDARY_NAMESPACE CONFIG MAX_IN_FLIGHT ADMISSION_TIMEOUT SEND_TIMEOUT
-    MAX_MESSAGE_BYTES FAILOVER_INTERVAL PING_PRIMARY_INTERVAL BACKLOG_QUEUE_COUNT
-    CREATE_BACKLOG_QUEUES STRICT_PRIMARY ENABLE_SYPHON DRAIN_DELAY SHUTDOWN_TIMEOUT
-    AZURE_CREDENTIAL AZURE_CLIENT_ID""".split()
-}
+
+def known_env() -> set[str]:
+    """Every SBGATE_* name the gateway accepts (gateway/config.py derives them from its
+    declarations; it imports only the standard library, so this venv can load it)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from gateway.config import env_names
+
+    return env_names()
 
 
 def validate_manifests(docs: list[dict[str, Any]], version: str) -> tuple[list[str], list[str]]:

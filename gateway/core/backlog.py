@@ -1,6 +1,11 @@
 """Backlog queues: their paths, and the message rewrite into them and back
 (docs/design.md#message-rewrite).
 
+The path rule is defined here once: `backlog_path` builds a backlog queue's path,
+`is_backlog_path` recognises one, and `BACKLOG_SEGMENT` is what clients may never address
+(`gateway.core.entities`). The audit pipeline, which imports nothing from the gateway, keeps
+a copy of `BACKLOG_PATH_PATTERN` that a test holds equal to this one.
+
 Messages for many entities share one backlog queue, so the properties that would act on the
 backlog queue itself move into application properties, and the syphon moves them back:
 
@@ -23,7 +28,9 @@ every application property are kept untouched.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass, replace
+from typing import Final
 
 from gateway.core.message import AppValue, OutboundMessage, estimate_size
 
@@ -39,10 +46,24 @@ PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
 # died mid-move is available again after this long.
 BACKLOG_LOCK_DURATION = 60.0
 
+# Backlog queues live at <primary-namespace>/x-servicebus-transfer/<index> in the secondary.
+BACKLOG_SEGMENT: Final = "x-servicebus-transfer"
+# A backlog queue's path, searched in a queue path without its sub-queue suffix (also the
+# audit's default --backlog-pattern, applied by Spark).
+BACKLOG_PATH_PATTERN: Final = rf"/{BACKLOG_SEGMENT}/\d+$"
+_BACKLOG_PATH: Final = re.compile(BACKLOG_PATH_PATTERN, re.IGNORECASE)
+_DEAD_LETTER_SUFFIX: Final = re.compile(r"/\$deadletterqueue$", re.IGNORECASE)
+
 
 def backlog_path(primary_namespace: str, index: int) -> str:
     """``<primary-namespace>/x-servicebus-transfer/<index>``."""
-    return f"{primary_namespace}/x-servicebus-transfer/{index}"
+    return f"{primary_namespace}/{BACKLOG_SEGMENT}/{index}"
+
+
+def is_backlog_path(path: str) -> bool:
+    """Is `path` a backlog queue, or a backlog queue's dead-letter queue? Case-insensitive,
+    like Service Bus entity names."""
+    return _BACKLOG_PATH.search(_DEAD_LETTER_SUFFIX.sub("", path)) is not None
 
 
 def _seconds(value: object) -> float | None:
@@ -157,6 +178,8 @@ def ping_message(message_id: str) -> OutboundMessage:
 __all__ = [
     "ACCEPTED",
     "BACKLOG_LOCK_DURATION",
+    "BACKLOG_PATH_PATTERN",
+    "BACKLOG_SEGMENT",
     "PATH",
     "PING_CONTENT_TYPE",
     "REWRITE_KEYS",
@@ -164,6 +187,7 @@ __all__ = [
     "accepted_at",
     "backlog_path",
     "estimate_size",
+    "is_backlog_path",
     "ping_message",
     "restore",
     "rewrite",

@@ -1,19 +1,33 @@
-"""Entity paths: what a valid Service Bus entity path is, and which ones clients may use."""
+"""Entity paths: what a valid Service Bus entity path is, and which ones clients may use.
+
+This module is the one definition of the rule: configuration (`gateway.config`) refuses a
+declared path with `validate_entity_path`, and the OpenAPI document derives its pattern from
+`ENTITY_PATH_PATTERN`.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gateway.config import EntityKind, EntitySettings
+from gateway.core.backlog import BACKLOG_SEGMENT
 from gateway.errors import InvalidEntityPath, UnknownEntity
 
+if TYPE_CHECKING:
+    # Types only: gateway.config validates entity paths with this module at load time.
+    from gateway.config import EntityKind, EntitySettings
+
 MAX_PATH = 260
-BACKLOG_SEGMENT = "x-servicebus-transfer"
 # Letters, digits, '.', '-', '_' in '/'-separated segments (Service Bus entity naming rules;
-# '@ ? # *' and everything non-ASCII — including Unicode look-alikes — are refused).
-_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]*\Z")
+# '@ ? # *' and everything non-ASCII — including Unicode look-alikes — are refused). A
+# segment starts with a letter or a digit, so '.' and '..' never match.
+SEGMENT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._\-]*"
+# A whole path, anchored, for JSON Schema (the OpenAPI document). The full rule, with the
+# length limit, sub-queues and backlog queues, is `validate_entity_path`.
+ENTITY_PATH_PATTERN = rf"^{SEGMENT_PATTERN}(/{SEGMENT_PATTERN})*$"
+_SEGMENT = re.compile(SEGMENT_PATTERN + r"\Z")
 
 
 def validate_entity_path(path: str) -> str:

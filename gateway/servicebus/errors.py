@@ -3,8 +3,8 @@
 Modelled on httpx's transport: one exception map (`SDK_EXCEPTIONS`) and one context manager
 (`map_exceptions`) that every SDK call of the adapter runs inside. The rows themselves —
 what each failure means for retries, failover and the client's answer — are defined once,
-without the SDK, in `gateway.errors` (the engine raises some of them itself). The README's
-"Errors" section is tested against both.
+without the SDK, in `gateway.errors` (the engine raises some of them itself). docs/errors.md
+is rendered from both.
 """
 
 from __future__ import annotations

@@ -19,14 +19,13 @@ uses it is closed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, Literal, get_args
+from typing import TYPE_CHECKING, Any, Final, get_args
 
-from gateway.config import ConfigError
+from gateway.config import ConfigError, CredentialKind
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
 
-CredentialKind = Literal["workload", "managed", "default"]
 CREDENTIAL_KINDS: Final[tuple[str, ...]] = get_args(CredentialKind)
 
 

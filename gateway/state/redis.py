@@ -31,9 +31,9 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
 from redis.asyncio import Redis
@@ -47,6 +47,8 @@ from gateway.state.base import SEVERITY, BacklogState, EntityState, StateStore, 
 from gateway.state.memory import LocalState
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
+V = TypeVar("V")
 
 # What a failed Redis call can raise (besides our own deadline's TimeoutError).
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
@@ -500,52 +502,14 @@ class RedisStateStore(LocalState):
             if sess is None:  # the session went down between the two events
                 await asyncio.sleep(0)
                 continue
-            if self._resync_needed:
-                job: tuple[str, str] = ("resync", "")
-            elif self._pending_entities:
-                entity = next(iter(self._pending_entities))
-                job = ("entity", entity)
-            elif self._pending_backlogs:
-                job = ("backlog", next(iter(self._pending_backlogs)))
-            elif self._pending_writes:
-                written = next(iter(self._pending_writes))
-                job = ("written", "" if written is None else written)
-            else:
+            job = self._next_job()
+            if job is None:
                 self._wake.clear()
                 self._drained.set()
                 continue
             kind, key = job
             try:
-                if kind == "resync":
-                    self._resync_needed = False
-                    await self._resync(sess)
-                elif kind == "entity":
-                    base = self._pending_entities.pop(key)
-                    try:
-                        async with asyncio.timeout(self._op_timeout):
-                            await self._write_entity(sess, key, base)
-                    except _REDIS_ERRORS:
-                        self._pending_entities.setdefault(key, base)
-                        raise
-                elif kind == "backlog":
-                    disable = self._pending_backlogs.pop(key)
-                    try:
-                        async with asyncio.timeout(self._op_timeout):
-                            await self._write_backlog(sess, key, disable)
-                    except _REDIS_ERRORS:
-                        self._pending_backlogs.setdefault(key, disable)
-                        raise
-                else:
-                    queue = key or None
-                    del self._pending_writes[queue]
-                    try:
-                        async with asyncio.timeout(self._op_timeout):
-                            await sess.client.publish(
-                                self._channel, _written_event(queue, self.replica_id)
-                            )
-                    except _REDIS_ERRORS:
-                        self._pending_writes[queue] = None
-                        raise
+                await self._write_job(sess, kind, key)
             except _REDIS_ERRORS as exc:
                 if kind == "resync":
                     self._resync_needed = True
@@ -554,6 +518,54 @@ class RedisStateStore(LocalState):
                 # A bug or a malformed reply: drop this write rather than the writer; the
                 # state stays in memory and the next resync writes it back if Redis lacks it.
                 log.exception("state: writing %s %r failed unexpectedly", kind, key)
+
+    def _next_job(self) -> tuple[str, str] | None:
+        """The next write, in priority order: a resync, an entity's state, a backlog
+        queue's rotation, a backlog-written event. None when nothing is pending."""
+        if self._resync_needed:
+            return ("resync", "")
+        if self._pending_entities:
+            return ("entity", next(iter(self._pending_entities)))
+        if self._pending_backlogs:
+            return ("backlog", next(iter(self._pending_backlogs)))
+        if self._pending_writes:
+            written = next(iter(self._pending_writes))
+            return ("written", "" if written is None else written)
+        return None
+
+    async def _write_job(self, sess: _Session, kind: str, key: str) -> None:
+        """Do one write of `_next_job`. On a Redis error the change is queued again (unless
+        a newer one replaced it meanwhile) and the error propagates."""
+        if kind == "resync":
+            self._resync_needed = False
+            await self._resync(sess)
+        elif kind == "entity":
+            await self._write_pending(
+                self._pending_entities, key, lambda base: self._write_entity(sess, key, base)
+            )
+        elif kind == "backlog":
+            await self._write_pending(
+                self._pending_backlogs, key, lambda off: self._write_backlog(sess, key, off)
+            )
+        else:
+            queue = key or None
+            event = _written_event(queue, self.replica_id)
+            await self._write_pending(
+                self._pending_writes, queue, lambda _: sess.client.publish(self._channel, event)
+            )
+
+    async def _write_pending(
+        self, pending: dict[K, V], key: K, write: Callable[[V], Awaitable[object]]
+    ) -> None:
+        """Take `key`'s change out of `pending` and write it under our deadline; on a Redis
+        error put it back, unless a newer change for `key` arrived meanwhile."""
+        value = pending.pop(key)
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await write(value)
+        except _REDIS_ERRORS:
+            pending.setdefault(key, value)
+            raise
 
     async def _write_entity(self, sess: _Session, entity: str, base: int) -> None:
         state = self._entities.get(entity)

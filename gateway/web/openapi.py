@@ -15,10 +15,10 @@ import orjson
 from aiohttp import web
 
 from gateway.config import LimitSettings
+from gateway.core.entities import ENTITY_PATH_PATTERN as _ENTITY_PATTERN
 from gateway.web import rest
 
 _LIMITS = LimitSettings()
-_ENTITY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]*(/[A-Za-z0-9][A-Za-z0-9._\-]*)*$"
 _RFC1123 = r"^[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT$"
 
 JsonObject = dict[str, Any]
@@ -50,7 +50,7 @@ _SCHEMAS: JsonObject = {
     "BrokerProperties": {
         "type": "object",
         "description": (
-            "Service Bus broker properties (the README's Message format). Unknown properties "
+            "Service Bus broker properties (docs/http-api.md, Message format). Unknown properties "
             "are ignored, as Service Bus does; null means absent. Each string at most 32 KB."
         ),
         "properties": {

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
-from gateway.config import ConfigError, describe, load_settings
+from gateway.config import (
+    SETTINGS,
+    ConfigError,
+    Secret,
+    SettingInfo,
+    Settings,
+    describe,
+    load_settings,
+)
 
 CS = "Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=secret"
 CS2 = "Endpoint=sb://fabrikam.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s2"
@@ -123,3 +132,82 @@ def test_settings_hold_the_one_secret_type():
     cs = s.pair("default").primary.connection_string
     assert type(cs) is AuthSecret
     assert cs == AuthSecret(CS) and cs != AuthSecret(CS2) and repr(cs) == "Secret('***')"
+
+
+def _raw(value: object) -> str:
+    """A value as an environment variable would spell it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value.get() if isinstance(value, Secret) else value)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    if isinstance(value, int | float):
+        return repr(value)
+    return f'"{_raw(value)}"'
+
+
+def _sample(info: SettingInfo) -> object:
+    """A valid value other than the default, to see it arrive."""
+    default = info.default
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int | float):
+        # Its bounds, or twice or half the default: the first the cross-checks allow
+        # (a message may not exceed a batch, nor a batch the pending budget).
+        parse: Any = info.spec.parse
+        for n in (parse.maximum, parse.minimum, default * 2, default / 2):
+            value = type(default)(n)
+            if value != default and parse.minimum <= value <= parse.maximum:
+                try:
+                    load_settings({info.env: str(value)})
+                except ConfigError:
+                    continue
+                return value
+        raise AssertionError(f"no sample value for {info.env}")
+    if info.name == "public_hosts":
+        return ("gw.example.com", "localhost")
+    if info.name == "log_format":
+        return "text"
+    if info.name == "log_level":
+        return "WARNING"
+    if info.name == "azure_credential":
+        return "workload"
+    return Secret("sample") if info.spec.parse.accepts() == "a secret string" else "sample"
+
+
+@pytest.mark.parametrize("info", SETTINGS, ids=lambda i: i.env)
+def test_each_setting_arrives_from_its_variable_and_its_toml_key(info, tmp_path):
+    """Each declared setting is read from its environment variable and its TOML key, into
+    its field; nothing else is declared for it."""
+    value = _sample(info)
+
+    def read(s: Settings) -> object:
+        return getattr(s if info.section is None else getattr(s, info.section), info.name)
+
+    assert read(load_settings({info.env: _raw(value)})) == value
+    toml = tmp_path / "c.toml"
+    key = f"{info.name} = {_toml(value)}"
+    toml.write_text(f"[{info.section}]\n{key}\n" if info.section else f"{key}\n")
+    assert read(load_settings({}, toml)) == value
+
+
+def test_an_ambiguous_or_misspelt_variable_is_refused():
+    """`enabled` exists in two tables: each has its own variable, and SBGATE_ENABLED is not
+    one of them."""
+    for name in ("SBGATE_ENABLED", "SBGATE_listen_host", "SBGATE_TERTIARY_NAME"):
+        with pytest.raises(ConfigError, match=f"{name}: unknown setting"):
+            load_settings({name: "1"})
+
+
+def test_a_choice_given_a_list_is_a_clear_error(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('log_format = ["json"]\n')
+    with pytest.raises(ConfigError, match="log_format: must be one of"):
+        load_settings({}, toml)

@@ -18,6 +18,7 @@ import orjson
 from gateway.app import default_backlog_factory, default_client_factory, shared_credential
 from gateway.config import NamespaceSettings, load_settings
 from gateway.core.failover import MARKED_HEALTHY, PING_DELIVERED
+from gateway.core.backlog import is_backlog_path
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
 from gateway.syphon.ports import BacklogPort
@@ -118,7 +119,7 @@ class GatedClient:
 
     async def open_sender(self, path: str) -> Sender:
         sender = await self.inner.open_sender(path)
-        return GatedSender(sender, self._gate) if "/x-servicebus-transfer/" in path else sender
+        return GatedSender(sender, self._gate) if is_backlog_path(path) else sender
 
     async def close(self) -> None:
         await self.inner.close()

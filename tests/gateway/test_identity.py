@@ -28,9 +28,9 @@ from gateway.app import CLIENTS, CREDENTIAL, create_app, default_client_factory
 from gateway.config import ConfigError, load_settings
 from gateway.servicebus import admin as admin_module
 from gateway.servicebus.client import SdkNamespaceClient
+from gateway.servicebus.drain import drain
+from gateway.servicebus.drain import main as drain_main
 from gateway.servicebus.identity import SharedCredential, create_credential
-from gateway.tools.drain import drain
-from gateway.tools.drain import main as drain_main
 from sblocal.config import BrokerConfig, NamespaceConfig, QueueConfig
 from sblocal.server import LocalBroker
 from tests.conftest import HardenedTestServer

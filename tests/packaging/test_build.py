@@ -38,6 +38,7 @@ def lock_check(tree: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(not UV.exists(), reason="no .venv-tools: run scripts/lint-packaging.sh first")
+@pytest.mark.integration  # a subprocess
 def test_lock_check_fails_when_pyproject_changes(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "scripts").mkdir(parents=True)
@@ -115,6 +116,7 @@ def test_dockerfile_check_catches_what_it_is_for() -> None:
     assert dockerfile_check.check_dockerignore("*\n!gateway/\n!tests/\n")
 
 
+@pytest.mark.integration  # a subprocess
 def test_gateway_audit_without_pyspark_is_one_line_and_exit_2(tmp_path: Path) -> None:
     # pyspark made unimportable for this interpreter only, as in the gateway image (which has
     # neither pyspark nor the pipeline: scripts/build-check.sh runs that case in a real venv).
@@ -145,6 +147,7 @@ def test_gateway_audit_without_pyspark_is_one_line_and_exit_2(tmp_path: Path) ->
     assert "needs pyspark" in proc.stderr and "docker build --target audit" in proc.stderr
 
 
+@pytest.mark.integration  # a subprocess
 def test_pipeline_dist_is_importable_and_reproducible(tmp_path: Path) -> None:
     first = pipeline_dist.build(tmp_path / "a.zip")
     second = pipeline_dist.build(tmp_path / "b.zip")

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from gateway.tools.drain import drain
+from gateway.servicebus.drain import drain
 from pipeline.cli import main as audit
 from tests.conftest import GatewayFactory
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,15 @@ from pipeline.reconcile import (
 from pipeline.schemas import ACK_SCHEMA, DELIVERED_SCHEMA, LEDGER_SCHEMA
 
 pytestmark = pytest.mark.timeout(300)
+
+
+def test_the_backlog_pattern_is_the_gateways():
+    """The pipeline's copy of the backlog path rule (it imports nothing from the gateway)."""
+    from gateway.core.backlog import BACKLOG_PATH_PATTERN, backlog_path
+
+    assert DEFAULT_BACKLOG_PATTERN == BACKLOG_PATH_PATTERN
+    assert re.search(DEFAULT_BACKLOG_PATTERN, backlog_path("contoso", 7))
+
 
 T0 = dt.datetime(2025, 3, 4, 10, 0, 0, tzinfo=dt.UTC)
 

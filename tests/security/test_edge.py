@@ -1,4 +1,4 @@
-"""The HTTP edge does what the README says, over real sockets: other REST operations get a
+"""The HTTP edge does what docs/http-api.md says, over real sockets: other REST operations get a
 405, ingress headers never become properties, oversized heads get a 431, no answer quotes a
 header value, and every answer (the HTTP parser's own included) is JSON with an X-Request-Id.
 Nothing is sent upstream for any refused request."""

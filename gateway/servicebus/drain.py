@@ -39,6 +39,8 @@ from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, S
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusError
 
+from gateway.core.backlog import PATH as X_MS_PATH
+from gateway.core.backlog import is_backlog_path
 from gateway.servicebus.identity import CREDENTIAL_KINDS, SharedCredential
 
 if TYPE_CHECKING:
@@ -52,9 +54,6 @@ ReceiveMode = Literal["peek_lock", "receive_and_delete"]
 DLQ_SUFFIX: Final = "/$DeadLetterQueue"
 _DLQ_RE: Final = re.compile(r"/\$deadletterqueue$", re.IGNORECASE)
 _SUBSCRIPTION_RE: Final = re.compile(r"^(?P<topic>.+)/subscriptions/(?P<sub>[^/]+)$", re.IGNORECASE)
-# Backlog queues (docs/design.md#backlog-queues): <namespace>/x-servicebus-transfer/<i>.
-DEFAULT_BACKLOG_RE: Final = re.compile(r"/x-servicebus-transfer/\d+$")
-X_MS_PATH: Final = "x-ms-path"
 
 
 class DrainError(Exception):
@@ -96,7 +95,7 @@ def plan_targets(
         dead_letter = bool(_DLQ_RE.search(path))
         base = _DLQ_RE.sub("", path)
         sub = _SUBSCRIPTION_RE.match(base)
-        backlog = bool(DEFAULT_BACKLOG_RE.search(base)) or (
+        backlog = is_backlog_path(base) or (
             backlog_prefix is not None and base.startswith(backlog_prefix.strip("/"))
         )
         for dlq in (dead_letter,) if dead_letter or not include_dlq else (False, True):
@@ -227,18 +226,61 @@ def _receiver(
     return client.get_queue_receiver(target.entity_path, **kwargs)
 
 
+@dataclass(frozen=True, slots=True)
+class _PathOptions:
+    """How each receive path is drained (`drain`'s arguments)."""
+
+    mode: ReceiveMode
+    idle_timeout: float
+    batch_size: int
+    op_timeout: float
+    max_messages: int | None
+
+
+def _client(
+    connection_string: str | None,
+    fully_qualified_namespace: str | None,
+    credential: AsyncTokenCredential | None,
+    client_kwargs: Mapping[str, Any] | None,
+) -> ServiceBusClient:
+    """The namespace's client: from a connection string, or a namespace and a credential."""
+    if connection_string is not None:
+        return ServiceBusClient.from_connection_string(
+            connection_string, **dict(client_kwargs or {})
+        )
+    assert fully_qualified_namespace is not None and credential is not None
+    return ServiceBusClient(fully_qualified_namespace, credential, **dict(client_kwargs or {}))
+
+
+async def _drain_or_report(
+    client: ServiceBusClient,
+    target: DrainTarget,
+    output: _Output,
+    summary: DrainSummary,
+    options: _PathOptions,
+    sem: asyncio.Semaphore,
+) -> None:
+    """Drain one path under `sem`; a Service Bus, timeout or socket failure goes to
+    ``summary.errors`` so that the other paths go on."""
+    async with sem:
+        try:
+            await _drain_one(client, target, output, summary, options)
+        except asyncio.CancelledError:
+            raise
+        except (ServiceBusError, TimeoutError, OSError) as exc:
+            summary.errors[target.queue] = f"{type(exc).__name__}: {exc}"
+            log.warning("draining %s failed: %r", target.queue, exc)
+
+
 async def _drain_one(
     client: ServiceBusClient,
     target: DrainTarget,
     output: _Output,
     summary: DrainSummary,
-    *,
-    mode: ReceiveMode,
-    idle_timeout: float,
-    batch_size: int,
-    op_timeout: float,
-    max_messages: int | None,
+    options: _PathOptions,
 ) -> None:
+    mode, idle_timeout, op_timeout = options.mode, options.idle_timeout, options.op_timeout
+    batch_size, max_messages = options.batch_size, options.max_messages
     summary.received.setdefault(target.queue, 0)
     receiver = _receiver(client, target, mode, prefetch=batch_size)
     try:
@@ -310,41 +352,16 @@ async def drain(
     started = time.monotonic()
     output = _Output(out, append)
     sem = asyncio.Semaphore(concurrency)
-
-    async def one(target: DrainTarget) -> None:
-        async with sem:
-            try:
-                await _drain_one(
-                    client,
-                    target,
-                    output,
-                    summary,
-                    mode=receive_mode,
-                    idle_timeout=idle_timeout,
-                    batch_size=batch_size,
-                    op_timeout=op_timeout,
-                    max_messages=max_messages,
-                )
-            except asyncio.CancelledError:
-                raise
-            except (ServiceBusError, TimeoutError, OSError) as exc:
-                summary.errors[target.queue] = f"{type(exc).__name__}: {exc}"
-                log.warning("draining %s failed: %r", target.queue, exc)
-
+    options = _PathOptions(receive_mode, idle_timeout, batch_size, op_timeout, max_messages)
     try:
-        if connection_string is not None:
-            client = ServiceBusClient.from_connection_string(
-                connection_string, **dict(client_kwargs or {})
-            )
-        else:
-            assert fully_qualified_namespace is not None and credential is not None
-            client = ServiceBusClient(
-                fully_qualified_namespace, credential, **dict(client_kwargs or {})
-            )
+        client = _client(connection_string, fully_qualified_namespace, credential, client_kwargs)
         async with client:
             async with asyncio.TaskGroup() as tg:
                 for target in targets:
-                    tg.create_task(one(target), name=f"drain:{target.queue}")
+                    tg.create_task(
+                        _drain_or_report(client, target, output, summary, options, sem),
+                        name=f"drain:{target.queue}",
+                    )
     finally:
         output.close()
         summary.elapsed_s = time.monotonic() - started

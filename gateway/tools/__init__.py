@@ -1,1 +1,0 @@
-"""Operational tools: drain (delivered ids for audits and load tests)."""
