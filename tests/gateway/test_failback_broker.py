@@ -17,8 +17,8 @@ import orjson
 
 from gateway.app import default_backlog_factory, default_client_factory, shared_credential
 from gateway.config import NamespaceSettings, load_settings
-from gateway.core.failover import MARKED_HEALTHY, PING_DELIVERED
 from gateway.core.backlog import is_backlog_path
+from gateway.core.failover import MARKED_HEALTHY, PING_DELIVERED
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
 from gateway.syphon.ports import BacklogPort
