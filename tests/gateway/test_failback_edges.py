@@ -37,7 +37,7 @@ from tests.support.failover_rig import (
 )
 from tests.support.fake_broker import FakeNamespace
 from tests.support.fake_cluster import ClusterStore, FakeRedis
-from tests.support.virtual_time import VirtualTimeLoop
+from tests.support.virtual_time import VirtualTimeLoop, elapse, until
 
 INTERVAL = FAILOVER.ping_primary_interval
 
@@ -86,17 +86,6 @@ def rig() -> Rig:
     return Rig()
 
 
-async def until(predicate: Callable[[], bool], within: float, step: float = 0.05) -> float:
-    """Wait on virtual time until `predicate()`; returns how long it took. Fails after
-    `within` virtual seconds."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not predicate():
-        assert loop.time() - start < within, f"not within {within} s"
-        await asyncio.sleep(step)
-    return loop.time() - start
-
-
 # -- 1. a forced failover holds --------------------------------------------------------------
 
 
@@ -105,10 +94,10 @@ def test_a_forced_failover_holds_until_a_ping_after_the_interval(rig: Rig) -> No
         r = await rig.replica("r0")
         forced_at = rig.now()
         assert r.failover.force_failover(ORDERS).status == "failed_over"
-        await asyncio.sleep(0.01)
+        await elapse(0.01)
         [row] = [e for e in await r.failover.describe() if e["entity"] == "orders"]
         assert row["reason"] == FORCED and row["nextPing"] == pytest.approx(forced_at + INTERVAL)
-        await asyncio.sleep(INTERVAL - 0.5)
+        await elapse(INTERVAL - 0.5)
         assert rig.primary.pings == 0, "no ping before ping_primary_interval"
         assert r.status() == "failed_over"
         delivery = await r.failover.submit(ORDERS, messages("during"))
@@ -125,9 +114,9 @@ def test_a_forced_failover_ends_when_an_operator_marks_the_entity_healthy(rig: R
     async def scenario(rig: Rig) -> None:
         r = await rig.replica("r0")
         r.failover.force_failover(ORDERS)
-        await asyncio.sleep(1)
+        await elapse(1)
         assert r.failover.mark_healthy(ORDERS).status == "healthy"
-        await asyncio.sleep(INTERVAL * 2)
+        await elapse(INTERVAL * 2)
         assert rig.primary.pings == 0, "pings stop when the failover ends"
         assert r.store.get("orders").reason == MARKED_HEALTHY
         assert (await r.failover.submit(ORDERS, messages("after"))).route == "primary"
@@ -160,14 +149,14 @@ def test_a_new_failover_while_the_pinger_gives_its_lease_up_still_gets_a_pinger(
 
     class SlowRelease(ClusterStore):
         async def release_lease(self, name: str) -> None:
-            await asyncio.sleep(0.5)
+            await elapse(0.5)
             await super().release_lease(name)
 
     async def scenario(rig: Rig) -> None:
         r = await rig.replica("r0", store=SlowRelease(rig.redis, "r0"))
         r.failover.force_failover(ORDERS)
         await until(lambda: r.status() == "healthy", within=INTERVAL + 1)  # pinged back
-        await asyncio.sleep(0.1)  # the pinger is now giving its lease up
+        await elapse(0.1)  # the pinger is now giving its lease up
         r.failover.force_failover(ORDERS)
         await until(lambda: r.status() == "healthy", within=INTERVAL + 1)
         assert rig.primary.pings == 2
@@ -181,13 +170,13 @@ def test_a_new_failover_while_the_pinger_gives_its_lease_up_still_gets_a_pinger(
 async def _write_racing_the_failback(rig: Rig, writer: Replica, failback: Replica) -> list[str]:
     """Fail over, start 4 backlog writes, fail back while they are in flight, complete them."""
     writer.failover.force_failover(ORDERS)
-    await asyncio.sleep(0.1)
+    await elapse(0.1)
     rig.secondary.hold = True
     ids = [f"race-{i}" for i in range(4)]
     requests = [asyncio.ensure_future(writer.failover.submit(ORDERS, messages(i))) for i in ids]
     await until(lambda: len(rig.secondary.held) >= 1, within=1, step=0.001)
     failback.failover.mark_healthy(ORDERS)
-    await asyncio.sleep(0.1)  # every replica saw it, every syphon checked: nothing there yet
+    await elapse(0.1)  # every replica saw it, every syphon checked: nothing there yet
     assert rig.backlog_ids() == []
     rig.secondary.hold = False
     rig.secondary.release()
@@ -221,19 +210,19 @@ def test_writes_completing_while_redis_is_down_are_moved_once_it_is_back(rig: Ri
     async def scenario(rig: Rig) -> None:
         writer = await rig.replica("writer", syphon=False)
         syphon = await rig.replica("syphon")
-        await asyncio.sleep(2)  # the start-up checks are done
+        await elapse(2)  # the start-up checks are done
         writer.failover.force_failover(ORDERS)
-        await asyncio.sleep(0.1)
+        await elapse(0.1)
         rig.secondary.hold = True
         request = asyncio.ensure_future(writer.failover.submit(ORDERS, messages("m")))
         await until(lambda: len(rig.secondary.held) == 1, within=1, step=0.001)
         syphon.failover.mark_healthy(ORDERS)
-        await asyncio.sleep(0.1)
+        await elapse(0.1)
         rig.redis.stop()  # the announcement cannot be published now
         rig.secondary.hold = False
         rig.secondary.release()
         assert (await request).route == "backlog"
-        await asyncio.sleep(30)
+        await elapse(30)
         assert rig.home_ids() == [], "nobody could tell the syphon yet"
         rig.redis.start()
         await until(
@@ -250,11 +239,11 @@ def test_a_replica_that_starts_announces_every_backlog_queue(rig: Rig) -> None:
 
     async def scenario(rig: Rig) -> None:
         syphon = await rig.replica("syphon")
-        await asyncio.sleep(1)
+        await elapse(1)
         rig.secondary.entities[QUEUES[1]] = []
         # As a dead replica left it: written after the failback check, never announced.
         await rig.secondary.store(QUEUES[1], [rewrite(messages("orphan")[0], "orders", 0.0)])
-        await asyncio.sleep(60)
+        await elapse(60)
         assert rig.home_ids() == []
         await rig.replica("restarted", syphon=False)
         await until(lambda: rig.home_ids() == ["orphan"], within=TIME_TO_HOME)
@@ -271,17 +260,17 @@ def test_a_failback_wakes_a_backlog_queue_in_retry_backoff(rig: Rig) -> None:
         no_pings = dataclasses.replace(FAILOVER, ping_primary_interval=3600)
         r = await rig.replica("r0", failover=no_pings)
         r.failover.force_failover(ORDERS)
-        await asyncio.sleep(0.1)
+        await elapse(0.1)
         assert (await r.failover.submit(ORDERS, messages("waiting"))).route == "backlog"
         # The syphon finds it, cannot move it (orders is failed over) and backs off, longer
         # each time: after a while its next look is up to BACKOFF_MAX away.
-        await asyncio.sleep(3 * BACKOFF_MAX)
+        await elapse(3 * BACKOFF_MAX)
         assert rig.backlog_ids() == ["waiting"]
         # Another entity fails over and back: the syphon checks, but orders is still out.
         r.failover.force_failover(EVENTS)
-        await asyncio.sleep(1)
+        await elapse(1)
         r.failover.mark_healthy(EVENTS)
-        await asyncio.sleep(2)
+        await elapse(2)
         assert rig.backlog_ids() == ["waiting"]
         r.failover.mark_healthy(ORDERS)
         took = await until(lambda: rig.home_ids() == ["waiting"], within=TIME_TO_HOME)
@@ -352,9 +341,9 @@ def test_a_scheduled_message_that_expires_in_the_backlog_is_dead_lettered(rig: R
             scheduled_enqueue_time_utc=dt.datetime.fromtimestamp(now + 20, dt.UTC),
         )
         r.failover.force_failover(ORDERS)
-        await asyncio.sleep(0.1)
+        await elapse(0.1)
         assert (await r.failover.submit(ORDERS, [m])).route == "backlog"
-        await asyncio.sleep(40)  # past schedule + TTL, still failed over
+        await elapse(40)  # past schedule + TTL, still failed over
         r.failover.mark_healthy(ORDERS)
         await until(lambda: any(rig.secondary.dead_letters.values()), within=TIME_TO_HOME)
         assert rig.home_ids() == [] and rig.backlog_ids() == []

@@ -36,7 +36,7 @@ from gateway.errors import GatewayError
 from tests.support.failover_rig import ENTITIES, QUEUES, TIME_TO_HOME, Replica
 from tests.support.fake_broker import FakeNamespace
 from tests.support.fake_cluster import FakeRedis
-from tests.support.virtual_time import VirtualTimeLoop
+from tests.support.virtual_time import VirtualTimeLoop, elapse
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -179,11 +179,11 @@ class FailbackMachine(RuleBasedStateMachine):
         # A syphon that crashed mid-move holds its messages' locks until they expire; and
         # replicas need a moment to reconnect and resync.
         settle = self.redis.reconnect_delay + 10 * self.redis.latency
-        await asyncio.sleep(max(self.last_crash + BACKLOG_LOCK_DURATION + 1 - self.now(), settle))
+        await elapse(max(self.last_crash + BACKLOG_LOCK_DURATION + 1 - self.now(), settle))
         failback = self.now()
         for entity in ENTITIES:  # the last failback
             self.replicas[via].failover.mark_healthy(entity)
-        await asyncio.sleep(4 * self.redis.latency)  # every replica saw it and checked
+        await elapse(4 * self.redis.latency)  # every replica saw it and checked
         if release_after_failback:  # writes that started before it complete after it
             self.secondary.hold = False
             self.secondary.release()
@@ -194,7 +194,7 @@ class FailbackMachine(RuleBasedStateMachine):
             for entity in ENTITIES:
                 assert replica.store.get(entity.path).status == "healthy", "not failed back"
         last = max([failback, *self.written_at.values()])
-        await asyncio.sleep(max(last + TIME_TO_HOME + 4 * self.redis.latency - self.now(), 0))
+        await elapse(max(last + TIME_TO_HOME + 4 * self.redis.latency - self.now(), 0))
         left = {
             i: q for q in QUEUES for i in self.secondary.ids(q) if self.acked.get(i) is not None
         }

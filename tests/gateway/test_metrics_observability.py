@@ -4,7 +4,6 @@ syphon on virtual time (`tests/support/failover_rig.py`)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 from prometheus_client import generate_latest
@@ -16,7 +15,7 @@ from gateway.syphon.syphon import BUSY_CHECK_INTERVAL
 from tests.support.failover_rig import FAILOVER, ORDERS, QUEUES, Replica, messages
 from tests.support.fake_broker import FakeNamespace
 from tests.support.fake_cluster import FakeRedis
-from tests.support.virtual_time import VirtualTimeLoop
+from tests.support.virtual_time import VirtualTimeLoop, elapse
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -60,18 +59,18 @@ def test_backlog_gauges_and_dwell_follow_a_failover() -> None:
         await r.start()
         assert r.syphon is not None
         try:
-            await asyncio.sleep(2)
+            await elapse(2)
             idle_checks = r.syphon.stats.operations["depth_check"]
-            await asyncio.sleep(10 * BUSY_CHECK_INTERVAL)
+            await elapse(10 * BUSY_CHECK_INTERVAL)
             assert r.syphon.stats.operations["depth_check"] == idle_checks, "idle: no checks"
 
             r.failover.force_failover(ORDERS)
-            await asyncio.sleep(0.1)
+            await elapse(0.1)
             accepted = loop.time()
             assert (await r.failover.submit(ORDERS, messages("a", "b"))).route == "backlog"
             [queue] = [q for q in QUEUES if secondary.ids(q)]
             before = r.syphon.stats.operations["depth_check"]
-            await asyncio.sleep(3 * BUSY_CHECK_INTERVAL + 1)
+            await elapse(3 * BUSY_CHECK_INTERVAL + 1)
             checks = r.syphon.stats.operations["depth_check"] - before
             assert checks >= 3, "busy: a depth check every BUSY_CHECK_INTERVAL"
             got = samples(metrics)
@@ -80,9 +79,9 @@ def test_backlog_gauges_and_dwell_follow_a_failover() -> None:
             assert got[oldest] == accepted, "the head of the queue, seen by a blocked receive"
 
             r.failover.mark_healthy(ORDERS)
-            await asyncio.sleep(5)
+            await elapse(5)
             assert sorted(primary.ids("orders")) == ["a", "b"]
-            await asyncio.sleep(BUSY_CHECK_INTERVAL + 1)
+            await elapse(BUSY_CHECK_INTERVAL + 1)
             got = samples(metrics)
             assert got[("sbgate_backlog_messages", (("queue", queue),))] == 0.0
             assert oldest not in got, "absent once the queue is empty"
@@ -114,7 +113,7 @@ def test_a_message_without_an_acceptance_time_has_no_dwell() -> None:
             )
             assert r.syphon is not None
             r.syphon.request_check()
-            await asyncio.sleep(5)
+            await elapse(5)
             assert primary.ids("orders") == ["old"]
             assert ("sbgate_backlog_dwell_seconds_count", (("entity", "orders"),)) not in samples(
                 metrics

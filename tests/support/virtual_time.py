@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
@@ -68,3 +68,22 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def settle(self, seconds: float = 0.0) -> None:
         """Let virtual time pass by `seconds` (0: just run what is ready now)."""
         self.run_until_complete(asyncio.sleep(seconds))
+
+
+async def elapse(seconds: float) -> None:
+    """Let `seconds` of virtual time pass: every timer due meanwhile fires, in order, at once.
+
+    The scenario's clock moving on, not a wait for a condition (for that: `until`)."""
+    assert isinstance(asyncio.get_running_loop(), VirtualTimeLoop), "virtual time only"
+    await asyncio.sleep(seconds)
+
+
+async def until(predicate: Callable[[], bool], within: float, step: float = 0.05) -> float:
+    """Let virtual time pass in `step`s until `predicate()`; returns how long it took.
+    Fails after `within` virtual seconds (deterministic: this is the loop's clock)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not predicate():
+        assert loop.time() - start < within, f"not within {within} s"
+        await elapse(step)
+    return loop.time() - start
