@@ -38,7 +38,10 @@ _PARTS = {
         "_worker",
     ),
     "encoding each message once (encoding.encode)": ("encoding.py", "encode"),
-    "  of which the SDK's encoder (encode_payload)": ("_encode.py", "encode_payload"),
+    "the SDK's encoder (encode_payload), in encode and in the send": (
+        "_encode.py",
+        "encode_payload",
+    ),
     "adding the encoded bytes to the batch (encoding.add)": ("encoding.py", "add"),
     "the SDK's path, single messages (to_amqp)": ("client.py", "to_amqp"),
     "the SDK's path, ServiceBusMessageBatch.add_message": ("message.py", "add_message"),
