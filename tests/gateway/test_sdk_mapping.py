@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast
 
 import azure.servicebus
 import pytest
+from azure.core.settings import settings as azure_settings
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus._common import constants as sb_constants
 from azure.servicebus._common import tracing as sb_tracing
@@ -502,3 +503,38 @@ def test_the_batch_state_encoding_writes_has_the_shape_it_expects() -> None:
     assert batch.max_size_in_bytes == 4096
     assert sb_constants._BATCH_MESSAGE_OVERHEAD_COST == [5, 8]
     assert PyamqpTransportAsync.set_batch_envelope_properties is encoding._set_envelope
+
+
+class _Span:
+    """The least of azure-core's `AbstractSpan` that the SDK's `trace_message` uses."""
+
+    def __init__(self, name: str | None = None, kind: Any = None, **_: Any) -> None:
+        self.name = name
+
+    def __enter__(self) -> _Span:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def to_header(self) -> dict[str, str]:
+        return {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+    def add_attribute(self, key: str, value: Any) -> None:
+        return None
+
+
+async def test_with_azure_core_tracing_on_batches_take_the_sdks_own_path() -> None:
+    """The SDK then adds trace properties to each message: `encoding` stands aside."""
+    azure_settings.tracing_implementation.set_value(_Span)
+    try:
+        assert not encoding.applies()
+        sender, port = _sdk_sender(10_000)
+        await sender.send(
+            [OutboundMessage(body=b"a", message_id="a"), OutboundMessage(body=b"b", message_id="b")]
+        )
+    finally:
+        azure_settings.tracing_implementation.unset_value()
+    assert encoding.applies()
+    [sent] = port.sent
+    assert sent.count(b"traceparent") == 2 and sent.count(b"Diagnostic-Id") == 2
