@@ -22,13 +22,17 @@ What it relies on, all from the exactly pinned azure-servicebus==7.15.0 (`SDK_VE
   `max_size_in_bytes` is refused with `MessageSizeExceededError`, the batch unchanged;
 * the batch's private state: `_message` (the `BatchMessage` fields, encoded messages
   appended to slot 5), `_size`, `_count`, and `set_batch_envelope_properties` (message id,
-  session id and partition key of the first message on the envelope).
+  session id and partition key of the first message on the envelope). `_messages` (the
+  `ServiceBusMessage`s) stays empty: the SDK reads it only for tracing's span links and to
+  rebuild a batch made by another transport, neither of which happens on this path.
 
-tests/gateway/test_encoding_contract.py holds this to the SDK's own path byte for byte
-(every REST property, batch sizes to the byte) and fails loudly when the installed SDK is
-not the pinned version or any function above changed. At run time a different SDK version,
-or azure-core tracing being on (the SDK then adds trace properties and span links per
-message), turns this path off (`applies`): the sender falls back to `add_message`.
+tests/gateway/test_sdk_mapping.py holds this to the SDK's own path byte for byte (every
+REST property, batch sizes to the byte, the batch on the wire) and fails loudly when the
+installed SDK is not the pinned version or any function above changed;
+tests/gateway/test_encoding_broker.py receives what it sent through the local broker. At
+run time a different SDK version, or azure-core tracing being on (the SDK then adds trace
+properties and span links per message), turns this path off (`applies`): the sender falls
+back to `add_message`.
 """
 
 from __future__ import annotations
