@@ -9,8 +9,8 @@ azure-sdk-for-python#36334) and asks for a new one when a failure makes the link
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
@@ -82,20 +84,11 @@ class SdkSender:
             await self._send_via_sdk(messages)
             return
         try:  # each message encoded once (gateway/servicebus/encoding.py)
-            encoded = [encoding.encode(m) for m in messages]
+            encoded = [(m, encoding.encode(m)) for m in messages]
         except (ValueError, TypeError) as exc:
             raise self._invalid(exc) from exc
         with map_exceptions(self._where):
-            batch = await self._sender.create_message_batch()
-            for m, data in zip(messages, encoded, strict=True):
-                try:
-                    encoding.add(batch, m, data)
-                except MessageSizeExceededError:
-                    if len(batch) == 0:
-                        raise
-                    batch = await self._flush(batch)
-                    encoding.add(batch, m, data)
-            await self._sender.send_messages(batch)
+            await self._send_batches(encoded, lambda batch, item: encoding.add(batch, *item))
 
     async def _send_via_sdk(self, messages: Sequence[OutboundMessage]) -> None:
         """The SDK's own path: one message, or a batch while `encoding` does not apply."""
@@ -107,22 +100,26 @@ class SdkSender:
             if len(sdk_messages) == 1:
                 await self._sender.send_messages(sdk_messages[0])
                 return
-            batch = await self._sender.create_message_batch()
-            for sdk_message in sdk_messages:
-                try:
-                    batch.add_message(sdk_message)
-                except MessageSizeExceededError:
-                    if len(batch) == 0:
-                        raise
-                    batch = await self._flush(batch)
-                    batch.add_message(sdk_message)
-            await self._sender.send_messages(batch)
+            await self._send_batches(sdk_messages, ServiceBusMessageBatch.add_message)
 
-    async def _flush(self, batch: ServiceBusMessageBatch) -> ServiceBusMessageBatch:
-        """Our size estimate let more in than the link takes: send what fits and go on with a
-        new batch. A failure fails every message of the call."""
+    async def _send_batches(
+        self, items: Sequence[T], add: Callable[[ServiceBusMessageBatch, T], None]
+    ) -> None:
+        """`add` every item to the link's batch and send it. When our size estimate let more
+        in than the link takes (`add` refuses an item), send what fits and go on with a new
+        batch; a failure fails every message of the call. An item too large for an empty
+        batch raises `MessageSizeExceededError`."""
+        batch = await self._sender.create_message_batch()
+        for item in items:
+            try:
+                add(batch, item)
+            except MessageSizeExceededError:
+                if len(batch) == 0:
+                    raise
+                await self._sender.send_messages(batch)
+                batch = await self._sender.create_message_batch()
+                add(batch, item)
         await self._sender.send_messages(batch)
-        return await self._sender.create_message_batch()
 
     def _invalid(self, exc: Exception) -> SendFailure:
         return SendFailure(INVALID_MESSAGE, f"{self._where}: the message is invalid: {exc}")
