@@ -33,7 +33,8 @@ from azure.servicebus._common import constants as sb_constants
 from azure.servicebus._common import tracing as sb_tracing
 from azure.servicebus._common import utils as sb_utils
 from azure.servicebus._pyamqp import _encode, utils
-from azure.servicebus._pyamqp.message import BatchMessage
+from azure.servicebus._pyamqp.message import BatchMessage, Header, Properties
+from azure.servicebus._pyamqp.types import TYPE, FieldDefinition
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.aio import ServiceBusSender
 from azure.servicebus.aio._transport._pyamqp_transport_async import PyamqpTransportAsync
@@ -261,6 +262,10 @@ def test_each_message_encodes_to_the_bytes_the_sdk_keeps(name: str) -> None:
 @example(m=MESSAGES["every system property"])
 @example(m=OutboundMessage(body=b"", message_id="m", session_id="", partition_key=""))
 @example(m=OutboundMessage(body=b"x", message_id="m", time_to_live=dt.timedelta(days=50)))
+@example(  # properties over 255 bytes: a list32
+    m=OutboundMessage(body=b"x", message_id="é" * 128, to="t" * 100, correlation_id="c" * 40)
+)
+@example(m=OutboundMessage(body=b"x", message_id="m", subject=0))  # type: ignore[arg-type]
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_every_property_encodes_as_the_sdks_add_message_encodes_it(m: OutboundMessage) -> None:
     """Ours, the SDK's `add_message` of `to_amqp(m)` and of the reference `ServiceBusMessage`:
@@ -434,6 +439,18 @@ RELIED_ON = {
     "_pyamqp.utils.set_message_properties": "1d10f88325d466f7",
     "_pyamqp.utils.set_message_annotations": "cc47b339d9bc818c",
     "_pyamqp._encode.encode_payload": "ee23472f3b06e692",
+    "_pyamqp._encode.encode_value": "ad6e6adfa9240c25",
+    "_pyamqp._encode.encode_unknown": "eb422212804b71f8",
+    "_pyamqp._encode.describe_performative": "04873d06202bbd98",
+    "_pyamqp._encode.encode_list": "d938ddfa788132da",
+    "_pyamqp._encode.encode_null": "da278186214ffab9",
+    "_pyamqp._encode.encode_string": "af92eaf9b188a5d8",
+    "_pyamqp._encode.encode_symbol": "602c2949237bfd26",
+    "_pyamqp._encode.encode_binary": "592ffc7ce70447c3",
+    "_pyamqp._encode.encode_timestamp": "d4db4c3e2b3d7a0a",
+    "_pyamqp._encode.encode_uint": "43ae4a6a3f8cebd4",
+    "_pyamqp._encode.encode_ulong": "44e0f71b9a312fb6",
+    "_pyamqp._encode.encode_message_id": "6303a37896e4f875",
 }
 
 
@@ -466,6 +483,18 @@ def _relied_on() -> dict[str, Any]:
         "_pyamqp.utils.set_message_properties": utils.set_message_properties,
         "_pyamqp.utils.set_message_annotations": utils.set_message_annotations,
         "_pyamqp._encode.encode_payload": _encode.encode_payload,
+        "_pyamqp._encode.encode_value": _encode.encode_value,
+        "_pyamqp._encode.encode_unknown": _encode.encode_unknown,
+        "_pyamqp._encode.describe_performative": _encode.describe_performative,
+        "_pyamqp._encode.encode_list": _encode.encode_list,
+        "_pyamqp._encode.encode_null": _encode.encode_null,
+        "_pyamqp._encode.encode_string": _encode.encode_string,
+        "_pyamqp._encode.encode_symbol": _encode.encode_symbol,
+        "_pyamqp._encode.encode_binary": _encode.encode_binary,
+        "_pyamqp._encode.encode_timestamp": _encode.encode_timestamp,
+        "_pyamqp._encode.encode_uint": _encode.encode_uint,
+        "_pyamqp._encode.encode_ulong": _encode.encode_ulong,
+        "_pyamqp._encode.encode_message_id": _encode.encode_message_id,
     }
 
 
@@ -538,3 +567,19 @@ async def test_with_azure_core_tracing_on_batches_take_the_sdks_own_path() -> No
     assert encoding.applies()
     [sent] = port.sent
     assert sent.count(b"traceparent") == 2 and sent.count(b"Diagnostic-Id") == 2
+
+
+def test_the_header_and_properties_fields_are_encoded_as_the_sdk_picks() -> None:
+    """`encoding` frames these two lists itself, with the encoder `encode_value` would pick
+    for each field's declared type."""
+    for definition, encoders in (
+        (Header._definition, encoding._HEADER),  # type: ignore[attr-defined]
+        (Properties._definition, encoding._PROPERTIES),  # type: ignore[attr-defined]
+    ):
+        assert len(definition) == len(encoders)
+        for field, encoder in zip(definition, encoders, strict=True):
+            kind = field.type
+            if isinstance(kind, FieldDefinition):  # message ids: what a str becomes
+                kind = _encode._FIELD_DEFINITIONS[kind]("id")[TYPE]
+            if encoder is not None:
+                assert _encode._ENCODE_MAP[kind] is encoder, field.name
