@@ -9,7 +9,7 @@ Starts the local broker (`sblocal`, a subprocess), builds the gateway app in thi
 gateway (this process) is pinned to the first CPU, the load generator and the broker to the
 second, as in `bench.gateway_bench`. After 3 s of warm-up, `cProfile` records `--seconds` of
 the gateway's work; the report gives the share of profiled time in the parts that matter
-(HTTP edge, building SDK messages, adding them to batches) and the top functions by
+(HTTP edge, the dispatcher, encoding the messages, the SDK's send) and the top functions by
 cumulative time. cProfile slows everything it sees alike: read shares, not microseconds.
 
 Nothing here is part of `make test`; `python -m bench` does not run it.
@@ -33,8 +33,18 @@ from sblocal.testing import BrokerProcess
 # Functions whose cumulative time is reported as a share of the profiled time.
 _PARTS = {
     "HTTP edge (aiohttp protocol, middleware, handler)": ("web_protocol.py", "_handle_request"),
-    "building the AMQP messages (to_amqp)": ("client.py", "to_amqp"),
-    "ServiceBusMessageBatch.add_message": ("message.py", "add_message"),
+    "the dispatcher (micro-batching, workers, the sender's whole send)": (
+        "dispatcher.py",
+        "_worker",
+    ),
+    "encoding each message once (encoding.encode)": ("encoding.py", "encode"),
+    "the SDK's encoder (encode_payload), in encode and in the send": (
+        "_encode.py",
+        "encode_payload",
+    ),
+    "adding the encoded bytes to the batch (encoding.add)": ("encoding.py", "add"),
+    "the SDK's path, single messages (to_amqp)": ("client.py", "to_amqp"),
+    "the SDK's path, ServiceBusMessageBatch.add_message": ("message.py", "add_message"),
     "the SDK's send (link I/O, settlement)": ("_servicebus_sender_async.py", "send_messages"),
 }
 

@@ -9,11 +9,10 @@ azure-sdk-for-python#36334) and asks for a new one when a failure makes the link
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from azure.servicebus import ServiceBusMessageBatch
-from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader, AmqpMessageProperties
 from azure.servicebus.exceptions import MessageSizeExceededError
@@ -21,6 +20,7 @@ from azure.servicebus.exceptions import MessageSizeExceededError
 from gateway.config import NamespaceSettings, TimeoutSettings
 from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, SendFailure
+from gateway.servicebus import encoding
 from gateway.servicebus.errors import map_exceptions, translate
 
 if TYPE_CHECKING:
@@ -28,22 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-_INT32 = range(-(2**31), 2**31)
-
-
-def _amqp_value(value: Any) -> Any:
-    """The SDK encodes a Python int as a 32-bit AMQP int and fails beyond it: send larger
-    integers as typed AMQP longs (received back as plain ints)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value not in _INT32:
-        return {TYPE: AMQPTypes.long, VALUE: value}
-    return value
-
-
-# Message annotations Service Bus reads (the SDK's own names, azure.servicebus._common.constants).
-_PARTITION_KEY = b"x-opt-partition-key"
-_SCHEDULED_ENQUEUE_TIME = b"x-opt-scheduled-enqueue-time"
-_MAX_ID = 128  # the SDK's MESSAGE_PROPERTY_MAX_LENGTH
+T = TypeVar("T")
 
 
 def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
@@ -54,27 +39,17 @@ def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
     `ServiceBusMessage` runs a property setter per field, each re-checking and re-creating
     parts of the message. Raises ValueError where `ServiceBusMessage` would (ids over 128
     characters, PartitionKey != SessionId): a message from a backlog queue has not been
-    through the REST parser's checks."""
-    for name, value in (
-        ("message_id", m.message_id),
-        ("session_id", m.session_id),
-        ("partition_key", m.partition_key),
-        ("reply_to_session_id", m.reply_to_session_id),
-    ):
-        if value and len(value) > _MAX_ID:
-            raise ValueError(f"{name} cannot be longer than {_MAX_ID} characters.")
-    if m.partition_key and m.session_id is not None and m.partition_key != m.session_id:
-        raise ValueError("partition_key cannot be set to a different value than session_id")
+    through the REST parser's checks. Batches skip it: `encoding.encode` goes straight to the
+    encoded bytes."""
+    encoding.check(m)
     annotations: dict[str | bytes, Any] = {}
-    if m.partition_key:
-        annotations[_PARTITION_KEY] = m.partition_key
+    # In ServiceBusMessage's order: the encoded map follows it.
     if m.scheduled_enqueue_time_utc is not None:
-        annotations[_SCHEDULED_ENQUEUE_TIME] = m.scheduled_enqueue_time_utc
-    header = AmqpMessageHeader()
-    if m.time_to_live is not None:
-        # In ms: ServiceBusMessage's setter truncates to whole seconds (0.5 s: no TTL at all);
-        # the SDK derives creation and absolute expiry times from it when it sends.
-        header.time_to_live = max(1, round(m.time_to_live.total_seconds() * 1000))
+        annotations[encoding.SCHEDULED_ENQUEUE_TIME] = m.scheduled_enqueue_time_utc
+    if m.partition_key:
+        annotations[encoding.PARTITION_KEY] = m.partition_key
+    # In ms; the SDK derives creation and absolute expiry times from it when it sends.
+    header = AmqpMessageHeader(time_to_live=encoding.ttl_ms(m))
     return AmqpAnnotatedMessage(
         data_body=m.body,
         header=header,
@@ -88,7 +63,9 @@ def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
             group_id=m.session_id,
             reply_to_group_id=m.reply_to_session_id,
         ),
-        application_properties={k: _amqp_value(v) for k, v in m.application_properties.items()}
+        application_properties={
+            k: encoding.amqp_value(v) for k, v in m.application_properties.items()
+        }
         or None,
         # Typed dict[str, Any] in the SDK, which itself uses these bytes keys.
         annotations=cast(dict[str, Any], annotations),
@@ -103,29 +80,49 @@ class SdkSender:
         self._sender = sender
 
     async def send(self, messages: Sequence[OutboundMessage]) -> None:
+        if len(messages) == 1 or not encoding.applies():
+            await self._send_via_sdk(messages)
+            return
+        try:  # each message encoded once (gateway/servicebus/encoding.py)
+            encoded = [(m, encoding.encode(m)) for m in messages]
+        except (ValueError, TypeError) as exc:
+            raise self._invalid(exc) from exc
+        with map_exceptions(self._where):
+            await self._send_batches(encoded, lambda batch, item: encoding.add(batch, *item))
+
+    async def _send_via_sdk(self, messages: Sequence[OutboundMessage]) -> None:
+        """The SDK's own path: one message, or a batch while `encoding` does not apply."""
         try:
             sdk_messages = [to_amqp(m) for m in messages]
         except (ValueError, TypeError) as exc:
-            raise SendFailure(
-                INVALID_MESSAGE, f"{self._where}: the message is invalid: {exc}"
-            ) from exc
+            raise self._invalid(exc) from exc
         with map_exceptions(self._where):
             if len(sdk_messages) == 1:
                 await self._sender.send_messages(sdk_messages[0])
                 return
-            batch: ServiceBusMessageBatch = await self._sender.create_message_batch()
-            for sdk_message in sdk_messages:
-                try:
-                    batch.add_message(sdk_message)
-                except MessageSizeExceededError:
-                    if len(batch) == 0:
-                        raise
-                    # Our size estimate let more in than the link takes: send what fits,
-                    # then go on. A failure below fails every message of this call.
-                    await self._sender.send_messages(batch)
-                    batch = await self._sender.create_message_batch()
-                    batch.add_message(sdk_message)
-            await self._sender.send_messages(batch)
+            await self._send_batches(sdk_messages, ServiceBusMessageBatch.add_message)
+
+    async def _send_batches(
+        self, items: Sequence[T], add: Callable[[ServiceBusMessageBatch, T], None]
+    ) -> None:
+        """`add` every item to the link's batch and send it. When our size estimate let more
+        in than the link takes (`add` refuses an item), send what fits and go on with a new
+        batch; a failure fails every message of the call. An item too large for an empty
+        batch raises `MessageSizeExceededError`."""
+        batch = await self._sender.create_message_batch()
+        for item in items:
+            try:
+                add(batch, item)
+            except MessageSizeExceededError:
+                if len(batch) == 0:
+                    raise
+                await self._sender.send_messages(batch)
+                batch = await self._sender.create_message_batch()
+                add(batch, item)
+        await self._sender.send_messages(batch)
+
+    def _invalid(self, exc: Exception) -> SendFailure:
+        return SendFailure(INVALID_MESSAGE, f"{self._where}: the message is invalid: {exc}")
 
     async def close(self) -> None:
         try:

@@ -1,23 +1,52 @@
-"""`to_amqp` (what the sender sends) builds the same outgoing AMQP message as the SDK's own
-`ServiceBusMessage` with the same properties, field by field, for every property the REST
-format can carry; and it refuses what `ServiceBusMessage` refuses.
+"""What the sender sends is what the SDK's own path sends.
 
-Pure logic against the pinned SDK's own conversion (`to_outgoing_amqp_message`, the step
-right before encoding); the end-to-end property tests in test_integration.py receive what
-`to_amqp` sent through the real broker.
+* `to_amqp` (single messages) builds the same outgoing AMQP message as the SDK's own
+  `ServiceBusMessage` with the same properties, field by field, for every property the REST
+  format can carry; and it refuses what `ServiceBusMessage` refuses.
+* `encoding.encode` + `encoding.add` (batches, each message encoded once) give the same
+  encoded bytes, the same batch size to the byte, the same refusals and the same batch on
+  the wire as the SDK's `ServiceBusMessageBatch.add_message`, for hypothesis' messages; and
+  a guard fails loudly when the installed SDK is not the pinned one or the internals
+  `encoding` relies on changed.
+
+Pure logic against the pinned SDK's own conversion and encoder; test_encoding_broker.py and
+the end-to-end property tests in test_integration.py receive what was sent through the
+real broker.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import hashlib
+import inspect
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
+import azure.servicebus
 import pytest
-from azure.servicebus import ServiceBusMessage
+from azure.core.settings import settings as azure_settings
+from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
+from azure.servicebus._common import constants as sb_constants
+from azure.servicebus._common import tracing as sb_tracing
+from azure.servicebus._common import utils as sb_utils
+from azure.servicebus._pyamqp import _encode, utils
+from azure.servicebus._pyamqp.message import BatchMessage, Header, Properties
+from azure.servicebus._pyamqp.types import TYPE, FieldDefinition
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
+from azure.servicebus.aio import ServiceBusSender
+from azure.servicebus.aio._transport._pyamqp_transport_async import PyamqpTransportAsync
+from azure.servicebus.exceptions import MessageSizeExceededError
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from gateway.core.message import OutboundMessage
-from gateway.servicebus.client import _amqp_value, to_amqp
+from gateway.errors import FailureKind, SendFailure
+from gateway.servicebus import encoding
+from gateway.servicebus.client import SdkSender, to_amqp
+from gateway.servicebus.encoding import amqp_value as _amqp_value
 
 AT = dt.datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
 
@@ -129,3 +158,428 @@ def test_to_amqp_refuses_what_service_bus_message_refuses(fields: dict[str, str]
         to_sdk(m)
     with pytest.raises(ValueError):
         to_amqp(m)
+
+
+# -- the encoded form: each message encoded once (gateway/servicebus/encoding.py) -----------
+
+T = TypeVar("T")
+
+
+def same_second(compute: Callable[[], T]) -> T:
+    """`compute()` within one wall-clock second: with a TTL, both paths stamp the creation
+    time from the clock in whole seconds (retried when a second boundary fell in between)."""
+    while True:
+        before = int(time.time())
+        result = compute()
+        if int(time.time()) == before:
+            return result
+
+
+def new_batch(max_size: int | None = None) -> ServiceBusMessageBatch:
+    """A batch as `ServiceBusSender.create_message_batch` makes one (the async transport)."""
+    return ServiceBusMessageBatch(max_size_in_bytes=max_size, amqp_transport=PyamqpTransportAsync)
+
+
+def outcome(call: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", call(*args)
+    except Exception as exc:  # both paths must refuse alike: compare the exception types
+        return "refused", type(exc)
+
+
+def sdk_encoded(message: Any) -> bytes:
+    """The bytes the SDK's `add_message` keeps for `message`."""
+    batch = new_batch()
+    batch.add_message(message)
+    [data] = batch._message[5]
+    return bytes(data)
+
+
+def wire(batch: ServiceBusMessageBatch) -> bytes:
+    """The batch as the SDK's send encodes it (`send_messages_async`: `BatchMessage(*_message)`
+    handed to the link, which runs `encode_payload` over it)."""
+    return bytes(_encode.encode_payload(bytearray(), BatchMessage(*batch._message)))
+
+
+_ids = st.text(max_size=12) | st.text(min_size=120, max_size=130)
+_opt_text = st.none() | st.text(max_size=24)
+_when = st.datetimes(
+    min_value=dt.datetime(1980, 1, 1), max_value=dt.datetime(2200, 1, 1), timezones=st.just(dt.UTC)
+)
+_app_value = st.one_of(
+    st.text(max_size=24),
+    st.integers(min_value=-(2**64), max_value=2**64),  # beyond a long: both refuse
+    st.floats(),
+    st.booleans(),
+    st.binary(max_size=12),  # not always UTF-8: both refuse those
+    _when,
+)
+# Up to 60 days: past 2**32 ms (49.7 days) the AMQP header's uint TTL refuses on both paths.
+_ttl = st.timedeltas(min_value=dt.timedelta(microseconds=1), max_value=dt.timedelta(days=60))
+
+
+@st.composite
+def outbound(draw: st.DrawFn, valid: bool = False) -> OutboundMessage:
+    """Any message the REST format (or a backlog queue) can carry; `valid`: only ones the
+    SDK takes."""
+    ids = st.text(max_size=24) if valid else _ids
+    session = draw(st.none() | ids)
+    partition = draw(st.none() | st.just(session) | (st.none() if valid else ids))
+    app_value = (
+        st.one_of(st.text(max_size=24), st.integers(-(2**63), 2**63 - 1), st.booleans(), _when)
+        if valid
+        else _app_value
+    )
+    return OutboundMessage(
+        body=draw(st.binary(max_size=400)),  # encoded sizes on both sides of 256
+        message_id=draw(ids.filter(bool)),  # never empty: the REST parser makes one up
+        content_type=draw(st.none() | st.sampled_from(["application/json", "text/plain"])),
+        correlation_id=draw(_opt_text),
+        session_id=session,
+        subject=draw(_opt_text),
+        reply_to=draw(_opt_text),
+        reply_to_session_id=draw(st.none() | ids),
+        to=draw(_opt_text),
+        time_to_live=draw(
+            st.none() | (st.timedeltas(dt.timedelta(microseconds=1), dt.timedelta(days=40)))
+            if valid
+            else st.none() | _ttl
+        ),
+        scheduled_enqueue_time_utc=draw(st.none() | _when),
+        partition_key=partition,
+        application_properties=draw(st.dictionaries(st.text(max_size=10), app_value, max_size=6)),
+    )
+
+
+@pytest.mark.parametrize("name", list(MESSAGES))
+def test_each_message_encodes_to_the_bytes_the_sdk_keeps(name: str) -> None:
+    m = MESSAGES[name]
+    ours, sdk = same_second(lambda: (bytes(encoding.encode(m)), sdk_encoded(to_sdk(m))))
+    assert ours == sdk
+
+
+@given(m=outbound())
+@example(m=MESSAGES["every system property"])
+@example(m=OutboundMessage(body=b"", message_id="m", session_id="", partition_key=""))
+@example(m=OutboundMessage(body=b"x", message_id="m", time_to_live=dt.timedelta(days=50)))
+@example(  # properties over 255 bytes: a list32
+    m=OutboundMessage(body=b"x", message_id="é" * 128, to="t" * 100, correlation_id="c" * 40)
+)
+@example(m=OutboundMessage(body=b"x", message_id="m", subject=0))  # type: ignore[arg-type]
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_every_property_encodes_as_the_sdks_add_message_encodes_it(m: OutboundMessage) -> None:
+    """Ours, the SDK's `add_message` of `to_amqp(m)` and of the reference `ServiceBusMessage`:
+    the same bytes, or all three refuse alike. (An empty PartitionKey is the one difference
+    from `ServiceBusMessage`, which sends it as an empty annotation: the gateway, as before,
+    sends none.)"""
+    ours, via_to_amqp, via_sdk_message = same_second(
+        lambda: (
+            outcome(lambda: bytes(encoding.encode(m))),
+            outcome(lambda: sdk_encoded(to_amqp(m))),
+            outcome(lambda: sdk_encoded(to_sdk(m))),
+        )
+    )
+    assert ours == via_to_amqp
+    if m.partition_key != "":
+        assert ours == via_sdk_message
+
+
+def _add_ours(batch: ServiceBusMessageBatch, m: OutboundMessage) -> None:
+    encoding.add(batch, m, encoding.encode(m))
+
+
+def _add_sdk(batch: ServiceBusMessageBatch, m: OutboundMessage) -> None:
+    batch.add_message(to_amqp(m))
+
+
+@given(
+    ms=st.lists(outbound(valid=True), min_size=1, max_size=8),
+    room=st.integers(min_value=0, max_value=3000),
+)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_batch_takes_refuses_and_sends_what_the_sdks_batch_does(
+    ms: list[OutboundMessage], room: int
+) -> None:
+    """Message by message: the same acceptance, the same `size_in_bytes` and count, and in
+    the end the same batch on the wire (the envelope set from the first message)."""
+    limit = new_batch().size_in_bytes + room
+
+    def run() -> tuple[list[Any], list[Any], bytes, bytes]:
+        ours, sdk = new_batch(limit), new_batch(limit)
+        steps_ours, steps_sdk = [], []
+        for m in ms:
+            steps_ours.append((outcome(_add_ours, ours, m), ours.size_in_bytes, len(ours)))
+            steps_sdk.append((outcome(_add_sdk, sdk, m), sdk.size_in_bytes, len(sdk)))
+        return steps_ours, steps_sdk, wire(ours), wire(sdk)
+
+    steps_ours, steps_sdk, wire_ours, wire_sdk = same_second(run)
+    assert steps_ours == steps_sdk
+    assert wire_ours == wire_sdk
+
+
+@pytest.mark.parametrize("body_size", [0, 100, 200, 213, 214, 215, 216, 300, 5000])
+def test_a_message_that_exactly_fills_the_batch_fits_and_one_byte_less_room_refuses(
+    body_size: int,
+) -> None:
+    """At the edge of the 5/8-byte overhead (encoded sizes 255, 256, 257) and away from it."""
+    first = OutboundMessage(body=b"f" * 50, message_id="first", session_id="s", partition_key="s")
+    m = OutboundMessage(body=b"b" * body_size, message_id="m")
+    size = len(encoding.encode(m))
+    for before in ([], [first]):  # alone, and after another message
+        empty = new_batch()
+        for f in before:
+            empty.add_message(to_amqp(f))
+        need = empty.size_in_bytes + size + (5 if size < 256 else 8)
+        for limit, fits in ((need, True), (need - 1, False)):
+            ours, sdk = new_batch(limit), new_batch(limit)
+            for f in before:
+                _add_ours(ours, f)
+                sdk.add_message(to_amqp(f))
+            got_ours = outcome(_add_ours, ours, m)
+            got_sdk = outcome(_add_sdk, sdk, m)
+            expected = ("ok", None) if fits else ("refused", MessageSizeExceededError)
+            assert got_ours == got_sdk == expected
+            assert (
+                ours.size_in_bytes
+                == sdk.size_in_bytes
+                == (need if fits else need - size - (5 if size < 256 else 8))
+            )
+            assert len(ours) == len(sdk) == len(before) + fits
+            assert wire(ours) == wire(sdk)
+
+
+# -- the sender: one encoding per message, the SDK's own batch sent ------------------------
+
+
+class RecordingSdkSender:
+    """The port `SdkSender` drives (`ServiceBusSender`'s two calls), batches recorded as
+    their wire bytes; the link's batch limit is `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.sent: list[bytes] = []
+
+    async def create_message_batch(self) -> ServiceBusMessageBatch:
+        return new_batch(self.limit)
+
+    async def send_messages(self, batch: ServiceBusMessageBatch) -> None:
+        self.sent.append(wire(batch))
+
+
+def _sdk_sender(limit: int) -> tuple[SdkSender, RecordingSdkSender]:
+    port = RecordingSdkSender(limit)
+    return SdkSender("primary", "orders", cast(ServiceBusSender, port)), port
+
+
+async def _both_paths(limit: int, ms: list[OutboundMessage]) -> tuple[Any, Any]:
+    """What `SdkSender.send` sends (or raises) on the encode-once path and the SDK's."""
+
+    async def run(via_sdk: bool) -> Any:
+        sender, port = _sdk_sender(limit)
+        try:
+            await (sender._send_via_sdk(ms) if via_sdk else sender.send(ms))
+        except SendFailure as failure:
+            return failure.kind, port.sent
+        return port.sent
+
+    while True:  # both within one second (TTL stamps)
+        before = int(time.time())
+        got = await run(False), await run(True)
+        if int(time.time()) == before:
+            return got
+
+
+async def test_a_send_that_overflows_the_links_batch_sends_the_sdks_batches() -> None:
+    ms = [OutboundMessage(body=bytes([i]) * 400, message_id=f"m-{i}") for i in range(5)]
+    limit = new_batch().size_in_bytes + 2 * (len(encoding.encode(ms[0])) + 8)  # two per batch
+    ours, sdk = await _both_paths(limit, ms)
+    assert len(ours) == 3 and ours == sdk
+
+
+async def test_a_message_too_large_for_an_empty_batch_is_refused_as_before() -> None:
+    big = OutboundMessage(body=b"x" * 2000, message_id="big")
+    ms = [OutboundMessage(body=b"small", message_id="s"), big]
+    for batch in ([big, ms[0]], ms):  # first in the batch, or after one that fits
+        ours, sdk = await _both_paths(1000, batch)
+        assert ours == sdk
+    ours, _ = await _both_paths(1000, [big, ms[0]])
+    assert ours == (FailureKind.MESSAGE_TOO_LARGE, [])
+
+
+async def test_an_invalid_message_fails_the_send_before_anything_is_sent() -> None:
+    bad = OutboundMessage(body=b"x", message_id="m" * 129)
+    ours, sdk = await _both_paths(10_000, [OutboundMessage(body=b"ok", message_id="a"), bad])
+    assert ours == sdk == (FailureKind.INVALID_MESSAGE, [])
+
+
+# -- the guard: the pinned SDK, its internals as `encoding` knows them -----------------------
+
+# sha256 (first 16 hex digits) of the source of every SDK function `encoding` reproduces or
+# writes the state of. A change here means: re-read it, re-check encoding.py, update the hash.
+RELIED_ON = {
+    "ServiceBusMessageBatch.__init__": "c2e5785e5508c0b9",
+    "ServiceBusMessageBatch._add": "c87540f24ff7aff6",
+    "ServiceBusMessageBatch.add_message": "beeab9375ad096e2",
+    "ServiceBusMessageBatch.__len__": "ca1b6e70d51c82bf",
+    "ServiceBusMessageBatch.max_size_in_bytes": "8b3cfa639d00ab7b",
+    "ServiceBusMessageBatch.size_in_bytes": "c3295f67fe35a32a",
+    "PyamqpTransport.to_outgoing_amqp_message": "d59a0ddb48f4bc5f",
+    "PyamqpTransport.build_batch_message": "e77d5b6af22e251d",
+    "PyamqpTransport.get_batch_message_encoded_size": "9c3bbdb61f5a38f7",
+    "PyamqpTransport.get_message_encoded_size": "31e1ab36a6837c57",
+    "PyamqpTransport.add_batch": "500982e053ca2ce9",
+    "PyamqpTransport.set_batch_envelope_properties": "00dd74e73e43691a",
+    "PyamqpTransportAsync.send_messages_async": "7c488c86efabaeda",
+    "ServiceBusSender.create_message_batch": "16a49d11c2809643",
+    "ServiceBusSender.send_messages": "a0d194baf42836b1",
+    "_convert_to_single_service_bus_message": "e2676381005fbc39",
+    "trace_message": "2f6e845b0de79f95",
+    "_pyamqp.utils.add_batch": "6611b324dde87b2a",
+    "_pyamqp.utils.get_message_encoded_size": "d77a0063490ef223",
+    "_pyamqp.utils.set_message_properties": "1d10f88325d466f7",
+    "_pyamqp.utils.set_message_annotations": "cc47b339d9bc818c",
+    "_pyamqp._encode.encode_payload": "ee23472f3b06e692",
+    "_pyamqp._encode.encode_value": "ad6e6adfa9240c25",
+    "_pyamqp._encode.encode_unknown": "eb422212804b71f8",
+    "_pyamqp._encode.describe_performative": "04873d06202bbd98",
+    "_pyamqp._encode.encode_list": "d938ddfa788132da",
+    "_pyamqp._encode.encode_null": "da278186214ffab9",
+    "_pyamqp._encode.encode_string": "af92eaf9b188a5d8",
+    "_pyamqp._encode.encode_symbol": "602c2949237bfd26",
+    "_pyamqp._encode.encode_binary": "592ffc7ce70447c3",
+    "_pyamqp._encode.encode_timestamp": "d4db4c3e2b3d7a0a",
+    "_pyamqp._encode.encode_uint": "43ae4a6a3f8cebd4",
+    "_pyamqp._encode.encode_ulong": "44e0f71b9a312fb6",
+    "_pyamqp._encode.encode_message_id": "6303a37896e4f875",
+}
+
+
+def _relied_on() -> dict[str, Any]:
+    batch = ServiceBusMessageBatch
+    return {
+        "ServiceBusMessageBatch.__init__": batch.__init__,
+        "ServiceBusMessageBatch._add": batch._add,
+        "ServiceBusMessageBatch.add_message": batch.add_message,
+        "ServiceBusMessageBatch.__len__": batch.__len__,
+        "ServiceBusMessageBatch.max_size_in_bytes": batch.max_size_in_bytes.fget,  # type: ignore[attr-defined]
+        "ServiceBusMessageBatch.size_in_bytes": batch.size_in_bytes.fget,  # type: ignore[attr-defined]
+        "PyamqpTransport.to_outgoing_amqp_message": PyamqpTransport.to_outgoing_amqp_message,
+        "PyamqpTransport.build_batch_message": PyamqpTransport.build_batch_message,
+        "PyamqpTransport.get_batch_message_encoded_size": (
+            PyamqpTransport.get_batch_message_encoded_size
+        ),
+        "PyamqpTransport.get_message_encoded_size": PyamqpTransport.get_message_encoded_size,
+        "PyamqpTransport.add_batch": PyamqpTransport.add_batch,
+        "PyamqpTransport.set_batch_envelope_properties": (
+            PyamqpTransport.set_batch_envelope_properties
+        ),
+        "PyamqpTransportAsync.send_messages_async": PyamqpTransportAsync.send_messages_async,
+        "ServiceBusSender.create_message_batch": ServiceBusSender.create_message_batch,
+        "ServiceBusSender.send_messages": ServiceBusSender.send_messages,
+        "_convert_to_single_service_bus_message": sb_utils._convert_to_single_service_bus_message,
+        "trace_message": sb_tracing.trace_message,
+        "_pyamqp.utils.add_batch": utils.add_batch,
+        "_pyamqp.utils.get_message_encoded_size": utils.get_message_encoded_size,
+        "_pyamqp.utils.set_message_properties": utils.set_message_properties,
+        "_pyamqp.utils.set_message_annotations": utils.set_message_annotations,
+        "_pyamqp._encode.encode_payload": _encode.encode_payload,
+        "_pyamqp._encode.encode_value": _encode.encode_value,
+        "_pyamqp._encode.encode_unknown": _encode.encode_unknown,
+        "_pyamqp._encode.describe_performative": _encode.describe_performative,
+        "_pyamqp._encode.encode_list": _encode.encode_list,
+        "_pyamqp._encode.encode_null": _encode.encode_null,
+        "_pyamqp._encode.encode_string": _encode.encode_string,
+        "_pyamqp._encode.encode_symbol": _encode.encode_symbol,
+        "_pyamqp._encode.encode_binary": _encode.encode_binary,
+        "_pyamqp._encode.encode_timestamp": _encode.encode_timestamp,
+        "_pyamqp._encode.encode_uint": _encode.encode_uint,
+        "_pyamqp._encode.encode_ulong": _encode.encode_ulong,
+        "_pyamqp._encode.encode_message_id": _encode.encode_message_id,
+    }
+
+
+def test_the_installed_sdk_is_the_exact_pinned_version() -> None:
+    """encoding.py reproduces internals of exactly this version: another one must fail here
+    (and, at run time, `encoding.applies()` turns the path off) rather than send something
+    different."""
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("azure-servicebus")]
+    assert pins == [f"azure-servicebus=={encoding.SDK_VERSION}"], (
+        "azure-servicebus must stay pinned exactly, to the version encoding.py was checked for"
+    )
+    assert azure.servicebus.__version__ == encoding.SDK_VERSION, (
+        f"azure-servicebus {azure.servicebus.__version__} is installed; "
+        f"gateway/servicebus/encoding.py was checked against {encoding.SDK_VERSION}"
+    )
+    assert encoding.VERSION_MATCHES and encoding.applies()
+
+
+def test_the_sdk_internals_encoding_relies_on_are_unchanged() -> None:
+    got = {
+        name: hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
+        for name, obj in _relied_on().items()
+    }
+    changed = sorted(name for name in RELIED_ON if got[name] != RELIED_ON[name])
+    assert not changed, f"SDK internals changed, re-check gateway/servicebus/encoding.py: {changed}"
+
+
+def test_the_batch_state_encoding_writes_has_the_shape_it_expects() -> None:
+    batch = new_batch(4096)
+    assert batch._amqp_transport is PyamqpTransportAsync
+    assert isinstance(batch._message, list) and len(batch._message) == 9
+    assert batch._message[5] == [] and batch._count == 0
+    assert batch._size == batch.size_in_bytes == len(wire(batch))
+    assert batch.max_size_in_bytes == 4096
+    assert sb_constants._BATCH_MESSAGE_OVERHEAD_COST == [5, 8]
+    assert PyamqpTransportAsync.set_batch_envelope_properties is encoding._set_envelope
+
+
+class _Span:
+    """The least of azure-core's `AbstractSpan` that the SDK's `trace_message` uses."""
+
+    def __init__(self, name: str | None = None, kind: Any = None, **_: Any) -> None:
+        self.name = name
+
+    def __enter__(self) -> _Span:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def to_header(self) -> dict[str, str]:
+        return {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+    def add_attribute(self, key: str, value: Any) -> None:
+        return None
+
+
+async def test_with_azure_core_tracing_on_batches_take_the_sdks_own_path() -> None:
+    """The SDK then adds trace properties to each message: `encoding` stands aside."""
+    azure_settings.tracing_implementation.set_value(_Span)
+    try:
+        assert not encoding.applies()
+        sender, port = _sdk_sender(10_000)
+        await sender.send(
+            [OutboundMessage(body=b"a", message_id="a"), OutboundMessage(body=b"b", message_id="b")]
+        )
+    finally:
+        azure_settings.tracing_implementation.unset_value()
+    assert encoding.applies()
+    [sent] = port.sent
+    assert sent.count(b"traceparent") == 2 and sent.count(b"Diagnostic-Id") == 2
+
+
+def test_the_header_and_properties_fields_are_encoded_as_the_sdk_picks() -> None:
+    """`encoding` frames these two lists itself, with the encoder `encode_value` would pick
+    for each field's declared type."""
+    for definition, encoders in (
+        (Header._definition, encoding._HEADER),  # type: ignore[attr-defined]
+        (Properties._definition, encoding._PROPERTIES),  # type: ignore[attr-defined]
+    ):
+        assert len(definition) == len(encoders)
+        for field, encoder in zip(definition, encoders, strict=True):
+            kind = field.type
+            if isinstance(kind, FieldDefinition):  # message ids: what a str becomes
+                kind = _encode._FIELD_DEFINITIONS[kind]("id")[TYPE]
+            if encoder is not None:
+                assert _encode._ENCODE_MAP[kind] is encoder, field.name
