@@ -18,7 +18,10 @@ Variants (combine with ``+``, e.g. ``router+metrics``):
 * ``router`` — `submit` returns at once (no dispatcher hop);
 * ``metrics`` — the per-request Prometheus metrics are no-ops;
 * ``middlewares`` — no middleware (the gateway has one: path guard, errors, request id);
-* ``runner`` — aiohttp's plain `AppRunner` instead of `HardenedAppRunner`.
+* ``runner`` — aiohttp's plain `AppRunner` instead of `HardenedAppRunner`;
+* ``info`` — request logging at INFO, the default (the access line on every request);
+* ``auth`` — SAS rules configured, every request with the same token (the verified-token
+  cache answers); ``auth+nocache`` verifies the token on every request.
 
 It reaches into the gateway's internals (route handlers, app state keys, module globals) to
 switch parts off: a variant that no longer applies after a refactoring fails loudly.
@@ -51,6 +54,9 @@ VARIANTS = (
     "middlewares",
     "runner",
     "router+metrics+middlewares+runner",
+    "info",
+    "auth",
+    "auth+nocache",
 )
 _ENV = {
     "SBGATE_PRIMARY_CONNECTION_STRING": (
@@ -65,7 +71,26 @@ _ENV = {
     "SBGATE_REPLICA_ID": "profile",
     "SBGATE_LOG_LEVEL": "WARNING",
 }
-_REQUEST = build_request("http://127.0.0.1:1/queues/orders/messages", make_body(1024), {})
+_URL = "http://127.0.0.1:1/queues/orders/messages"
+_REQUEST = build_request(_URL, make_body(1024), {})
+_AUTH_KEY = "cHJvZmlsZS1rZXktZm9yLXRoZS1iZW5jaC0wMDAwMDAwMA=="
+_AUTH_ENV = {
+    "SBGATE_AUTH_RULES": (
+        '[{"name": "bench", "primary_key": "' + _AUTH_KEY + '", "rights": ["Send"], '
+        '"entities": ["*"]}]'
+    ),
+    "SBGATE_PUBLIC_HOSTS": "127.0.0.1",
+}
+
+
+def _request(parts: set[str]) -> bytes:
+    """The request every connection sends (with a SAS token for ``auth``)."""
+    if "auth" not in parts:
+        return _REQUEST
+    from gateway.auth import mint_token, resource_uri
+
+    token = mint_token(resource_uri("127.0.0.1", "orders"), "bench", _AUTH_KEY, 3600)
+    return build_request(_URL, make_body(1024), {"Authorization": token})
 
 
 class _FakeTransport(asyncio.Transport):
@@ -121,8 +146,9 @@ class _FakeTransport(asyncio.Transport):
 
 
 class _Driver:
-    def __init__(self, server: web.Server, connections: int, total: int) -> None:
+    def __init__(self, server: web.Server, connections: int, total: int, request: bytes) -> None:
         self._loop = asyncio.get_running_loop()
+        self._request = request
         self._left = total
         self._total = total
         self._answered = 0
@@ -139,7 +165,7 @@ class _Driver:
     def _send(self, t: _FakeTransport) -> None:
         if self._left > 0:
             self._left -= 1
-            self._loop.call_soon(t.protocol.data_received, _REQUEST)
+            self._loop.call_soon(t.protocol.data_received, self._request)
 
     def answered(self, t: _FakeTransport) -> None:
         self._answered += 1
@@ -203,10 +229,11 @@ async def _measure(variant: str, requests: int, runs: int) -> list[float]:
     after_setup()
     server = runner.server
     assert server is not None
+    request = _request(parts)
     costs: list[float] = []
     try:
         for run in range(runs + 1):  # the first run warms up
-            driver = _Driver(server, 64, requests)
+            driver = _Driver(server, 64, requests, request)
             started = time.process_time()
             driver.start()
             async with asyncio.timeout(120):
@@ -222,6 +249,13 @@ async def _measure(variant: str, requests: int, runs: int) -> list[float]:
 
 def _child(variant: str, requests: int, runs: int) -> None:
     os.environ.update(_ENV)
+    parts = set(variant.split("+"))
+    if "info" in parts:
+        os.environ["SBGATE_LOG_LEVEL"] = "INFO"
+    if "auth" in parts:
+        os.environ.update(_AUTH_ENV)
+    if "nocache" in parts:
+        os.environ["SBGATE_AUTH_TOKEN_CACHE_SIZE"] = "0"
     try:
         import uvloop
     except ImportError:
