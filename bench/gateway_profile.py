@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.gateway_profile                  # every variant, best of 3 x 12
     .venv/bin/python -m bench.gateway_profile full metrics uuid # a selection
+    .venv/bin/python -m bench.gateway_profile --access-line     # the access line alone
 
 The app (`create_app` with the null sink), its runner (`HardenedAppRunner`, as `gateway
 serve`) and aiohttp's HTTP/1.1 protocol run on fake in-memory transports: 64 connections,
@@ -266,6 +267,30 @@ def _child(variant: str, requests: int, runs: int) -> None:
     print(" ".join(f"{c:.2f}" for c in costs), flush=True)
 
 
+async def _access_line(lines: int) -> float:
+    """CPU µs of one access line (`_log_outcome` at INFO, the writer's flush to /dev/null
+    included), 64 lines per loop turn as with 64 busy connections."""
+    import logging
+
+    from gateway.core.message import OutboundMessage
+    from gateway.logs import ACCESS_LOGGER, AccessLog
+    from gateway.web.handlers import REQUEST_ID, _log_outcome
+
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
+    request: Any = {REQUEST_ID: os.urandom(16).hex()}
+    messages = [OutboundMessage(body=b"x", message_id=os.urandom(16).hex())]
+    with open(os.devnull, "w") as sink:  # noqa: ASYNC230  # /dev/null never blocks
+        access_log = AccessLog("json", sink)
+        access_log.bind(asyncio.get_running_loop())
+        started = time.process_time()
+        for _ in range(lines // 64):
+            for _ in range(64):
+                _log_outcome(access_log, request, "orders", 201, "primary", messages, 1e-3, None)
+            await asyncio.sleep(0)  # one loop turn: the writer flushes
+        access_log.close()
+        return (time.process_time() - started) / lines * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     pin_self_from_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -273,8 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=12, help="measured runs per process")
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per variant")
+    parser.add_argument(
+        "--access-line", action="store_true", help="only the access line's cost (best of 5)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.access_line:
+        best = min(asyncio.run(_access_line(100_000)) for _ in range(5))
+        print(f"access line at INFO: {best:.2f} µs of CPU a request (best of 5 x 100,000)")
+        return 0
     if args.child:
         _child(args.child, args.requests, args.runs)
         return 0

@@ -119,8 +119,8 @@ class AccessLog:
                 "level": _LEVEL_NAMES.get(level) or logging.getLevelName(level),
                 "logger": ACCESS_LOGGER,
                 "msg": msg,
+                **fields,
             }
-            line.update(fields)
             if extras:
                 line.update(extras)
             data = orjson.dumps(line, default=str, option=orjson.OPT_APPEND_NEWLINE)

@@ -29,7 +29,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 from gateway.auth._paths import Segments, covers, entity_segments, fold, valid_segment
 from gateway.auth.errors import AuthConfigError, ErrorCode, Forbidden, Unauthorized
-from gateway.auth.rules import AuthRule, KeySlot, Right, Secret, effective_rights, valid_key_name
+from gateway.auth.rules import AuthRule, KeySlot, Right, Secret, valid_key_name
 
 SCHEME = "SharedAccessSignature"
 MAX_HEADER_LENGTH = 4096
@@ -474,7 +474,7 @@ class Authorizer:
             token=token,
             rule=rule,
             slot=slot,
-            rights=effective_rights(rule.rights),
+            rights=rule.effective_rights,
             valid_until=token.expiry + self._skew,
         )
 

@@ -80,12 +80,11 @@ ROUTER = web.AppKey("router", Router)
 
 
 def json_response(status: int, body: object, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status,
-        body=orjson.dumps(body),
-        content_type="application/json",
-        headers=headers,
-    )
+    # Content-Type as a header rather than `content_type=`: aiohttp then skips its parsing.
+    fields = {"Content-Type": "application/json"}
+    if headers:
+        fields.update(headers)
+    return web.Response(status=status, body=orjson.dumps(body), headers=fields)
 
 
 def error_response(err: GatewayError, request_id: str | None = None) -> web.Response:
@@ -342,7 +341,7 @@ def _log_outcome(
     """The request's access line: INFO, or WARNING when the broker failed or the gateway was
     saturated (`SBGATE_LOG_LEVEL=WARNING` keeps only those)."""
     level = logging.INFO
-    if isinstance(error, SendFailure | Saturated):
+    if error is not None and isinstance(error, SendFailure | Saturated):
         level = logging.WARNING
     if not access_log.enabled(level):
         return
