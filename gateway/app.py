@@ -6,7 +6,8 @@ one `yield`, started in order and cleaned up in reverse, each writing what it st
 its own key. Once started, an app holds:
 
 * `SETTINGS`, `PLAN` (what runs), `ADAPTERS` (the ports' adapters), `EDGE` (catalog, limits,
-  metrics, lifecycle, ledger: what the handlers read) and, with rules, `AUTHORIZER`;
+  metrics, lifecycle, ledger, access log: what the handlers read) and, with rules,
+  `AUTHORIZER`;
 * the access log (in `EDGE`), flushed once per loop turn and, at shutdown, last;
 * `CREDENTIAL` — the process's one Entra ID credential, closed last but the access log;
 * `CLIENTS` — one `NamespaceClient` per namespace name;
