@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.gateway_profile                  # every variant, best of 3 x 12
     .venv/bin/python -m bench.gateway_profile full metrics uuid # a selection
+    .venv/bin/python -m bench.gateway_profile --access-line     # the access line alone
 
 The app (`create_app` with the null sink), its runner (`HardenedAppRunner`, as `gateway
 serve`) and aiohttp's HTTP/1.1 protocol run on fake in-memory transports: 64 connections,
@@ -18,7 +19,10 @@ Variants (combine with ``+``, e.g. ``router+metrics``):
 * ``router`` — `submit` returns at once (no dispatcher hop);
 * ``metrics`` — the per-request Prometheus metrics are no-ops;
 * ``middlewares`` — no middleware (the gateway has one: path guard, errors, request id);
-* ``runner`` — aiohttp's plain `AppRunner` instead of `HardenedAppRunner`.
+* ``runner`` — aiohttp's plain `AppRunner` instead of `HardenedAppRunner`;
+* ``info`` — request logging at INFO, the default (the access line on every request);
+* ``auth`` — SAS rules configured, every request with the same token (the verified-token
+  cache answers); ``auth+nocache`` verifies the token on every request.
 
 It reaches into the gateway's internals (route handlers, app state keys, module globals) to
 switch parts off: a variant that no longer applies after a refactoring fails loudly.
@@ -51,6 +55,9 @@ VARIANTS = (
     "middlewares",
     "runner",
     "router+metrics+middlewares+runner",
+    "info",
+    "auth",
+    "auth+nocache",
 )
 _ENV = {
     "SBGATE_PRIMARY_CONNECTION_STRING": (
@@ -65,7 +72,26 @@ _ENV = {
     "SBGATE_REPLICA_ID": "profile",
     "SBGATE_LOG_LEVEL": "WARNING",
 }
-_REQUEST = build_request("http://127.0.0.1:1/queues/orders/messages", make_body(1024), {})
+_URL = "http://127.0.0.1:1/queues/orders/messages"
+_REQUEST = build_request(_URL, make_body(1024), {})
+_AUTH_KEY = "cHJvZmlsZS1rZXktZm9yLXRoZS1iZW5jaC0wMDAwMDAwMA=="
+_AUTH_ENV = {
+    "SBGATE_AUTH_RULES": (
+        '[{"name": "bench", "primary_key": "' + _AUTH_KEY + '", "rights": ["Send"], '
+        '"entities": ["*"]}]'
+    ),
+    "SBGATE_PUBLIC_HOSTS": "127.0.0.1",
+}
+
+
+def _request(parts: set[str]) -> bytes:
+    """The request every connection sends (with a SAS token for ``auth``)."""
+    if "auth" not in parts:
+        return _REQUEST
+    from gateway.auth import mint_token, resource_uri
+
+    token = mint_token(resource_uri("127.0.0.1", "orders"), "bench", _AUTH_KEY, 3600)
+    return build_request(_URL, make_body(1024), {"Authorization": token})
 
 
 class _FakeTransport(asyncio.Transport):
@@ -121,8 +147,9 @@ class _FakeTransport(asyncio.Transport):
 
 
 class _Driver:
-    def __init__(self, server: web.Server, connections: int, total: int) -> None:
+    def __init__(self, server: web.Server, connections: int, total: int, request: bytes) -> None:
         self._loop = asyncio.get_running_loop()
+        self._request = request
         self._left = total
         self._total = total
         self._answered = 0
@@ -139,7 +166,7 @@ class _Driver:
     def _send(self, t: _FakeTransport) -> None:
         if self._left > 0:
             self._left -= 1
-            self._loop.call_soon(t.protocol.data_received, _REQUEST)
+            self._loop.call_soon(t.protocol.data_received, self._request)
 
     def answered(self, t: _FakeTransport) -> None:
         self._answered += 1
@@ -203,10 +230,11 @@ async def _measure(variant: str, requests: int, runs: int) -> list[float]:
     after_setup()
     server = runner.server
     assert server is not None
+    request = _request(parts)
     costs: list[float] = []
     try:
         for run in range(runs + 1):  # the first run warms up
-            driver = _Driver(server, 64, requests)
+            driver = _Driver(server, 64, requests, request)
             started = time.process_time()
             driver.start()
             async with asyncio.timeout(120):
@@ -222,6 +250,13 @@ async def _measure(variant: str, requests: int, runs: int) -> list[float]:
 
 def _child(variant: str, requests: int, runs: int) -> None:
     os.environ.update(_ENV)
+    parts = set(variant.split("+"))
+    if "info" in parts:
+        os.environ["SBGATE_LOG_LEVEL"] = "INFO"
+    if "auth" in parts:
+        os.environ.update(_AUTH_ENV)
+    if "nocache" in parts:
+        os.environ["SBGATE_AUTH_TOKEN_CACHE_SIZE"] = "0"
     try:
         import uvloop
     except ImportError:
@@ -232,6 +267,30 @@ def _child(variant: str, requests: int, runs: int) -> None:
     print(" ".join(f"{c:.2f}" for c in costs), flush=True)
 
 
+async def _access_line(lines: int) -> float:
+    """CPU µs of one access line (`_log_outcome` at INFO, the writer's flush to /dev/null
+    included), 64 lines per loop turn as with 64 busy connections."""
+    import logging
+
+    from gateway.core.message import OutboundMessage
+    from gateway.logs import ACCESS_LOGGER, AccessLog
+    from gateway.web.handlers import REQUEST_ID, _log_outcome
+
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
+    request: Any = {REQUEST_ID: os.urandom(16).hex()}
+    messages = [OutboundMessage(body=b"x", message_id=os.urandom(16).hex())]
+    with open(os.devnull, "w") as sink:  # noqa: ASYNC230  # /dev/null never blocks
+        access_log = AccessLog("json", sink)
+        access_log.bind(asyncio.get_running_loop())
+        started = time.process_time()
+        for _ in range(lines // 64):
+            for _ in range(64):
+                _log_outcome(access_log, request, "orders", 201, "primary", messages, 1e-3, None)
+            await asyncio.sleep(0)  # one loop turn: the writer flushes
+        access_log.close()
+        return (time.process_time() - started) / lines * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     pin_self_from_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -239,8 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=12, help="measured runs per process")
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per variant")
+    parser.add_argument(
+        "--access-line", action="store_true", help="only the access line's cost (best of 5)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.access_line:
+        best = min(asyncio.run(_access_line(100_000)) for _ in range(5))
+        print(f"access line at INFO: {best:.2f} µs of CPU a request (best of 5 x 100,000)")
+        return 0
     if args.child:
         _child(args.child, args.requests, args.runs)
         return 0

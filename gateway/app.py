@@ -6,8 +6,10 @@ one `yield`, started in order and cleaned up in reverse, each writing what it st
 its own key. Once started, an app holds:
 
 * `SETTINGS`, `PLAN` (what runs), `ADAPTERS` (the ports' adapters), `EDGE` (catalog, limits,
-  metrics, lifecycle, ledger: what the handlers read) and, with rules, `AUTHORIZER`;
-* `CREDENTIAL` — the process's one Entra ID credential, closed last;
+  metrics, lifecycle, ledger, access log: what the handlers read) and, with rules,
+  `AUTHORIZER`;
+* the access log (in `EDGE`), flushed once per loop turn and, at shutdown, last;
+* `CREDENTIAL` — the process's one Entra ID credential, closed last but the access log;
 * `CLIENTS` — one `NamespaceClient` per namespace name;
 * `STORE` — the failover state store, when failover or the syphon runs;
 * `DISPATCHER`, `PAIRS` (each pair's clients and usable backlog queues), `ROUTER`, and
@@ -37,6 +39,7 @@ from gateway.core.failover import Failover, PairClients
 from gateway.core.ports import NamespaceClient
 from gateway.core.router import PrimaryRouter
 from gateway.ledger import LedgerSettings, create_ledger
+from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
@@ -140,15 +143,18 @@ def create_app(
         metrics=metrics or Metrics(),
         lifecycle=Lifecycle(),
         ledger=create_ledger(ledger_settings(settings), replica=settings.replica_id),
+        access_log=AccessLog(settings.log_format),
     )
     authorizer = build_authorizer(settings)
     if authorizer is not None:
         app[AUTHORIZER] = authorizer
     _add_routes(app, mode)
     # Start order; aiohttp cleans up in reverse, so each resource outlives its users: the
-    # credential its clients, the clients the dispatcher, the ledger everything that emits.
+    # credential its clients, the clients the dispatcher, the ledger everything that emits,
+    # the access log every request.
     app.cleanup_ctx.extend(
         [
+            access_log_ctx,
             credential_ctx,
             clients_ctx,
             state_ctx,
@@ -182,6 +188,16 @@ async def _metrics_handler(request: web.Request) -> web.StreamResponse:
 
 
 # -- the resources, in start order ---------------------------------------------------------
+
+
+async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The access log's buffer, flushed once per loop turn; flushed last at shutdown."""
+    access_log = app[EDGE].access_log
+    access_log.bind(asyncio.get_running_loop())
+    try:
+        yield
+    finally:
+        access_log.close()
 
 
 async def credential_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -495,6 +495,12 @@ class Settings:
         doc="refuse tokens expiring further than this many seconds ahead "
         "(`401 token_lifetime_too_long`); 0: no limit",
     )
+    auth_token_cache_size: int = setting(
+        10_000,
+        parse=_int(0, 10_000_000),
+        doc="verified tokens remembered (LRU, keyed on the exact `Authorization` value) so "
+        "that a reused token skips the signature check; 0: verify every request",
+    )
     azure_credential: CredentialKind = setting(
         "default",
         parse=_Choice(get_args(CredentialKind)),

@@ -8,6 +8,7 @@ Anything that is not a plain entity path (empty segments, ``.``/``..``, characte
 
 from __future__ import annotations
 
+import functools
 import re
 
 MAX_ENTITY_PATH = 260
@@ -27,11 +28,13 @@ def valid_segment(segment: str) -> bool:
     return _SEGMENT.fullmatch(segment) is not None and segment not in {".", ".."}
 
 
+@functools.lru_cache(maxsize=1024)
 def entity_segments(path: str) -> Segments | None:
     """Canonical segments of an entity path (``"a/b"`` → ``("a", "b")``), or None if invalid.
 
     One leading and one trailing ``/`` are tolerated; the empty path is invalid (the namespace
-    root is spelled ``None`` by callers, never ``""``).
+    root is spelled ``None`` by callers, never ``""``). Every request names its entity, so
+    the answers for the last 1,024 paths are kept (an immutable tuple or None).
     """
     if len(path) > MAX_ENTITY_PATH + 2:
         return None

@@ -128,6 +128,7 @@ class AuthRule:
     secondary_key: Secret | None = None
     description: str = ""
     _patterns: tuple[EntityPattern, ...] = field(init=False, repr=False, compare=False)
+    _rights: frozenset[Right] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not valid_key_name(self.name):
@@ -151,15 +152,16 @@ class AuthRule:
             except ValueError as exc:
                 raise AuthConfigError(f"entities[{index}]: pattern {text!r} {exc}") from None
         object.__setattr__(self, "_patterns", tuple(patterns))
+        object.__setattr__(self, "_rights", effective_rights(self.rights))
 
     @property
     def effective_rights(self) -> frozenset[Right]:
-        """The rights granted, ``Manage`` expanded."""
-        return effective_rights(self.rights)
+        """The rights granted, ``Manage`` expanded (computed once)."""
+        return self._rights
 
     def grants(self, right: Right) -> bool:
         """Whether this rule holds *right* (directly or through ``Manage``)."""
-        return right in self.effective_rights
+        return right in self._rights
 
     def applies_to(self, entity: Segments | None) -> bool:
         """Whether one of the patterns matches *entity* (canonical segments; None: namespace)."""

@@ -21,6 +21,7 @@ import hmac
 import math
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 from gateway.auth._paths import Segments, covers, entity_segments, fold, valid_segment
 from gateway.auth.errors import AuthConfigError, ErrorCode, Forbidden, Unauthorized
-from gateway.auth.rules import AuthRule, KeySlot, Right, Secret, effective_rights, valid_key_name
+from gateway.auth.rules import AuthRule, KeySlot, Right, Secret, valid_key_name
 
 SCHEME = "SharedAccessSignature"
 MAX_HEADER_LENGTH = 4096
@@ -303,14 +304,33 @@ def _parse_host_entry(entry: str) -> tuple[str, int | None]:
         raise AuthConfigError(f"public_hosts: {entry!r} has a port out of range") from None
 
 
+@dataclass(frozen=True, slots=True)
+class _Verified:
+    """A token whose signature checked out, as the verified-token cache keeps it."""
+
+    header: str  # the exact Authorization value, compared again in constant time on a hit
+    token: SasToken
+    rule: AuthRule
+    slot: KeySlot
+    rights: frozenset[Right]
+    valid_until: float  # `se` + clock skew: the full check refuses it from then on
+
+
 class Authorizer:
-    """Verifies SAS tokens against rules; one instance per gateway, safe to share (immutable).
+    """Verifies SAS tokens against rules; one instance per gateway, shared by the requests of
+    one event loop (not thread-safe: its token cache is a plain LRU).
 
     *public_hosts* lists the host names (``host`` matches any port, ``host:port`` only that
     port) a token's ``sr`` may name. A token is accepted up to *clock_skew* seconds after its
     expiry; with *max_token_lifetime*, tokens expiring further than that in the future are
     refused. Raises `AuthConfigError` for duplicate rule names, no public host, or a bad
     skew/lifetime.
+
+    Verified tokens are cached (*token_cache_size* entries, least recently used dropped
+    first; 0 disables the cache), keyed on the exact ``Authorization`` value: a client that
+    reuses its token skips parsing and the HMAC, never the access checks (`authorize` checks
+    the entity and the right on every call). An entry is dropped once its ``se`` plus the
+    clock skew has passed, and `replace_rules` (key rotation) empties the cache.
     """
 
     def __init__(
@@ -321,12 +341,9 @@ class Authorizer:
         clock: Callable[[], float] = time.time,
         *,
         max_token_lifetime: float | None = None,
+        token_cache_size: int = 10_000,
     ) -> None:
-        self._rules: dict[str, AuthRule] = {}
-        for rule in rules:
-            if rule.name in self._rules:
-                raise AuthConfigError(f"rules: duplicate rule name {rule.name!r}")
-            self._rules[rule.name] = rule
+        self._rules = _rules_by_name(rules)
         if isinstance(public_hosts, str) or not public_hosts:
             raise AuthConfigError("public_hosts: must list at least one host name")
         self._hosts = frozenset(_parse_host_entry(entry) for entry in public_hosts)
@@ -336,9 +353,24 @@ class Authorizer:
             not math.isfinite(max_token_lifetime) or max_token_lifetime <= 0
         ):
             raise AuthConfigError("max_token_lifetime: must be a positive number of seconds")
+        if token_cache_size < 0:
+            raise AuthConfigError("token_cache_size: must be 0 (no cache) or more")
         self._skew = clock_skew
         self._clock = clock
         self._max_lifetime = max_token_lifetime
+        self._cache_size = token_cache_size
+        self._cache: OrderedDict[str, _Verified] = OrderedDict()
+
+    def replace_rules(self, rules: Iterable[AuthRule]) -> None:
+        """Verify with *rules* from now on (a key rotation), forgetting every cached token.
+        Raises `AuthConfigError` for duplicate rule names, keeping the current rules."""
+        self._rules = _rules_by_name(rules)
+        self._cache.clear()
+
+    @property
+    def cached_tokens(self) -> int:
+        """How many verified tokens the cache holds."""
+        return len(self._cache)
 
     def __repr__(self) -> str:
         hosts = sorted(f"{h}:{p}" if p else h for h, p in self._hosts)
@@ -375,24 +407,46 @@ class Authorizer:
         ``sr`` path covers the entity — all `Unauthorized` (401). Then the rule grants the
         right and applies to the entity — else `Forbidden` (403). Pure and synchronous.
         """
-        token, rule, slot = self._authenticate(authorization_header)
-        self._check_access(token, rule, entity_path, right)
+        verified = self._authenticate(authorization_header)
+        token = verified.token
+        self._check_access(token, verified.rule, entity_path, right)
         return Principal(
-            key_name=rule.name,
-            key_slot=slot,
-            rights=effective_rights(rule.rights),
+            key_name=verified.rule.name,
+            key_slot=verified.slot,
+            rights=verified.rights,
             resource=token.resource,
             expires_at=token.expiry,
             entity_path=entity_path,
         )
 
-    def _authenticate(self, authorization_header: str | None) -> tuple[SasToken, AuthRule, KeySlot]:
-        """The token, its rule and the key that signed it, if genuine and current (else 401)."""
+    def _authenticate(self, authorization_header: str | None) -> _Verified:
+        """The token, its rule and the key that signed it, if genuine and current (else 401):
+        from the cache when this exact header was verified before and is still current."""
         if authorization_header is None or not authorization_header.strip():
             raise Unauthorized(
                 ErrorCode.MISSING_TOKEN,
                 f"an Authorization header with a {SCHEME} token is required",
             )
+        cache = self._cache
+        hit = cache.get(authorization_header)
+        if hit is not None:
+            # The dict matched the whole value (a keyed hash, then equality); compare again
+            # in constant time so that no comparison on the secret part is timing-dependent.
+            if self._clock() <= hit.valid_until and hmac.compare_digest(
+                hit.header, authorization_header
+            ):
+                cache.move_to_end(authorization_header)
+                return hit
+            del cache[authorization_header]  # expired: verified again below, and refused
+        verified = self._verify_header(authorization_header)
+        if self._cache_size and authorization_header.isascii():
+            cache[authorization_header] = verified
+            if len(cache) > self._cache_size:
+                cache.popitem(last=False)
+        return verified
+
+    def _verify_header(self, authorization_header: str) -> _Verified:
+        """`_authenticate` without the cache: parse, HMAC, expiry and lifetime checks."""
         token = parse_token(authorization_header)
         rule = self._rules.get(token.key_name)
         if rule is None:
@@ -415,7 +469,14 @@ class Authorizer:
                 ErrorCode.TOKEN_LIFETIME_TOO_LONG,
                 f"the token expires more than {self._max_lifetime:g} s from now",
             )
-        return token, rule, slot
+        return _Verified(
+            header=authorization_header,
+            token=token,
+            rule=rule,
+            slot=slot,
+            rights=rule.effective_rights,
+            valid_until=token.expiry + self._skew,
+        )
 
     def _check_access(
         self, token: SasToken, rule: AuthRule, entity_path: str | None, right: Right
@@ -445,6 +506,15 @@ class Authorizer:
                 ErrorCode.ENTITY_NOT_ALLOWED,
                 f"rule {rule.name!r} does not apply to {target}",
             )
+
+
+def _rules_by_name(rules: Iterable[AuthRule]) -> dict[str, AuthRule]:
+    by_name: dict[str, AuthRule] = {}
+    for rule in rules:
+        if rule.name in by_name:
+            raise AuthConfigError(f"rules: duplicate rule name {rule.name!r}")
+        by_name[rule.name] = rule
+    return by_name
 
 
 def _resource_covers(resource: Resource, entity: Segments | None) -> bool:

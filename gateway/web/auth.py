@@ -32,6 +32,7 @@ def build_authorizer(settings: Settings) -> Authorizer | None:
         hosts,
         clock_skew=settings.auth_clock_skew,
         max_token_lifetime=settings.auth_max_token_lifetime or None,
+        token_cache_size=settings.auth_token_cache_size,
     )
 
 

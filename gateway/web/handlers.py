@@ -30,11 +30,10 @@ from gateway.errors import (
     UnsupportedMediaType,
 )
 from gateway.ledger import EventLedger, NullLedger
+from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.web import rest
 from gateway.web.auth import PRINCIPAL, authorize
-
-log = logging.getLogger("gateway.requests")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -72,6 +71,7 @@ class EdgeState:
     metrics: Metrics
     lifecycle: Lifecycle
     ledger: EventLedger = field(default_factory=NullLedger)
+    access_log: AccessLog = field(default_factory=AccessLog)
 
 
 EDGE = web.AppKey("edge", EdgeState)
@@ -80,12 +80,11 @@ ROUTER = web.AppKey("router", Router)
 
 
 def json_response(status: int, body: object, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status,
-        body=orjson.dumps(body),
-        content_type="application/json",
-        headers=headers,
-    )
+    # Content-Type as a header rather than `content_type=`: aiohttp then skips its parsing.
+    fields = {"Content-Type": "application/json"}
+    if headers:
+        fields.update(headers)
+    return web.Response(status=status, body=orjson.dumps(body), headers=fields)
 
 
 def error_response(err: GatewayError, request_id: str | None = None) -> web.Response:
@@ -293,7 +292,7 @@ def _record_outcome(
     if messages and state.ledger.enabled:
         _emit_ledger(state.ledger, entity, messages, result, elapsed)
     metrics.request_answered(entity, status, route, elapsed)
-    _log_outcome(request, entity, status, route, messages, elapsed, error)
+    _log_outcome(state.access_log, request, entity, status, route, messages, elapsed, error)
 
 
 def _emit_ledger(
@@ -330,6 +329,7 @@ def _emit_ledger(
 
 
 def _log_outcome(
+    access_log: AccessLog,
     request: web.Request,
     entity: str,
     status: int,
@@ -338,10 +338,12 @@ def _log_outcome(
     elapsed: float,
     error: GatewayError | None,
 ) -> None:
+    """The request's access line: INFO, or WARNING when the broker failed or the gateway was
+    saturated (`SBGATE_LOG_LEVEL=WARNING` keeps only those)."""
     level = logging.INFO
-    if isinstance(error, SendFailure | Saturated):
+    if error is not None and isinstance(error, SendFailure | Saturated):
         level = logging.WARNING
-    if not log.isEnabledFor(level):
+    if not access_log.enabled(level):
         return
     request_id = request_id_of(request)
     extra: dict[str, object] = {
@@ -359,7 +361,7 @@ def _log_outcome(
     if error is not None:
         extra["error"] = error.code
         extra["error_message"] = error.message
-    log.log(level, "request %s -> %s", request_id, status, extra=extra)
+    access_log.write(level, f"request {request_id} -> {status}", extra)
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:

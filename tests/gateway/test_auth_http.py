@@ -125,3 +125,26 @@ async def test_max_token_lifetime_refuses_far_expiries_and_accepts_short_ones(
     hour = token("orders", ttl=1800)
     resp = await gw.post("/orders/messages", data=b"y", headers={"Authorization": hour})
     assert resp.status == 201
+
+
+async def test_a_reused_token_is_still_checked_against_each_entity(gw, control):
+    # The verified-token cache answers the second use of a token; access is checked each time.
+    root = token(None)  # the namespace root: the signature is good for any entity
+    for path, status in [
+        ("/queues/orders/messages", 201),
+        ("/queues/orders/messages", 201),
+        ("/topics/events/messages", 403),
+        ("/queues/orders/messages", 201),
+    ]:
+        resp = await gw.post(path, data=b"x", headers={"Authorization": root})
+        assert resp.status == status, await resp.text()
+    narrow = token("orders")
+    assert (
+        await gw.post("/orders/messages", data=b"x", headers={"Authorization": narrow})
+    ).status == 201
+    resp = await gw.post("/topics/events/messages", data=b"x", headers={"Authorization": narrow})
+    assert (resp.status, (await resp.json())["error"]) == (401, "resource_mismatch")
+    tampered = narrow.replace("se=", "se=9")
+    resp = await gw.post("/orders/messages", data=b"x", headers={"Authorization": tampered})
+    assert resp.status == 401
+    assert (await control.entity("primary", "orders"))["active"] == 4

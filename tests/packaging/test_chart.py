@@ -259,6 +259,13 @@ def test_max_token_lifetime_reaches_the_gateway(minimal: dict[str, Any]) -> None
     assert settings_of(result, "sbgate").auth_max_token_lifetime == 3600
 
 
+def test_token_cache_size_reaches_the_gateway(minimal: dict[str, Any]) -> None:
+    assert "SBGATE_AUTH_TOKEN_CACHE_SIZE" not in environment(minimal, "sbgate")
+    result = render(merge(MINIMAL, {"auth": {"tokenCacheSize": 0}}))
+    assert environment(result, "sbgate")["SBGATE_AUTH_TOKEN_CACHE_SIZE"] == "0"
+    assert settings_of(result, "sbgate").auth_token_cache_size == 0
+
+
 def test_existing_secrets_and_single_replica() -> None:
     values = {
         "replicaCount": 1,

@@ -30,7 +30,7 @@ def sig_of(token: str) -> str:
 
 
 async def test_no_key_signature_or_connection_string_is_logged(
-    gateway: GatewayFactory, broker: BrokerProcess, control, caplog
+    gateway: GatewayFactory, broker: BrokerProcess, control, caplog, capsys
 ):
     # Production caps the SDK's loggers at WARNING (gateway.logs.setup_logging); ours at DEBUG.
     for noisy in ("azure", "uamqp"):
@@ -41,6 +41,7 @@ async def test_no_key_signature_or_connection_string_is_logged(
             "SBGATE_AUTH_RULES": orjson.dumps(RULES).decode(),
             "SBGATE_PUBLIC_HOSTS": "gw.test",
             "SBGATE_SDK_RETRY_TOTAL": "0",
+            "SBGATE_LOG_FORMAT": "json",  # every field of the access lines
         }
     )
     good = mint_token(resource_uri("gw.test", "orders"), "sender", SEND_KEY, 600)
@@ -72,7 +73,9 @@ async def test_no_key_signature_or_connection_string_is_logged(
             v for k, v in parts.items() if k in {"SharedAccessKey", "SharedAccessSignature"}
         }
     formatter = JsonFormatter()
-    text = "\n".join(formatter.format(r) for r in caplog.records)
-    assert len(caplog.records) >= 20, "the requests were not logged at all"
+    await gw.close()  # the access log is flushed last at shutdown
+    access = capsys.readouterr().err  # the access lines bypass `logging` (gateway.logs)
+    text = "\n".join(formatter.format(r) for r in caplog.records) + "\n" + access
+    assert access.count('"logger":"gateway.requests"') >= 20, "the requests were not logged"
     leaked = sorted(s for s in secrets if s and s in text)
     assert not leaked, f"secrets in the logs: {[s[:6] + '...' for s in leaked]}"

@@ -1,0 +1,183 @@
+"""The access line: the fields `logging` used to print, written by `AccessLog`'s buffer,
+level-controlled, and never lost at shutdown (a real `gateway serve` and a real SIGTERM)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import io
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+
+import aiohttp
+import orjson
+import pytest
+
+from gateway.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
+from sblocal.testing import BrokerProcess
+from tests.conftest import broker_env
+from tests.support.waiting import eventually
+
+FIELDS = {
+    "request_id": "r1",
+    "entity": "orders",
+    "status": 201,
+    "route": "primary",
+    "message_ids": ["m1"],
+    "messages": 1,
+    "latency_ms": 0.5,
+}
+
+
+@pytest.fixture
+def access_level() -> Iterator[logging.Logger]:
+    """The access logger, its level restored afterwards."""
+    logger = logging.getLogger(ACCESS_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    yield logger
+    logger.setLevel(level)
+
+
+@pytest.mark.unit
+def test_the_json_line_has_the_fields_the_logging_formatter_printed(access_level):
+    stream = io.StringIO()
+    AccessLog("json", stream).write(logging.INFO, "request r1 -> 201", dict(FIELDS))
+    line = orjson.loads(stream.getvalue())
+    record = logging.LogRecord(ACCESS_LOGGER, logging.INFO, "", 0, "request r1 -> 201", (), None)
+    record.__dict__.update(FIELDS)
+    expected = orjson.loads(JsonFormatter().format(record))
+    assert list(line) == list(expected)  # the same keys, in the same order
+    assert {k: v for k, v in line.items() if k != "ts"} == {
+        k: v for k, v in expected.items() if k != "ts"
+    }
+    ts = dt.datetime.fromisoformat(line["ts"])
+    assert ts.tzinfo == dt.UTC and abs(ts - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=1)
+    assert line["ts"][19] == "." and len(line["ts"]) == len(expected["ts"])  # milliseconds
+
+
+@pytest.mark.unit
+def test_extras_are_merged_after_the_fields_and_the_text_format_still_works(access_level):
+    stream = io.StringIO()
+    AccessLog("json", stream).write(
+        logging.WARNING, "request r1 -> 503", dict(FIELDS), {"trace_id": "ab" * 16}
+    )
+    line = orjson.loads(stream.getvalue())
+    assert line["level"] == "WARNING" and list(line)[-1] == "trace_id"
+    text = io.StringIO()
+    AccessLog("text", text).write(logging.INFO, "request r1 -> 201", dict(FIELDS))
+    assert text.getvalue().endswith(" INFO    gateway.requests: request r1 -> 201\n")
+
+
+@pytest.mark.unit
+def test_the_level_is_the_access_loggers(access_level):
+    log = AccessLog("json", io.StringIO())
+    assert log.enabled(logging.INFO) and log.enabled(logging.WARNING)
+    access_level.setLevel(logging.WARNING)
+    assert not log.enabled(logging.INFO) and log.enabled(logging.WARNING)
+
+
+@pytest.mark.unit
+async def test_lines_are_buffered_until_the_loop_turns_or_64_kib_or_close(access_level):
+    stream = io.StringIO()
+    log = AccessLog("json", stream)
+    log.bind(asyncio.get_running_loop())
+    for _ in range(3):
+        log.write(logging.INFO, "request r1 -> 201", dict(FIELDS))
+    assert stream.getvalue() == ""  # one write for the turn, after it
+    await asyncio.sleep(0)
+    assert stream.getvalue().count("\n") == 3
+    big = {**FIELDS, "message_ids": ["x" * 1000] * 20}
+    for _ in range(4):  # > 64 KiB: written without waiting for the turn
+        log.write(logging.INFO, "request r1 -> 201", dict(big))
+    assert stream.getvalue().count("\n") == 7
+    log.write(logging.INFO, "request last -> 201", dict(FIELDS))
+    log.close()
+    assert stream.getvalue().endswith('"latency_ms":0.5}\n')
+    assert stream.getvalue().count("\n") == 8
+    log.write(logging.INFO, "request after-close -> 201", dict(FIELDS))  # written at once
+    assert "after-close" in stream.getvalue()
+
+
+@pytest.mark.unit
+def test_a_broken_stream_never_fails_the_request(access_level):
+    stream = io.StringIO()
+    stream.close()
+    AccessLog("json", stream).write(logging.INFO, "request r1 -> 201", dict(FIELDS))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.integration
+async def test_the_last_line_before_sigterm_is_written(broker: BrokerProcess):
+    port = _free_port()
+    env = {
+        **os.environ,
+        **broker_env(
+            broker,
+            SBGATE_LISTEN_PORT=str(port),
+            SBGATE_LOG_LEVEL="INFO",
+            SBGATE_LOG_FORMAT="json",
+            SBGATE_DRAIN_DELAY="0",
+        ),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
+
+            async def ready() -> bool:
+                try:
+                    async with http.get(f"{base}/readyz") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await eventually(ready, within=30, every=0.1)
+            async with http.post(
+                f"{base}/queues/orders/messages",
+                data=b"x",
+                headers={"X-Request-Id": "the-last-one", "BrokerProperties": '{"MessageId":"m"}'},
+            ) as r:
+                assert r.status == 201
+            proc.send_signal(signal.SIGTERM)  # at once: the line may still be in the buffer
+            assert proc.stderr is not None
+            async with asyncio.timeout(30):
+                err = await proc.stderr.read()
+                assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    lines = [orjson.loads(x) for x in err.splitlines() if x.startswith(b"{")]
+    access = [x for x in lines if x.get("request_id") == "the-last-one"]
+    assert len(access) == 1, err.decode(errors="replace")[-2000:]
+    assert access[0] | {"ts": "-", "latency_ms": 0} == {
+        "ts": "-",
+        "level": "INFO",
+        "logger": "gateway.requests",
+        "msg": "request the-last-one -> 201",
+        "request_id": "the-last-one",
+        "entity": "orders",
+        "status": 201,
+        "route": "primary",
+        "message_ids": ["m"],
+        "messages": 1,
+        "latency_ms": 0,
+    }
