@@ -74,6 +74,7 @@ SDK_VERSION = "7.15.0"
 VERSION_MATCHES = azure.servicebus.__version__ == SDK_VERSION
 
 _INT32 = range(-(2**31), 2**31)
+AMQP_MAX_TTL_MS = 2**32 - 1  # the header's ttl field is an AMQP uint
 _MAX_ID = 128  # the SDK's MESSAGE_PROPERTY_MAX_LENGTH
 # Message annotations Service Bus reads (the SDK's own names, azure.servicebus._common.constants).
 PARTITION_KEY = b"x-opt-partition-key"
@@ -111,7 +112,11 @@ def ttl_ms(m: OutboundMessage) -> int | None:
     seconds (0.5 s: no TTL at all)."""
     if m.time_to_live is None:
         return None
-    return max(1, round(m.time_to_live.total_seconds() * 1000))
+    ms = max(1, round(m.time_to_live.total_seconds() * 1000))
+    # AMQP's header TTL is a 32-bit millisecond count (~49.7 days) and the SDK cannot encode
+    # more. Service Bus caps a TTL at the entity's default anyway, so a longer one is sent as
+    # none: the entity's default applies, never shorter than what the client asked for.
+    return ms if ms <= AMQP_MAX_TTL_MS else None
 
 
 def outgoing(m: OutboundMessage) -> Message:

@@ -372,3 +372,34 @@ async def test_draining_responses_say_connection_close(gateway: GatewayFactory):
     resp = await gw.get("/healthz")
     assert resp.headers["Connection"] == "close"
     assert (await gw.get("/readyz")).status == 503
+
+
+async def test_ttl_beyond_amqp_range_is_sent_without_one_and_fails_no_neighbour(
+    gateway: GatewayFactory, control
+):
+    """AMQP carries a TTL as 32-bit milliseconds (~49.7 days) and the SDK cannot encode more.
+    Service Bus caps a TTL at the entity's default anyway, so a longer one is sent as none
+    (the entity's default applies: never shorter than asked). It must neither fail the
+    request nor the other requests batched with it."""
+    gw = await gateway()
+    long_ttl = 60 * 86400  # 60 days
+    batch = [
+        {"Body": "long", "BrokerProperties": {"MessageId": "long", "TimeToLive": long_ttl}},
+        {"Body": "short", "BrokerProperties": {"MessageId": "short", "TimeToLive": 60}},
+    ]
+    single = gw.post(
+        "/orders/messages",
+        data=b"x",
+        headers={"BrokerProperties": '{"MessageId": "single", "TimeToLive": 5184000}'},
+    )
+    batched = gw.post(
+        "/orders/messages",
+        data=orjson.dumps(batch),
+        headers={"Content-Type": "application/vnd.microsoft.servicebus.json"},
+    )
+    responses = await asyncio.gather(single, batched)
+    assert [r.status for r in responses] == [201, 201]
+    stored = {m["message_id"]: m for m in await control.messages("primary", "orders")}
+    assert set(stored) == {"long", "short", "single"}
+    assert stored["short"]["time_to_live_ms"] == 60_000
+    assert not stored["long"]["time_to_live_ms"] and not stored["single"]["time_to_live_ms"]
