@@ -19,6 +19,7 @@ from gateway.auth import Right
 from gateway.config import EntityKind, LimitSettings
 from gateway.core.entities import EntityCatalog, EntityRef, validate_entity_path
 from gateway.core.message import OutboundMessage
+from gateway.core.ports import Tracer
 from gateway.core.router import Delivery, Router
 from gateway.errors import (
     GatewayError,
@@ -31,6 +32,7 @@ from gateway.errors import (
 )
 from gateway.ledger import EventLedger, NullLedger
 from gateway.metrics import Metrics
+from gateway.tracing import log_ids, request_properties, stamp
 from gateway.web import rest
 from gateway.web.auth import PRINCIPAL, authorize
 
@@ -72,6 +74,7 @@ class EdgeState:
     metrics: Metrics
     lifecycle: Lifecycle
     ledger: EventLedger = field(default_factory=NullLedger)
+    tracer: Tracer = field(default_factory=Tracer)  # off: the no-op one
 
 
 EDGE = web.AppKey("edge", EdgeState)
@@ -206,7 +209,7 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
     try:
         entity = _addressed_entity(request, state.catalog)
         entity_path = entity.path
-        messages = await _read_messages(request, state.limits)
+        messages = await _read_messages(request, state.limits, state.tracer)
         delivery = await request.app[ROUTER].submit(entity, messages)
     except GatewayError as err:
         _record_outcome(request, state, started, entity_path, messages, err)
@@ -243,8 +246,11 @@ def _addressed_entity(request: web.Request, catalog: EntityCatalog) -> EntityRef
     return found
 
 
-async def _read_messages(request: web.Request, limits: LimitSettings) -> list[OutboundMessage]:
-    """The request's messages in the REST format (one, or a JSON batch), within the limits."""
+async def _read_messages(
+    request: web.Request, limits: LimitSettings, tracer: Tracer
+) -> list[OutboundMessage]:
+    """The request's messages in the REST format (one, or a JSON batch), within the limits,
+    carrying the request's trace context (gateway.tracing)."""
     headers = request.headers
     encoding = headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in {"", "identity"}:
@@ -265,6 +271,9 @@ async def _read_messages(request: web.Request, limits: LimitSettings) -> list[Ou
                 headers.get("Idempotency-Key"),
             )
         ]
+    context = request_properties(headers, tracer)
+    if context is not None:
+        messages = stamp(messages, context)
     _check_sizes(messages, limits)
     return messages
 
@@ -359,6 +368,7 @@ def _log_outcome(
     if error is not None:
         extra["error"] = error.code
         extra["error_message"] = error.message
+    extra.update(log_ids())  # trace_id, span_id: the request's server span (tracing on)
     log.log(level, "request %s -> %s", request_id, status, extra=extra)
 
 
