@@ -504,7 +504,7 @@ class TracingSettings:
         parse=_Text(),
         env="OTEL_EXPORTER_OTLP_ENDPOINT",
         standard=True,
-        doc="the collector's OTLP/HTTP base URL (spans go to `<it>/v1/traces`)",
+        doc="the collector's OTLP/HTTP base URL (spans go to its `/v1/traces`)",
     )
     otlp_traces_endpoint: str | None = setting(
         None,

@@ -31,8 +31,8 @@ before it stopped).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import contextlib
+import contextvars
 import logging
 import random
 import time

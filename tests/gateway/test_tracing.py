@@ -312,7 +312,7 @@ async def test_concurrent_requests_each_link_from_the_batch_that_carried_them(
     linked = [link.context.span_id for s in sends for link in s.links]
     assert sorted(linked) == sorted(servers), "every request is linked from exactly one batch"
     counts = [s.attributes["messaging.batch.message_count"] for s in sends]
-    assert sum(counts) == 20 and all(c == len(s.links) for c, s in zip(counts, sends))
+    assert sum(counts) == 20 and all(c == len(s.links) for c, s in zip(counts, sends, strict=True))
 
 
 async def test_through_failover_and_the_syphon_the_message_keeps_its_original_context(
