@@ -9,7 +9,8 @@ this app's own provider, and names spans by the route as the HTTP conventions sa
 
 Spans (the names are the README's):
 
-* ``POST /{name}/messages`` (server): one per request, a child of the client's
+* ``POST /{kind}/{name}/messages`` (server; ``POST /{name}/messages`` for the short path):
+  one per request, a child of the client's
   ``traceparent`` when it sends one (else a new trace, as the sampler says). An admission
   wait of 1 ms or more is an event on it (``sbgate.admission.wait``).
 * ``send <entity>`` (client): one per broker batch, with the messaging conventions'
@@ -232,7 +233,9 @@ class OtelTracer(Tracer):
         @web.middleware
         async def tracing_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
             resource = request.match_info.route.resource
+            # The route's template, its fixed words without their regex names.
             route = resource.canonical if resource is not None else request.path
+            route = route.replace("{messages}", "messages").replace("{head}", "head")
             with tracer.start_as_current_span(
                 f"{request.method} {route}",
                 context=_PROPAGATOR.extract(request.headers),

@@ -268,7 +268,7 @@ async def test_a_request_makes_a_server_span_a_linked_send_span_and_the_message_
     spans = exporter.get_finished_spans()
     [server] = named(spans, "POST ")
     [send] = named(spans, "send orders")
-    assert server.kind == SpanKind.SERVER and server.name == "POST /{kind}/{name}/{messages}"
+    assert server.kind == SpanKind.SERVER and server.name == "POST /{kind}/{name}/messages"
     assert server.parent is not None and server.parent.span_id == int(PARENT[36:52], 16)
     assert server.context.trace_id == int(TRACE_ID, 16), "the client's trace continues"
     assert server.attributes["http.response.status_code"] == 201
