@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.processes} processes; Python work, no sockets)"
     )
     print(
-        f"{'variant':18s} {'best µs':>8s} {'median µs':>10s} {'best/base':>10s} {'median/base':>12s}"
+        f"{'variant':18s} {'best µs':>8s} {'median µs':>10s} "
+        f"{'best/base':>10s} {'median/base':>12s}"
     )
     for v in variants:
         b, m = min(costs[v]), statistics.median(costs[v])
