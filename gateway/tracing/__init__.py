@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 
 from gateway.config import ConfigError, TracingSettings
-from gateway.core.message import AppValue, OutboundMessage
 from gateway.core.ports import Tracer
 
 # The application property names the Azure SDK uses (TRACE_*_PROPERTY in its tracing module).
@@ -65,7 +63,8 @@ def context_properties(traceparent: str | None, tracestate: str | None) -> dict[
 
 def request_properties(headers: Mapping[str, str], tracer: Tracer) -> dict[str, str] | None:
     """The context to stamp on a request's messages: the active span's (tracing on), else
-    the request's own ``traceparent``/``tracestate`` headers."""
+    the request's own ``traceparent``/``tracestate`` headers. The REST parser adds them to
+    each message's properties (gateway.web.rest.build_message)."""
     if tracer.enabled:
         carrier = tracer.headers()
         return context_properties(carrier.get(TRACEPARENT), carrier.get(TRACESTATE))
@@ -73,15 +72,6 @@ def request_properties(headers: Mapping[str, str], tracer: Tracer) -> dict[str, 
     if traceparent is None:
         return None
     return context_properties(traceparent, headers.get(TRACESTATE))
-
-
-def stamp(messages: list[OutboundMessage], props: Mapping[str, str]) -> list[OutboundMessage]:
-    """`messages` with the context `props` added; each message's own properties win."""
-    out: list[OutboundMessage] = []
-    for m in messages:
-        merged: dict[str, AppValue] = {**props, **m.application_properties}
-        out.append(replace(m, application_properties=merged))
-    return out
 
 
 def message_context(properties: Mapping[str, object]) -> tuple[str, str | None] | None:
@@ -157,7 +147,6 @@ __all__ = [
     "log_ids",
     "message_context",
     "request_properties",
-    "stamp",
     "use_log_ids",
     "valid_traceparent",
 ]

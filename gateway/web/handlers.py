@@ -32,7 +32,7 @@ from gateway.errors import (
 )
 from gateway.ledger import EventLedger, NullLedger
 from gateway.metrics import Metrics
-from gateway.tracing import log_ids, request_properties, stamp
+from gateway.tracing import log_ids, request_properties
 from gateway.web import rest
 from gateway.web.auth import PRINCIPAL, authorize
 
@@ -259,8 +259,11 @@ async def _read_messages(
         )
     body = await _read_body(request, limits.max_body_bytes)
     content_type = headers.get("Content-Type")
+    context = request_properties(headers, tracer)
     if (content_type or "").split(";")[0].strip().lower() == rest.BATCH_CONTENT_TYPE:
-        messages = rest.parse_batch(body, headers.get("Idempotency-Key"), limits.max_batch_messages)
+        messages = rest.parse_batch(
+            body, headers.get("Idempotency-Key"), limits.max_batch_messages, context
+        )
     else:
         messages = [
             rest.parse_single(
@@ -269,11 +272,9 @@ async def _read_messages(
                 _headers_as_sent(request),
                 headers.get("BrokerProperties"),
                 headers.get("Idempotency-Key"),
+                context,
             )
         ]
-    context = request_properties(headers, tracer)
-    if context is not None:
-        messages = stamp(messages, context)
     _check_sizes(messages, limits)
     return messages
 

@@ -22,8 +22,9 @@ from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import Tracer
 from gateway.logs import JsonFormatter
-from gateway.tracing import context_properties, create_tracer, message_context, stamp
+from gateway.tracing import context_properties, create_tracer, message_context
 from gateway.tracing.otel import OtelTracer
+from gateway.web import rest
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
 from tests.gateway.test_integration import receive
@@ -88,14 +89,17 @@ def test_an_invalid_traceparent_is_ignored(bad: str):
 
 
 def test_a_clients_own_properties_win_over_the_stamped_context():
-    mine = OutboundMessage(body=b"x", message_id="1", application_properties={"Diagnostic-Id": "c"})
-    plain = OutboundMessage(body=b"x", message_id="2")
     ctx = context_properties(PARENT, None)
     assert ctx is not None
-    a, b = stamp([mine, plain], ctx)
-    assert a.application_properties == {"Diagnostic-Id": "c", "traceparent": PARENT}
-    assert b.application_properties == ctx
-    assert b.size > plain.size, "the properties count against the size limit"
+    mine = rest.parse_single(b"x", None, [("Diagnostic-Id", "c")], None, None, ctx)
+    plain = rest.parse_single(b"x", None, [], None, None, ctx)
+    assert mine.application_properties == {"Diagnostic-Id": "c", "traceparent": PARENT}
+    assert plain.application_properties == ctx
+    assert plain.size > rest.parse_single(b"x", None, [], None, None).size, "counted in size"
+    batch = orjson.dumps([{"Body": "a"}, {"Body": "b", "UserProperties": {"traceparent": "t"}}])
+    a, b = rest.parse_batch(batch, None, 10, ctx)
+    assert a.application_properties == ctx
+    assert b.application_properties == {"Diagnostic-Id": PARENT, "traceparent": "t"}
 
 
 def test_a_received_message_context_is_read_as_the_sdk_reads_it():
