@@ -87,6 +87,8 @@ NEVER_COPIED = frozenset(
         "X-Request-Start",
         "X-Scheme",
         "x-ms-retrypolicy",
+        # Not copied as they are: a valid pair becomes the message's trace context
+        # (Diagnostic-Id, traceparent, tracestate; gateway.tracing).
         "traceparent",
         "tracestate",
     )
