@@ -36,7 +36,7 @@ from gateway.core.backlog import backlog_path
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.entities import EntityCatalog
 from gateway.core.failover import Failover, PairClients
-from gateway.core.ports import NamespaceClient
+from gateway.core.ports import NamespaceClient, Tracer
 from gateway.core.router import PrimaryRouter
 from gateway.ledger import LedgerSettings, create_ledger
 from gateway.logs import AccessLog
@@ -45,6 +45,7 @@ from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
 from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import Syphon
+from gateway.tracing import close_tracer, create_tracer
 from gateway.web import handlers
 from gateway.web.admin import FAILOVER, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
@@ -114,6 +115,7 @@ def create_app(
     backlog_factory: BacklogFactory | None = None,
     metrics: Metrics | None = None,
     credential: SharedCredential | None = None,
+    tracer: Tracer | None = None,
 ) -> web.Application:
     """Build the gateway's aiohttp application from validated `settings`.
 
@@ -121,10 +123,18 @@ def create_app(
     (`gateway syphon`). The keyword arguments replace adapters at their ports (tests,
     benchmarks). The app owns `credential` (default: one from the settings; one for every
     SDK client and the admin client of this process) and closes it at shutdown, after the
-    clients. Raises `AuthConfigError` (a ValueError) on bad authorization rules."""
+    clients. It owns `tracer` too (default: from the settings' ``OTEL_*`` variables; the
+    no-op one with tracing off) and closes it last. Raises `AuthConfigError` (a ValueError)
+    on bad authorization rules, `ConfigError` when tracing is on without OpenTelemetry."""
     credential = credential or shared_credential(settings)
+    tracer = tracer or create_tracer(settings.tracing)
+    # The server span's middleware (tracing on) goes first: it sees every answer.
+    tracing_middleware = getattr(tracer, "middleware", None)
     app = web.Application(
-        middlewares=[handlers.edge_middleware],
+        middlewares=[
+            *([tracing_middleware] if tracing_middleware else []),
+            handlers.edge_middleware,
+        ],
         client_max_size=settings.limits.max_body_bytes,
         handler_args={"max_field_size": settings.limits.max_header_bytes},
     )
@@ -144,6 +154,7 @@ def create_app(
         lifecycle=Lifecycle(),
         ledger=create_ledger(ledger_settings(settings), replica=settings.replica_id),
         access_log=AccessLog(settings.log_format),
+        tracer=tracer,
     )
     authorizer = build_authorizer(settings)
     if authorizer is not None:
@@ -155,6 +166,7 @@ def create_app(
     app.cleanup_ctx.extend(
         [
             access_log_ctx,
+            tracer_ctx,
             credential_ctx,
             clients_ctx,
             state_ctx,
@@ -198,6 +210,14 @@ async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         access_log.close()
+
+
+async def tracer_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Nothing to start; closed last, so the spans of everything else's shutdown export."""
+    try:
+        yield
+    finally:
+        await close_tracer(app[EDGE].tracer)
 
 
 async def credential_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -253,7 +273,9 @@ async def dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     """The dispatcher (`DISPATCHER`), with senders opened for every declared entity, and
     each pair's clients and usable backlog queues (`PAIRS`, checked or created now)."""
     settings, edge, clients = app[SETTINGS], app[EDGE], app[CLIENTS]
-    dispatcher = Dispatcher(settings.limits, settings.timeouts, observer=edge.metrics)
+    dispatcher = Dispatcher(
+        settings.limits, settings.timeouts, observer=edge.metrics, tracer=edge.tracer
+    )
     app[DISPATCHER] = dispatcher
     edge.metrics.bind_admission(lambda: dispatcher.gate.waiting, lambda: dispatcher.gate.used)
     primaries = _primaries(settings, clients)
@@ -359,6 +381,7 @@ def _start_syphons(app: web.Application) -> list[Syphon]:
             timeouts=settings.timeouts,
             observer=edge.metrics,
             ledger=edge.ledger,
+            tracer=edge.tracer,
         )
         syphon.start()
         syphons.append(syphon)

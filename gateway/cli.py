@@ -16,7 +16,9 @@ from typing import Any, Literal
 from aiohttp import web
 
 from gateway.config import ConfigError, Settings, load_settings
+from gateway.core.ports import Tracer
 from gateway.servicebus.identity import CREDENTIAL_KINDS
+from gateway.tracing import create_tracer
 
 log = logging.getLogger("gateway")
 
@@ -94,7 +96,9 @@ def _banner(settings: Settings, info: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
-async def _serve(settings: Settings, mode: Literal["serve", "syphon"] = "serve") -> int:
+async def _serve(
+    settings: Settings, mode: Literal["serve", "syphon"] = "serve", tracer: Tracer | None = None
+) -> int:
     from gateway.app import create_app
     from gateway.web.hardening import HardenedAppRunner
 
@@ -105,7 +109,7 @@ async def _serve(settings: Settings, mode: Literal["serve", "syphon"] = "serve")
         embedded = await EmbeddedBroker.start()
         settings = embedded.apply(settings)
     try:
-        app = create_app(settings, mode=mode)
+        app = create_app(settings, mode=mode, tracer=tracer)
         runner = HardenedAppRunner(
             app,
             settings=settings,
@@ -245,7 +249,12 @@ def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
             file=sys.stderr,
         )
         return 2
-    return _run(_serve(settings, mode))
+    try:
+        tracer = create_tracer(settings.tracing)  # tracing on without OpenTelemetry: one line
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    return _run(_serve(settings, mode, tracer))
 
 
 def _with(settings: Settings, **changes: Any) -> Settings:

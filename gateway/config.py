@@ -190,6 +190,9 @@ class Setting:
     doc: str  # one line, for docs/configuration.md
     env: str | None = None  # the variable after SBGATE_; None: the field's name in capitals
     shown_default: str | None = None  # the documented default, when the value cannot say it
+    # `env` is a standard variable's whole name (OTEL_*): read from the environment only,
+    # never from the TOML file, and not under SBGATE_.
+    standard: bool = False
 
 
 def setting(
@@ -200,9 +203,10 @@ def setting(
     env: str | None = None,
     shown_default: str | None = None,
     default_factory: Any = MISSING,
+    standard: bool = False,
 ) -> Any:
     """A dataclass field that is a setting (see the module docstring)."""
-    meta = {_SETTING: Setting(parse, doc, env, shown_default)}
+    meta = {_SETTING: Setting(parse, doc, env, shown_default, standard)}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -442,6 +446,93 @@ class HttpSettings:
     max_headers: int = setting(100, parse=_int(8, 10_000), doc="request header count")
 
 
+TracesExporter = Literal["none", "otlp", "console"]
+Sampler = Literal[
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+    "always_on",
+    "always_off",
+    "traceidratio",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """OpenTelemetry tracing (gateway.tracing), from the standard ``OTEL_*`` variables only.
+
+    Off unless ``OTEL_TRACES_EXPORTER`` names an exporter. The trace context a client sends
+    is put on its messages with tracing off too."""
+
+    exporter: TracesExporter = setting(
+        "none",
+        parse=_Choice(get_args(TracesExporter)),
+        env="OTEL_TRACES_EXPORTER",
+        standard=True,
+        doc="tracing: `otlp` (OTLP over HTTP; needs the `otel` extra, which the image has), "
+        "`console` (spans on stdout), or `none` (off)",
+    )
+    disabled: bool = setting(
+        False, parse=_Bool(), env="OTEL_SDK_DISABLED", standard=True, doc="`true`: tracing off"
+    )
+    service_name: str = setting(
+        "sbgate", parse=_Text(), env="OTEL_SERVICE_NAME", standard=True, doc="`service.name`"
+    )
+    resource_attributes: str | None = setting(
+        None,
+        parse=_Text(),
+        env="OTEL_RESOURCE_ATTRIBUTES",
+        standard=True,
+        doc="more resource attributes, `key=value,key2=value2`",
+    )
+    sampler: Sampler = setting(
+        "parentbased_always_on",
+        parse=_Choice(get_args(Sampler)),
+        env="OTEL_TRACES_SAMPLER",
+        standard=True,
+        doc="which traces are recorded (`parentbased_*`: as the client's `traceparent` says)",
+    )
+    sampler_arg: float = setting(
+        1.0,
+        parse=_float(0.0, 1.0),
+        env="OTEL_TRACES_SAMPLER_ARG",
+        standard=True,
+        doc="the ratio of the `*traceidratio` samplers",
+    )
+    otlp_endpoint: str = setting(
+        "http://localhost:4318",
+        parse=_Text(),
+        env="OTEL_EXPORTER_OTLP_ENDPOINT",
+        standard=True,
+        doc="the collector's OTLP/HTTP base URL (spans go to its `/v1/traces`)",
+    )
+    otlp_traces_endpoint: str | None = setting(
+        None,
+        parse=_Text(),
+        env="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        standard=True,
+        doc="the whole URL spans go to, instead",
+    )
+    otlp_headers: Secret | None = setting(
+        None,
+        parse=_Text(secret=True),
+        env="OTEL_EXPORTER_OTLP_HEADERS",
+        standard=True,
+        doc="headers on each export, `key=value,...` (URL-encoded values)",
+    )
+    otlp_timeout: float = setting(
+        10_000.0,
+        parse=_float(1.0, 600_000.0),
+        env="OTEL_EXPORTER_OTLP_TIMEOUT",
+        standard=True,
+        doc="the deadline on each export, in milliseconds",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.exporter != "none" and not self.disabled
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     listen_host: str = setting("127.0.0.1", parse=_Text(), doc="listen address")
@@ -521,6 +612,7 @@ class Settings:
     syphon: SyphonSettings = section(SyphonSettings)
     shutdown: ShutdownSettings = section(ShutdownSettings)
     http: HttpSettings = section(HttpSettings)
+    tracing: TracingSettings = section(TracingSettings)
 
     @property
     def embedded(self) -> bool:
@@ -550,6 +642,8 @@ class SettingInfo:
     @property
     def where(self) -> str:
         """How error messages name it."""
+        if self.spec.standard:
+            return self.env
         return f"{self.section}.{self.name}" if self.section else self.name
 
     @property
@@ -565,7 +659,11 @@ def _declared(cls: type[Any], section_name: str | None) -> Iterator[SettingInfo]
     for f in fields(cls):
         spec = f.metadata.get(_SETTING)
         if isinstance(spec, Setting):
-            env = ENV_PREFIX + (spec.env or f.name.upper())
+            env = (
+                spec.env
+                if spec.standard and spec.env
+                else ENV_PREFIX + (spec.env or f.name.upper())
+            )
             yield SettingInfo(section_name, f.name, env, spec, _default(f))
 
 
@@ -589,12 +687,15 @@ ENTITIES_ENV: Final = f"{ENV_PREFIX}ENTITIES"  # queue:orders,topic:events@pair;
 _TOP: Final = {i.name: i for i in SETTINGS if i.section is None}
 _BY_SECTION: Final = {s: {i.name: i for i in SETTINGS if i.section == s} for s in SECTIONS}
 _BY_ENV: Final = {i.env: i for i in SETTINGS}
+_STANDARD_ENV: Final = {i.env: i for i in SETTINGS if i.spec.standard}
+# Sections read only from standard variables: not a table of the TOML file.
+_ENV_ONLY: Final = {i.section for i in _STANDARD_ENV.values()}
 if len(_BY_ENV) != len(SETTINGS):  # two sections' fields of one name need their own `env`
     raise AssertionError("two settings share an environment variable")
 
 
 def env_names() -> set[str]:
-    """Every SBGATE_* variable `load_settings` accepts."""
+    """Every variable `load_settings` accepts: SBGATE_*, and the standard OTEL_* ones."""
     return {name for row in documentation() for name in row.env}
 
 
@@ -644,7 +745,8 @@ def documentation() -> list[DocRow]:
 def _doc_row(info: SettingInfo) -> DocRow:
     spec = info.spec
     default = spec.shown_default if spec.shown_default is not None else _shown(info.default)
-    return DocRow((info.env,), (info.toml,), default, spec.parse.accepts(), spec.doc)
+    toml = () if spec.standard else (info.toml,)
+    return DocRow((info.env,), toml, default, spec.parse.accepts(), spec.doc)
 
 
 # --- the loader --------------------------------------------------------------------------
@@ -664,7 +766,7 @@ class _Raw:
         for key, value in doc.items():
             if key in _TOP:
                 self.top[key] = value
-            elif key in SECTIONS:
+            elif key in SECTIONS and key not in _ENV_ONLY:
                 if not isinstance(value, dict):
                     raise ConfigError(f"[{key}] must be a table")
                 self.sections[key].update(value)
@@ -682,6 +784,9 @@ class _Raw:
     def add_env(self, env: Mapping[str, str]) -> None:
         """The SBGATE_* variables, over the file's values; an unknown one is an error."""
         for env_key, value in env.items():
+            if (standard := _STANDARD_ENV.get(env_key)) is not None:
+                self.sections[cast(str, standard.section)][standard.name] = value
+                continue
             if not env_key.startswith(ENV_PREFIX) or env_key == CONFIG_FILE_ENV:
                 continue
             role, _, suffix = env_key.removeprefix(ENV_PREFIX).partition("_")

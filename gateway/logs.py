@@ -19,6 +19,8 @@ from typing import IO, Any
 
 import orjson
 
+from gateway.tracing import log_ids
+
 # Attributes every LogRecord has; anything else passed with `extra=` is a structured field.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 # The text format, for development: no structured fields.
@@ -40,6 +42,8 @@ class JsonFormatter(logging.Formatter):
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
                 out[key] = value
+        if "trace_id" not in out:
+            out.update(log_ids())  # the active span's, with tracing on
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(out, default=str).decode()

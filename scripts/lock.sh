@@ -2,7 +2,7 @@
 # The lock: uv.lock (every dependency of pyproject.toml, with hashes) and the requirement files
 # exported from it that the Dockerfile installs with `pip install --require-hashes --no-deps`:
 #
-#   requirements/gateway.txt   the gateway image: runtime dependencies + the "fast" extra
+#   requirements/gateway.txt   the gateway image: runtime dependencies + the "fast" and "otel" extras
 #   requirements/audit.txt     the audit image: runtime dependencies + the "spark" extra
 #   requirements/build.txt     the build backend (the "build" dependency group: setuptools)
 #
@@ -27,7 +27,7 @@ fi
 HEADER="# Generated from uv.lock by scripts/lock.sh (make lock); do not edit.
 # The Dockerfile installs it with: pip install --require-hashes --no-deps -r <this file>"
 declare -A EXPORTS=(
-    [gateway]="--no-dev --extra fast"
+    [gateway]="--no-dev --extra fast --extra otel"
     [audit]="--no-dev --extra spark"
     [build]="--only-group build"
 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections import deque
@@ -28,10 +29,13 @@ from dataclasses import dataclass, field
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
 from gateway.core.message import OutboundMessage
-from gateway.core.ports import NamespaceClient, Sender
+from gateway.core.ports import NamespaceClient, Sender, Tracer
 from gateway.errors import SHUTDOWN, TIMEOUT, UNKNOWN, Draining, SendFailure
 
 log = logging.getLogger(__name__)
+
+# With tracing on, an admission wait at least this long is an event on the request's span.
+ADMISSION_WAIT_TRACED = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,7 @@ class _Group:
     messages: Sequence[OutboundMessage]
     size: int
     future: asyncio.Future[None]
+    trace: object | None = None  # the sender's span context (tracing on), linked to the batch
     batch_key: str | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -121,8 +126,10 @@ class Dispatcher:
         timeouts: TimeoutSettings,
         observer: DispatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tracer: Tracer | None = None,
     ) -> None:
         self._limits = limits
+        self._tracer = tracer or Tracer()
         self._timeouts = timeouts
         self._observer = observer or DispatchObserver()
         self._clock = clock
@@ -151,11 +158,21 @@ class Dispatcher:
         if self._closing:
             raise Draining("the gateway is shutting down")
         size = sum(m.size for m in messages)
-        await self._gate.acquire(size, self._limits.admission_timeout)
+        tracer = self._tracer
+        if tracer.enabled:
+            waiting_since = self._clock()
+            try:
+                await self._gate.acquire(size, self._limits.admission_timeout)
+            finally:  # a wait that ended in 503 is visible too
+                waited = self._clock() - waiting_since
+                if waited >= ADMISSION_WAIT_TRACED:
+                    tracer.admission_waited(waited)
+        else:
+            await self._gate.acquire(size, self._limits.admission_timeout)
         try:
             lane = self._lane(dest)
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            group = _Group(messages, size, fut)
+            group = _Group(messages, size, fut, tracer.current() if tracer.enabled else None)
             lane.pending.append(group)
             lane.wakeup.set()
             try:
@@ -205,8 +222,13 @@ class Dispatcher:
             lane = _Lane(dest)
             self._lanes[dest.key] = lane
             for i in range(self._limits.senders_per_entity):
+                # A fresh context: a worker outlives the request whose send created its lane,
+                # and must not carry that request's context (its span, say) in its own.
+                worker = self._worker(lane, i)
                 lane.workers.append(
-                    asyncio.create_task(self._worker(lane, i), name=f"sender {dest} #{i}")
+                    asyncio.create_task(
+                        worker, name=f"sender {dest} #{i}", context=contextvars.Context()
+                    )
                 )
         return lane
 
@@ -308,7 +330,13 @@ class Dispatcher:
     ) -> None:
         n = sum(len(g.messages) for g in groups)
         outcome = "ok" if failure is None else failure.kind.value
-        self._observer.batch_sent(str(lane.dest), n, self._clock() - started, outcome)
+        seconds = self._clock() - started
+        self._observer.batch_sent(str(lane.dest), n, seconds, outcome)
+        if self._tracer.enabled:
+            links = [g.trace for g in groups]
+            error = None if failure is None else outcome
+            dest = lane.dest
+            self._tracer.batch_sent(dest.client.name, dest.path, links, n, seconds, error)
         if failure is None:
             for g in groups:
                 if not g.future.done():

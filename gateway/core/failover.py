@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import random
 import time
@@ -348,8 +349,12 @@ class Failover:
             task = self._pingers.get(st.entity)
             if (task is None or task.done()) and st.entity in self._entities:
                 self._wake[st.entity] = asyncio.Event()
+                # A fresh context: started by whichever request saw the failure, the pinger
+                # outlives it and is no part of its trace.
                 self._pingers[st.entity] = asyncio.create_task(
-                    self._ping_loop(self._entities[st.entity]), name=f"pinger {st.entity}"
+                    self._ping_loop(self._entities[st.entity]),
+                    name=f"pinger {st.entity}",
+                    context=contextvars.Context(),
                 )
 
     def _arm_failover_timer(self, st: EntityState) -> None:
@@ -371,7 +376,9 @@ class Failover:
                     f"no success within {self._settings.failover_interval:g}s",
                 )
 
-        task = asyncio.create_task(fire(), name=f"failover timer {st.entity}")
+        task = asyncio.create_task(
+            fire(), name=f"failover timer {st.entity}", context=contextvars.Context()
+        )
         self._timers[st.entity] = task
         task.add_done_callback(
             lambda t: (

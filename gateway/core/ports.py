@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from gateway.core.message import OutboundMessage
@@ -37,3 +38,43 @@ class NamespaceClient(Protocol):
     async def close(self) -> None:
         """Close the client and every sender it opened; never raises."""
         ...
+
+
+class Tracer:
+    """Tracing hooks the core calls (gateway.tracing has the OpenTelemetry one). This default
+    traces nothing and costs nothing: `enabled` is false, so the core skips its clock reads.
+
+    A *context* is opaque to the core: whatever `current` returns, handed back in `links`."""
+
+    enabled: bool = False
+
+    def current(self) -> object | None:
+        """The active span's context (the request's, or the syphon's move), to link to."""
+        return None
+
+    def headers(self) -> dict[str, str]:
+        """The active span's context as W3C headers (``traceparent``, ``tracestate``)."""
+        return {}
+
+    def admission_waited(self, seconds: float) -> None:
+        """The current request waited `seconds` for room (only called beyond a threshold)."""
+
+    def batch_sent(
+        self,
+        namespace: str,
+        path: str,
+        links: Sequence[object | None],
+        messages: int,
+        seconds: float,
+        error: str | None,
+    ) -> None:
+        """One broker operation to `path` ended `seconds` after it started; `links` are the
+        contexts of the requests (or moves) whose messages it carried; `error` the failure
+        kind, None when stored."""
+
+    def moving(
+        self, entity: str, backlog: str, origins: Sequence[Mapping[str, object]]
+    ) -> AbstractContextManager[None]:
+        """The syphon moves messages from `backlog` to `entity`, inside this context;
+        `origins` are their application properties, which carry their original context."""
+        return nullcontext()

@@ -44,7 +44,7 @@ from gateway.config import SyphonSettings, TimeoutSettings
 from gateway.core.backlog import BACKLOG_LOCK_DURATION, PING_CONTENT_TYPE, accepted_at, restore
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
-from gateway.core.ports import NamespaceClient
+from gateway.core.ports import NamespaceClient, Tracer
 from gateway.errors import FailureKind, GatewayError, SendFailure
 from gateway.ledger import EventLedger, NullLedger
 from gateway.state.base import BacklogState, EntityState, StateStore
@@ -112,8 +112,10 @@ class Syphon:
         clock: Clock | None = None,
         observer: SyphonObserver | None = None,
         ledger: EventLedger | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._backlog = backlog
+        self._tracer = tracer or Tracer()
         self._queues = list(queues)
         self._dispatcher = dispatcher
         self._primary = primary
@@ -381,8 +383,12 @@ class Syphon:
         if not items:
             return True
         self._op("send")
+        moved = [m for _, m in items]
         try:
-            await self._dispatcher.send(Destination(self._primary, entity), [m for _, m in items])
+            # The move span (tracing on) links to each message's original context; the
+            # messages keep theirs: they arrive home with it, not with the move's.
+            with self._tracer.moving(entity, path, [m.application_properties for m in moved]):
+                await self._dispatcher.send(Destination(self._primary, entity), moved)
         except GatewayError as exc:
             log.warning(
                 "syphon: moving %d message(s) to %s failed: %s",

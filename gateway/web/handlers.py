@@ -19,6 +19,7 @@ from gateway.auth import Right
 from gateway.config import EntityKind, LimitSettings
 from gateway.core.entities import EntityCatalog, EntityRef, validate_entity_path
 from gateway.core.message import OutboundMessage
+from gateway.core.ports import Tracer
 from gateway.core.router import Delivery, Router
 from gateway.errors import (
     GatewayError,
@@ -32,6 +33,7 @@ from gateway.errors import (
 from gateway.ledger import EventLedger, NullLedger
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics
+from gateway.tracing import log_ids, request_properties
 from gateway.web import rest
 from gateway.web.auth import PRINCIPAL, authorize
 
@@ -72,6 +74,7 @@ class EdgeState:
     lifecycle: Lifecycle
     ledger: EventLedger = field(default_factory=NullLedger)
     access_log: AccessLog = field(default_factory=AccessLog)
+    tracer: Tracer = field(default_factory=Tracer)  # off: the no-op one
 
 
 EDGE = web.AppKey("edge", EdgeState)
@@ -205,7 +208,7 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
     try:
         entity = _addressed_entity(request, state.catalog)
         entity_path = entity.path
-        messages = await _read_messages(request, state.limits)
+        messages = await _read_messages(request, state.limits, state.tracer)
         delivery = await request.app[ROUTER].submit(entity, messages)
     except GatewayError as err:
         _record_outcome(request, state, started, entity_path, messages, err)
@@ -242,8 +245,11 @@ def _addressed_entity(request: web.Request, catalog: EntityCatalog) -> EntityRef
     return found
 
 
-async def _read_messages(request: web.Request, limits: LimitSettings) -> list[OutboundMessage]:
-    """The request's messages in the REST format (one, or a JSON batch), within the limits."""
+async def _read_messages(
+    request: web.Request, limits: LimitSettings, tracer: Tracer
+) -> list[OutboundMessage]:
+    """The request's messages in the REST format (one, or a JSON batch), within the limits,
+    carrying the request's trace context (gateway.tracing)."""
     headers = request.headers
     encoding = headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in {"", "identity"}:
@@ -252,8 +258,11 @@ async def _read_messages(request: web.Request, limits: LimitSettings) -> list[Ou
         )
     body = await _read_body(request, limits.max_body_bytes)
     content_type = headers.get("Content-Type")
+    context = request_properties(headers, tracer)
     if (content_type or "").split(";")[0].strip().lower() == rest.BATCH_CONTENT_TYPE:
-        messages = rest.parse_batch(body, headers.get("Idempotency-Key"), limits.max_batch_messages)
+        messages = rest.parse_batch(
+            body, headers.get("Idempotency-Key"), limits.max_batch_messages, context
+        )
     else:
         messages = [
             rest.parse_single(
@@ -262,6 +271,7 @@ async def _read_messages(request: web.Request, limits: LimitSettings) -> list[Ou
                 _headers_as_sent(request),
                 headers.get("BrokerProperties"),
                 headers.get("Idempotency-Key"),
+                context,
             )
         ]
     _check_sizes(messages, limits)
@@ -361,7 +371,7 @@ def _log_outcome(
     if error is not None:
         extra["error"] = error.code
         extra["error_message"] = error.message
-    access_log.write(level, f"request {request_id} -> {status}", extra)
+    access_log.write(level, f"request {request_id} -> {status}", extra, log_ids())  # + trace ids
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:

@@ -87,6 +87,8 @@ NEVER_COPIED = frozenset(
         "X-Request-Start",
         "X-Scheme",
         "x-ms-retrypolicy",
+        # Not copied as they are: a valid pair becomes the message's trace context
+        # (Diagnostic-Id, traceparent, tracestate; gateway.tracing).
         "traceparent",
         "tracestate",
     )
@@ -244,8 +246,12 @@ def build_message(
     *,
     default_message_id: str | None,
     where: str = "BrokerProperties",
+    context: Mapping[str, str] | None = None,
 ) -> OutboundMessage:
-    """One message from its parts. Raises `RequestError` (400/413) with a clear message."""
+    """One message from its parts. Raises `RequestError` (400/413) with a clear message.
+
+    `context`: the request's trace-context properties (gateway.tracing), added to
+    `app_properties` where the client did not set the same name itself."""
     fields: dict[str, Any] = {}
     for rest_name, attr in _STRING_PROPS.items():
         if rest_name in props and props[rest_name] is not None:
@@ -266,6 +272,9 @@ def build_message(
     fields.pop("content_type", None)
     if ct is not None and _has_surrogates(ct):
         raise RequestError("Content-Type is not valid UTF-8 text")
+    if context:
+        for name, value in context.items():
+            app_properties.setdefault(name, value)
     _check_app_properties(app_properties, where)
     return OutboundMessage(
         body=body, content_type=ct, application_properties=app_properties, **fields
@@ -278,15 +287,21 @@ def parse_single(
     headers: Iterable[tuple[str, str]],
     broker_properties: str | None,
     idempotency_key: str | None,
+    context: Mapping[str, str] | None = None,
 ) -> OutboundMessage:
-    """A single-message request → one message."""
+    """A single-message request → one message (with the trace `context`, if any)."""
     app: dict[str, AppValue] = {}
     for name, value in headers:
         if _is_copied(name, value):
             app[name] = header_value(value)
     key = _idempotency(idempotency_key)
     return build_message(
-        body, content_type, parse_broker_properties(broker_properties), app, default_message_id=key
+        body,
+        content_type,
+        parse_broker_properties(broker_properties),
+        app,
+        default_message_id=key,
+        context=context,
     )
 
 
@@ -309,9 +324,13 @@ def _has_surrogates(text: str) -> bool:
 
 
 def parse_batch(
-    raw: bytes, idempotency_key: str | None, max_messages: int
+    raw: bytes,
+    idempotency_key: str | None,
+    max_messages: int,
+    context: Mapping[str, str] | None = None,
 ) -> list[OutboundMessage]:
-    """A batch request body → messages. The whole batch is rejected if any item is bad."""
+    """A batch request body → messages (each with the trace `context`, if any). The whole
+    batch is rejected if any item is bad."""
     items = _parse_json(raw, "the batch body")
     if not isinstance(items, list):
         raise RequestError("a batch body must be a JSON array of messages")
@@ -331,7 +350,7 @@ def parse_batch(
     seen: set[str] = set()
     for i, item in enumerate(items):
         where = f"batch[{i}]"
-        msg = _batch_item(item, where, f"{key}:{i}" if key else None)
+        msg = _batch_item(item, where, f"{key}:{i}" if key else None, context)
         if msg.message_id in seen:
             raise RequestError(f"{where}: MessageId {msg.message_id!r} repeats within the batch")
         seen.add(msg.message_id)
@@ -342,7 +361,12 @@ def parse_batch(
 _BATCH_ITEM_FIELDS = frozenset({"Body", "IsBodyBase64", "BrokerProperties", "UserProperties"})
 
 
-def _batch_item(item: Any, where: str, default_message_id: str | None) -> OutboundMessage:
+def _batch_item(
+    item: Any,
+    where: str,
+    default_message_id: str | None,
+    context: Mapping[str, str] | None = None,
+) -> OutboundMessage:
     """One batch item → a message (`default_message_id` when it names none)."""
     if not isinstance(item, dict):
         raise RequestError(f"{where} must be a JSON object")
@@ -364,6 +388,7 @@ def _batch_item(item: Any, where: str, default_message_id: str | None) -> Outbou
         _user_properties(user, where),
         default_message_id=default_message_id,
         where=where,
+        context=context,
     )
 
 

@@ -67,6 +67,12 @@ def test_lock_pins_every_runtime_dependency_with_hashes() -> None:
     text = (ROOT / "requirements" / "gateway.txt").read_text()
     pins = {line.split("==")[0] for line in text.splitlines() if "==" in line}
     assert {"azure-servicebus", "azure-identity", "aiohttp", "redis", "uvloop"} <= pins
+    # The image can trace (the otel extra); tracing stays off until OTEL_TRACES_EXPORTER says.
+    assert {
+        "opentelemetry-api",
+        "opentelemetry-sdk",
+        "opentelemetry-exporter-otlp-proto-http",
+    } <= pins
     assert "aiohttp==3.14." in text and "azure-servicebus==7.15.0" in text
     lines = text.splitlines()
     for i, line in enumerate(lines):
