@@ -162,6 +162,30 @@ async def stored_vs_ok(control: Any, total_ok: int, namespaces: Sequence[str]) -
     return f"broker stored {stored:,} / answered 2xx {total_ok:,} ({verdict})"
 
 
+def compare_dumps(prefix: Path, before: int, after: int, top: int = 12) -> list[str]:
+    """What grew in the gateway between its dumps `before` and `after` (see
+    `bench.gateway_server`): object counts by type, and with tracing, the allocation sites
+    (by traceback) that grew most, as text lines."""
+    import tracemalloc
+
+    lines = []
+    old_types = orjson.loads(Path(f"{prefix}.{before}.types.json").read_bytes())
+    new_types = orjson.loads(Path(f"{prefix}.{after}.types.json").read_bytes())
+    grown = sorted(((n - old_types.get(t, 0), t) for t, n in new_types.items()), reverse=True)[:top]
+    lines.append("objects by type: " + ", ".join(f"{t} {d:+,}" for d, t in grown if d))
+    old_snap, new_snap = Path(f"{prefix}.{before}.snap"), Path(f"{prefix}.{after}.snap")
+    if old_snap.exists() and new_snap.exists():
+        old = tracemalloc.Snapshot.load(str(old_snap))
+        new = tracemalloc.Snapshot.load(str(new_snap))
+        for stat in new.compare_to(old, "traceback")[:top]:
+            frames = [f"{Path(f.filename).name}:{f.lineno}" for f in stat.traceback]
+            lines.append(
+                f"{stat.size_diff / MiB:+8.1f} MiB {stat.count_diff:+9,d} blocks  "
+                + " <- ".join(frames[-1:-7:-1])
+            )
+    return lines
+
+
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))

@@ -42,6 +42,7 @@ from bench.memwatch import (
     OUT_DIR,
     MiB,
     RssSampler,
+    compare_dumps,
     gateway_on_broker,
     open_loop,
     plot,
@@ -97,6 +98,12 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
         extra = {"SBGATE_REDIS_URL": redis.url, "SBGATE_ENABLE_SYPHON": "false"}
         if args.ping_interval:
             extra["SBGATE_PING_PRIMARY_INTERVAL"] = str(args.ping_interval)
+        dumps = Path(args.out) / "outage-memdump"
+        if args.memdump or args.tracemalloc:
+            dumps.parent.mkdir(parents=True, exist_ok=True)
+            extra["BENCH_MEMDUMP"] = str(dumps)
+            if args.tracemalloc:
+                extra["BENCH_TRACEMALLOC"] = "1"
         async with gateway_on_broker(cores, extra) as e2e:
             rss = RssSampler(e2e.gateway.pid, interval=0.5).start()
             try:
@@ -128,6 +135,8 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                     await asyncio.sleep(args.warmup)
                     baseline = rss.sample() or first
                     down = time.monotonic()
+                    if "BENCH_MEMDUMP" in extra:
+                        os.kill(e2e.gateway.pid, signal.SIGUSR1)  # dump 1
                     for ns in NAMESPACES:
                         await e2e.control.down(ns)
                     log(f"both namespaces down (RSS {baseline / MiB:.1f} MiB)")
@@ -137,6 +146,9 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                         if left > step:
                             now = rss.sample() or 0
                             log(f"  {time.monotonic() - down:5.0f} s: RSS {now / MiB:.1f} MiB")
+                    if "BENCH_MEMDUMP" in extra:
+                        os.kill(e2e.gateway.pid, signal.SIGUSR1)  # dump 2
+                        await asyncio.sleep(5.0)  # a dump takes a while
                     for ns in NAMESPACES:
                         await e2e.control.up(ns)
                     up = time.monotonic()
@@ -185,6 +197,10 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
     )
     log(f"gateway CPU {gateway_cpu:.1f} s over {end - load.started:.0f} s")
     log(f"-> correctness: {check}")
+    if args.memdump or args.tracemalloc:
+        log("what grew in the gateway from the outage's start to its end:")
+        for line in compare_dumps(dumps, 1, 2):
+            log(f"  {line}")
 
     origin = rss.samples[0][0]
     png = Path(args.out) / "outage_rss.png"
@@ -247,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-connections", type=int, default=4000, help="open-loop bound")
     parser.add_argument("--timeout", type=float, default=60.0, help="client deadline")
+    parser.add_argument(
+        "--memdump", action="store_true", help="count the gateway's objects by type"
+    )
+    parser.add_argument(
+        "--tracemalloc", action="store_true", help="also trace its allocations (slow)"
+    )
     parser.add_argument("--out", default=str(OUT_DIR), help="where the PNG and JSON go")
     args = parser.parse_args(argv)
     cores = Cores.split()
