@@ -4,9 +4,11 @@ Layers (as in aiokafka): `Dispatcher.send` (API) → a per-destination `_Lane` (
 buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
 
 * **Settled**: `send` returns only when the broker stored every message, or raises.
-* **Bounded**: an `AdmissionGate` caps bytes held for pending sends (a request waits at most
-  `admission_timeout`, then gets `Saturated` → 503); a semaphore caps broker operations in
-  flight across all destinations (`max_in_flight`).
+* **Bounded**: an `AdmissionGate` caps bytes held for pending sends, and a request waits at
+  most `admission_timeout` in all for room and then for a worker to take it (else
+  `Saturated` → 503, never sent), so a broker that stops answering cannot pile requests up
+  behind busy workers; a semaphore caps broker operations in flight across all destinations
+  (`max_in_flight`).
 * **Micro-batched without a linger timer**: a free worker takes *everything pending* for its
   destination (up to the batch limits) after yielding one event-loop tick, so batches grow
   with load by themselves and a lone request is sent at once. A request's messages always
@@ -29,7 +31,7 @@ from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
-from gateway.errors import SHUTDOWN, TIMEOUT, UNKNOWN, Draining, SendFailure
+from gateway.errors import SHUTDOWN, TIMEOUT, UNKNOWN, Draining, Saturated, SendFailure
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class _Group:
     messages: Sequence[OutboundMessage]
     size: int
     future: asyncio.Future[None]
+    deadline: float  # loop time by which a worker must have taken it (else: Saturated)
     batch_key: str | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +87,8 @@ class _Lane:
         self.wakeup = asyncio.Event()
         self.workers: list[asyncio.Task[None]] = []
         self.busy = 0
+        self.idle = 0  # workers parked on `wakeup`
+        self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
 
     def take(self, max_messages: int, max_bytes: int) -> list[_Group]:
         """Whole groups from the front, within the limits and sharing one batch key."""
@@ -151,13 +156,17 @@ class Dispatcher:
         if self._closing:
             raise Draining("the gateway is shutting down")
         size = sum(m.size for m in messages)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._limits.admission_timeout
         await self._gate.acquire(size, self._limits.admission_timeout)
         try:
             lane = self._lane(dest)
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            group = _Group(messages, size, fut)
+            fut: asyncio.Future[None] = loop.create_future()
+            group = _Group(messages, size, fut, deadline)
             lane.pending.append(group)
             lane.wakeup.set()
+            if lane.expiry is None:
+                lane.expiry = loop.call_at(deadline, self._expire, lane)
             try:
                 await fut
             except asyncio.CancelledError:
@@ -191,6 +200,9 @@ class Dispatcher:
             t.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
         for lane in self._lanes.values():
+            if lane.expiry is not None:
+                lane.expiry.cancel()
+                lane.expiry = None
             self._fail(lane.pending, SendFailure(SHUTDOWN, "the gateway shut down"))
             lane.pending.clear()
         spares = [s for group in self._spare.values() for s in group]
@@ -198,6 +210,31 @@ class Dispatcher:
         await asyncio.gather(*(_close_quietly(s) for s in spares))
 
     # -- internals -----------------------------------------------------------------------
+
+    def _expire(self, lane: _Lane) -> None:
+        """Refuse the pending groups no worker took by their deadline (`Saturated`: they were
+        never handed over, so never sent); then wait for the next oldest one. One timer per
+        lane: groups are appended in deadline order."""
+        lane.expiry = None
+        loop = asyncio.get_running_loop()
+        if lane.idle and lane.wakeup.is_set():
+            # A worker is about to take what is pending: look again once it has.
+            lane.expiry = loop.call_later(0.01, self._expire, lane)
+            return
+        now = loop.time()
+        while lane.pending and lane.pending[0].deadline <= now:
+            group = lane.pending.popleft()
+            if not group.future.done():
+                group.future.set_exception(
+                    Saturated(
+                        f"the gateway is saturated: no sender took this request within "
+                        f"{self._limits.admission_timeout:g}s; retry later"
+                    )
+                )
+        if lane.pending:
+            lane.expiry = loop.call_at(lane.pending[0].deadline, self._expire, lane)
+        else:
+            lane.wakeup.clear()
 
     def _lane(self, dest: Destination) -> _Lane:
         lane = self._lanes.get(dest.key)
@@ -232,7 +269,11 @@ class Dispatcher:
         sender: Sender | None = None
         try:
             while True:
-                await lane.wakeup.wait()
+                lane.idle += 1
+                try:
+                    await lane.wakeup.wait()
+                finally:
+                    lane.idle -= 1
                 async with self._in_flight:
                     await asyncio.sleep(0)  # one tick: requests arriving now join this batch
                     groups = lane.take(
