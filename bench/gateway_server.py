@@ -105,9 +105,32 @@ def _snapshots(loop: asyncio.AbstractEventLoop) -> None:
         taken += 1
         if tracemalloc.is_tracing():
             tracemalloc.take_snapshot().dump(f"{prefix}.{taken}.snap")
-        types = Counter(type(o).__qualname__ for o in gc.get_objects())
+        before = Counter(type(o).__qualname__ for o in gc.get_objects())
+        collected = gc.collect()  # what only the cycle collector frees
+        objects = gc.get_objects()
+        types = Counter(type(o).__qualname__ for o in objects)
+        garbage = {t: n - types.get(t, 0) for t, n in before.most_common(30)}
+        lanes = {  # the dispatchers' lanes: what waits where
+            str(lane.dest): {
+                "pending": len(lane.pending),
+                "busy": lane.busy,
+                "idle": getattr(lane, "idle", None),
+                "workers": len(lane.workers),
+            }
+            for o in objects
+            if type(o).__name__ == "Dispatcher"
+            for lane in getattr(o, "_lanes", {}).values()
+        }
         with open(f"{prefix}.{taken}.types.json", "wb") as fh:
-            fh.write(orjson.dumps(dict(types.most_common(200))))
+            fh.write(
+                orjson.dumps(
+                    {
+                        **dict(types.most_common(200)),
+                        "_lanes": lanes,
+                        "_cycles": {"collected": collected, **garbage},
+                    }
+                )
+            )
 
     loop.add_signal_handler(signal.SIGUSR1, dump)
 

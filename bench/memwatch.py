@@ -171,8 +171,19 @@ def compare_dumps(prefix: Path, before: int, after: int, top: int = 12) -> list[
     lines = []
     old_types = orjson.loads(Path(f"{prefix}.{before}.types.json").read_bytes())
     new_types = orjson.loads(Path(f"{prefix}.{after}.types.json").read_bytes())
+    lanes = new_types.pop("_lanes", {})
+    cycles = new_types.pop("_cycles", {})
+    old_types.pop("_lanes", None)
+    old_types.pop("_cycles", None)
+    if cycles:
+        lines.append(
+            "freed only by the cycle collector: "
+            + ", ".join(f"{t} {n:,}" for t, n in cycles.items() if n)
+        )
     grown = sorted(((n - old_types.get(t, 0), t) for t, n in new_types.items()), reverse=True)[:top]
     lines.append("objects by type: " + ", ".join(f"{t} {d:+,}" for d, t in grown if d))
+    for dest, lane in sorted(lanes.items()):
+        lines.append(f"lane {dest}: " + ", ".join(f"{k} {v}" for k, v in lane.items()))
     old_snap, new_snap = Path(f"{prefix}.{before}.snap"), Path(f"{prefix}.{after}.snap")
     if old_snap.exists() and new_snap.exists():
         old = tracemalloc.Snapshot.load(str(old_snap))

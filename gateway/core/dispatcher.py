@@ -159,22 +159,25 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._limits.admission_timeout
         await self._gate.acquire(size, self._limits.admission_timeout)
+        group: _Group | None = None
         try:
             lane = self._lane(dest)
-            fut: asyncio.Future[None] = loop.create_future()
-            group = _Group(messages, size, fut, deadline)
+            group = _Group(messages, size, loop.create_future(), deadline)
             lane.pending.append(group)
             lane.wakeup.set()
             if lane.expiry is None:
                 lane.expiry = loop.call_at(deadline, self._expire, lane)
             try:
-                await fut
+                await group.future
             except asyncio.CancelledError:
                 with contextlib.suppress(ValueError):
                     lane.pending.remove(group)  # not handed to a worker yet: never sent
                 raise
         finally:
             self._gate.release(size)
+            # A failure's traceback holds this frame, whose group holds the future holding
+            # the failure: a cycle only the cycle collector frees, with the request's memory.
+            group = None
 
     async def warm(self, dests: Iterable[Destination]) -> dict[str, str | None]:
         """Create lanes and open their senders now (opening one costs ~0.5 s).
@@ -276,6 +279,12 @@ class Dispatcher:
                     lane.idle -= 1
                 async with self._in_flight:
                     await asyncio.sleep(0)  # one tick: requests arriving now join this batch
+                    # Open the sender before taking anything: while a namespace is away the
+                    # open can take connect_timeout, and requests left pending meanwhile
+                    # meet their admission deadline (503 at once) instead of waiting it out.
+                    opening: BaseException | None = None
+                    if sender is None:
+                        sender, opening = await self._open(lane)
                     groups = lane.take(
                         self._limits.max_batch_messages, self._limits.max_batch_bytes
                     )
@@ -284,7 +293,7 @@ class Dispatcher:
                     lane.busy += 1
                     self._observer.in_flight(1)
                     try:
-                        sender = await self._deliver(lane, sender, groups)
+                        sender = await self._deliver(lane, sender, groups, opening)
                     finally:
                         lane.busy -= 1
                         self._observer.in_flight(-1)
@@ -292,14 +301,34 @@ class Dispatcher:
             if sender is not None:
                 await _close_quietly(sender)
 
+    async def _open(self, lane: _Lane) -> tuple[Sender | None, BaseException | None]:
+        """A spare sender or a new one (within connect_timeout), or why there is none."""
+        sender = self._take_spare(lane)
+        if sender is not None:
+            return sender, None
+        try:
+            async with asyncio.timeout(self._timeouts.connect_timeout):
+                return await lane.dest.client.open_sender(lane.dest.path), None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # reported to the groups it fails, by `_deliver`
+            return None, exc
+
     async def _deliver(
-        self, lane: _Lane, sender: Sender | None, groups: list[_Group]
+        self,
+        lane: _Lane,
+        sender: Sender | None,
+        groups: list[_Group],
+        opening: BaseException | None = None,
     ) -> Sender | None:
         """Send `groups` as one batch; settle every group's future. Returns the sender to
-        keep (None when it must be reopened)."""
+        keep (None when it must be reopened). `opening`: why the sender could not be
+        opened just before; the groups fail with it."""
         messages = [m for g in groups for m in g.messages]
         started = self._clock()
         try:
+            if opening is not None:
+                raise opening
             if sender is None:
                 sender = self._take_spare(lane)
             if sender is None:
