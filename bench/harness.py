@@ -167,6 +167,7 @@ class Child:
             stderr=stderr,
             env=child_env,
             cwd=str(ROOT),
+            limit=64 * 1024 * 1024,  # RESULT lines can be long (a memory bench's time series)
         )
         return cls(proc, name, stderr)
 
