@@ -19,7 +19,7 @@ from gateway.core.message import OutboundMessage
 from gateway.errors import Saturated
 from sblocal.testing import ControlClient
 from tests.conftest import GatewayFactory
-from tests.support.fakes import FakeClient, msg
+from tests.support.fakes import FakeClient, FakeSender, msg
 from tests.support.waiting import eventually, no_hang
 
 
@@ -63,6 +63,39 @@ async def test_a_request_no_sender_takes_in_time_is_refused_and_never_sent(dispa
     await first
     # `first` was taken before the others and outlived their deadline: not refused.
     assert client.sent_ids() == ["first"], "a refused request is never sent"
+    assert d.gate.used == 0
+
+
+class _SlowToOpen(FakeClient):
+    """A namespace whose senders open only when `opened_ok` is set (one that is away)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opening = asyncio.Event()
+        self.opened_ok = asyncio.Event()
+
+    async def open_sender(self, path: str) -> FakeSender:
+        self.opening.set()
+        await self.opened_ok.wait()
+        return await super().open_sender(path)
+
+
+async def test_requests_are_refused_in_time_while_a_sender_is_still_opening(dispatcher):
+    client = _SlowToOpen()
+    d = dispatcher(
+        LimitSettings(max_in_flight=1, senders_per_entity=1, admission_timeout=0.05),
+        TimeoutSettings(send_timeout=60, connect_timeout=60),
+    )
+    dest = Destination(client, "orders")
+    early = [asyncio.create_task(d.send(dest, [msg(f"e{i}")])) for i in range(3)]
+    await client.opening.wait()
+    async with no_hang("requests waiting for a sender that is still opening"):
+        results = await asyncio.gather(*early, return_exceptions=True)
+    assert all(isinstance(r, Saturated) for r in results), results
+    assert client.batches == [], "nothing was taken, so nothing was sent"
+    client.opened_ok.set()
+    await d.send(dest, [msg("later")])
+    assert client.sent_ids() == ["later"]
     assert d.gate.used == 0
 
 
