@@ -26,15 +26,16 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 
 # -- CPU time and cores ---------------------------------------------------------------------
@@ -101,6 +102,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def run_fast(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run `main()` to completion under uvloop when it is installed, else asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())
 
 
 def emit(line: str) -> None:

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,6 +198,36 @@ def compare_dumps(prefix: Path, before: int, after: int, top: int = 12) -> list[
                 + " <- ".join(frames[-1:-7:-1])
             )
     return lines
+
+
+def run_bench(
+    title: str, bench: Callable[[Cores, Callable[[str], None]], Coroutine[Any, Any, Any]]
+) -> int:
+    """Run `bench(cores, log)` as the memory benchmarks' ``main`` does: the orchestrator on
+    the second CPU, a header line, SIGTERM unwinding like Ctrl-C (every child stopped)."""
+    cores = Cores.split()
+    if cores.rest:
+        os.sched_setaffinity(0, cores.rest)  # the orchestrator stays off the gateway's CPU
+    print(
+        f"{title}: {cores.describe}; python {sys.version.split()[0]}; load average "
+        f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}",
+        flush=True,
+    )
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        asyncio.run(bench(cores, log))
+    except KeyboardInterrupt:
+        print("\ninterrupted: every child process was stopped", file=sys.stderr)
+        return 130
+    return 0
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -34,7 +34,7 @@ from typing import Any, cast
 
 import orjson
 
-from bench.harness import emit, pin_self_from_env
+from bench.harness import emit, pin_self_from_env, run_fast
 from bench.loadgen import build_request, make_body
 
 _RETRY_AFTER = b"\r\nretry-after:"
@@ -341,13 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--body-size", type=int, default=1024)
     parser.add_argument("--header", action="append", default=[], help="'Name: value'")
     args = parser.parse_args(argv)
-    try:
-        import uvloop
-    except ImportError:
-        result = asyncio.run(run(args))
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(run(args))
+    result = run_fast(lambda: run(args))
     emit("RESULT " + orjson.dumps(result).decode())
     return 0
 

@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import os
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -46,6 +45,7 @@ from bench.memwatch import (
     gateway_on_broker,
     open_loop,
     plot,
+    run_bench,
     series_by_kind,
     stored_vs_ok,
     write_json,
@@ -246,10 +246,6 @@ def _coarse(result: Mapping[str, Any], bucket: float) -> dict[str, dict[str, int
     return {k: dict(v) for k, v in out.items()}
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.outage_bench", description=__doc__.splitlines()[0]
@@ -271,25 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(OUT_DIR), help="where the PNG and JSON go")
     args = parser.parse_args(argv)
-    cores = Cores.split()
-    if cores.rest:
-        os.sched_setaffinity(0, cores.rest)  # the orchestrator stays off the gateway's CPU
-    print(
-        f"outage: {cores.describe}; python {sys.version.split()[0]}; load average "
-        f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}",
-        flush=True,
-    )
-    signal.signal(signal.SIGTERM, _interrupt)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    try:
-        asyncio.run(bench(args, cores, log))
-    except KeyboardInterrupt:
-        print("\ninterrupted: every child process was stopped", file=sys.stderr)
-        return 130
-    return 0
+    return run_bench("outage", lambda cores, log: bench(args, cores, log))
 
 
 # `python -m bench --quick`: a one-minute outage with a 10 s ping interval (~2 minutes).

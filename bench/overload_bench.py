@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +39,7 @@ from bench.memwatch import (
     gateway_on_broker,
     open_loop,
     plot,
+    run_bench,
     series_by_kind,
     stored_vs_ok,
     write_json,
@@ -237,10 +235,6 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
     return out
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.overload_bench", description=__doc__.splitlines()[0]
@@ -261,25 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.duration = args.duration or (15.0 if args.quick else 60.0)
     args.rounds = args.rounds or (1 if args.quick else 3)
-    cores = Cores.split()
-    if cores.rest:
-        os.sched_setaffinity(0, cores.rest)  # the orchestrator stays off the gateway's CPU
-    print(
-        f"P9 overload: {cores.describe}; python {sys.version.split()[0]}; load average "
-        f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}",
-        flush=True,
-    )
-    signal.signal(signal.SIGTERM, _interrupt)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
-    try:
-        asyncio.run(bench(args, cores, log))
-    except KeyboardInterrupt:
-        print("\ninterrupted: every child process was stopped", file=sys.stderr)
-        return 130
-    return 0
+    return run_bench("P9 overload", lambda cores, log: bench(args, cores, log))
 
 
 if __name__ == "__main__":
