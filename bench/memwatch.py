@@ -236,15 +236,18 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def series_by_kind(result: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
-    """The child's answer series as per-second rates: kind -> [(seconds from t0, rate)]."""
+    """The child's answer series as per-second rates: kind -> [(seconds from t0, rate)],
+    with every step from the first to the last (zero where a kind had nothing)."""
     bucket = float(result["bucket"])
-    out: dict[str, list[tuple[float, float]]] = {}
-    for slot, counts in result["series"].items():
-        for kind, n in counts.items():
-            out.setdefault(kind, []).append(((int(slot) + 0.5) * bucket, n / bucket))
-    for points in out.values():
-        points.sort()
-    return out
+    series: Mapping[str, Mapping[str, int]] = result["series"]
+    if not series:
+        return {}
+    slots = range(min(map(int, series)), max(map(int, series)) + 1)
+    kinds = {k for counts in series.values() for k in counts}
+    return {
+        kind: [((i + 0.5) * bucket, series.get(str(i), {}).get(kind, 0) / bucket) for i in slots]
+        for kind in kinds
+    }
 
 
 def plot(
