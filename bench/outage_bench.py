@@ -157,7 +157,9 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                     result = await load.end(after + args.timeout + 60)
                 end = time.monotonic()
                 gateway_cpu = cpu_seconds(e2e.gateway.pid) - cpu0
-                check = await stored_vs_ok(e2e.control, int(result["total_ok"]), NAMESPACES)
+                check = await stored_vs_ok(
+                    e2e.control, int(result["total_ok"]), NAMESPACES, sum(result["errors"].values())
+                )
                 last = rss.sample() or 0
             finally:
                 await rss.close()

@@ -144,7 +144,9 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                 result = await load.end(args.duration + args.timeout + 60)
             gateway_cpu = cpu_seconds(e2e.gateway.pid) - cpu0
             drained = time.monotonic()
-            check = await stored_vs_ok(e2e.control, int(result["total_ok"]), ("primary",))
+            check = await stored_vs_ok(
+                e2e.control, int(result["total_ok"]), ("primary",), sum(result["errors"].values())
+            )
             await asyncio.sleep(args.cooldown)
             after = rss.sample() or 0
         finally:
