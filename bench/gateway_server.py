@@ -15,7 +15,10 @@ the app with `gateway.app.create_app`, and with ``--sink null`` plugs in the nul
 backlog queue as usable. ``--mode bare`` answers every POST with 201 and a small JSON body,
 after reading the request body — what any aiohttp service does at the least.
 
-Prints ``READY {"port": N}`` once listening; stops on SIGTERM/SIGINT.
+Prints ``READY {"port": N}`` once listening; stops on SIGTERM/SIGINT. With
+``BENCH_MEMDUMP=<prefix>`` it writes the live objects' counts by type, and with
+``BENCH_TRACEMALLOC=1`` also a `tracemalloc` snapshot, on every SIGUSR1 (the memory
+benchmarks' ``--memdump`` and ``--tracemalloc``; see `bench.memwatch.compare_dumps`).
 """
 
 from __future__ import annotations
@@ -82,7 +85,58 @@ def gateway_runner(app: web.Application, settings: Settings) -> web.AppRunner:
     return HardenedAppRunner(app, settings=settings, **kwargs)
 
 
+def _snapshots(loop: asyncio.AbstractEventLoop) -> None:
+    """``BENCH_MEMDUMP=<prefix>``: on each SIGUSR1, write the live objects' counts by type
+    (``<prefix>.<n>.types.json``) and, with ``BENCH_TRACEMALLOC=1`` (allocations traced from
+    the start, 25 frames), a `tracemalloc` snapshot (``<prefix>.<n>.snap``)."""
+    prefix = os.environ.get("BENCH_MEMDUMP")
+    if not prefix:
+        return
+    import gc
+    import tracemalloc
+    from collections import Counter
+
+    if os.environ.get("BENCH_TRACEMALLOC"):
+        tracemalloc.start(25)
+    taken = 0
+
+    def dump() -> None:
+        nonlocal taken
+        taken += 1
+        if tracemalloc.is_tracing():
+            tracemalloc.take_snapshot().dump(f"{prefix}.{taken}.snap")
+        before = Counter(type(o).__qualname__ for o in gc.get_objects())
+        collected = gc.collect()  # what only the cycle collector frees
+        objects = gc.get_objects()
+        types = Counter(type(o).__qualname__ for o in objects)
+        garbage = {t: n - types.get(t, 0) for t, n in before.most_common(30)}
+        lanes = {  # the dispatchers' lanes: what waits where
+            str(lane.dest): {
+                "pending": len(lane.pending),
+                "busy": lane.busy,
+                "idle": getattr(lane, "idle", None),
+                "workers": len(lane.workers),
+            }
+            for o in objects
+            if type(o).__name__ == "Dispatcher"
+            for lane in getattr(o, "_lanes", {}).values()
+        }
+        with open(f"{prefix}.{taken}.types.json", "wb") as fh:
+            fh.write(
+                orjson.dumps(
+                    {
+                        **dict(types.most_common(200)),
+                        "_lanes": lanes,
+                        "_cycles": {"collected": collected, **garbage},
+                    }
+                )
+            )
+
+    loop.add_signal_handler(signal.SIGUSR1, dump)
+
+
 async def serve(mode: str, sink: str) -> None:
+    _snapshots(asyncio.get_running_loop())
     if mode == "bare":
         runner = web.AppRunner(bare_app(), handle_signals=False, access_log=None)
     else:

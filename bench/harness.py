@@ -26,15 +26,16 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 
 # -- CPU time and cores ---------------------------------------------------------------------
@@ -103,6 +104,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run_fast(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run `main()` to completion under uvloop when it is installed, else asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())
+
+
 def emit(line: str) -> None:
     """One protocol line on stdout, flushed at once."""
     sys.stdout.write(line + "\n")
@@ -167,6 +178,7 @@ class Child:
             stderr=stderr,
             env=child_env,
             cwd=str(ROOT),
+            limit=64 * 1024 * 1024,  # RESULT lines can be long (a memory bench's time series)
         )
         return cls(proc, name, stderr)
 

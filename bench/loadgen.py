@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from bench.harness import emit, pin_self_from_env
+from bench.harness import emit, pin_self_from_env, run_fast
 
 
 def make_body(size: int) -> bytes:
@@ -271,13 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sync", action="store_true", help="after warm-up print READY, start on a stdin line"
     )
     args = parser.parse_args(argv)
-    try:
-        import uvloop
-    except ImportError:
-        result = asyncio.run(run(args))
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(run(args))
+    result = run_fast(lambda: run(args))
     emit("RESULT " + orjson.dumps(result).decode())
     return 0
 

@@ -27,7 +27,7 @@ import orjson
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
-from bench.harness import emit, pin_self_from_env
+from bench.harness import emit, pin_self_from_env, run_fast
 from bench.loadgen import make_body
 
 
@@ -115,13 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if "127.0.0.1" not in args.conn and "localhost" not in args.conn:
         raise SystemExit("refusing to send anywhere but the local broker")
-    try:
-        import uvloop
-    except ImportError:
-        result = asyncio.run(run(args))
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(run(args))
+    result = run_fast(lambda: run(args))
     emit("RESULT " + orjson.dumps(result).decode())
     return 0
 

@@ -4,9 +4,11 @@ Layers (as in aiokafka): `Dispatcher.send` (API) → a per-destination `_Lane` (
 buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
 
 * **Settled**: `send` returns only when the broker stored every message, or raises.
-* **Bounded**: an `AdmissionGate` caps bytes held for pending sends (a request waits at most
-  `admission_timeout`, then gets `Saturated` → 503); a semaphore caps broker operations in
-  flight across all destinations (`max_in_flight`).
+* **Bounded**: an `AdmissionGate` caps bytes held for pending sends, and a request waits at
+  most `admission_timeout` in all for room and then for a worker to take it (else
+  `Saturated` → 503, never sent), so a broker that stops answering cannot pile requests up
+  behind busy workers; a semaphore caps broker operations in flight across all destinations
+  (`max_in_flight`).
 * **Micro-batched without a linger timer**: a free worker takes *everything pending* for its
   destination (up to the batch limits) after yielding one event-loop tick, so batches grow
   with load by themselves and a lone request is sent at once. A request's messages always
@@ -30,7 +32,7 @@ from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender, Tracer
-from gateway.errors import SHUTDOWN, TIMEOUT, UNKNOWN, Draining, SendFailure
+from gateway.errors import SHUTDOWN, TIMEOUT, UNKNOWN, Draining, Saturated, SendFailure
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class _Group:
     messages: Sequence[OutboundMessage]
     size: int
     future: asyncio.Future[None]
+    deadline: float  # loop time by which a worker must have taken it (else: Saturated)
     trace: object | None = None  # the sender's span context (tracing on), linked to the batch
     batch_key: str | None = field(init=False)
 
@@ -89,6 +92,8 @@ class _Lane:
         self.wakeup = asyncio.Event()
         self.workers: list[asyncio.Task[None]] = []
         self.busy = 0
+        self.idle = 0  # workers parked on `wakeup`
+        self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
 
     def take(self, max_messages: int, max_bytes: int) -> list[_Group]:
         """Whole groups from the front, within the limits and sharing one batch key."""
@@ -158,6 +163,8 @@ class Dispatcher:
         if self._closing:
             raise Draining("the gateway is shutting down")
         size = sum(m.size for m in messages)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._limits.admission_timeout
         tracer = self._tracer
         if tracer.enabled:
             waiting_since = self._clock()
@@ -169,20 +176,26 @@ class Dispatcher:
                     tracer.admission_waited(waited)
         else:
             await self._gate.acquire(size, self._limits.admission_timeout)
+        group: _Group | None = None
         try:
             lane = self._lane(dest)
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            group = _Group(messages, size, fut, tracer.current() if tracer.enabled else None)
+            trace = tracer.current() if tracer.enabled else None
+            group = _Group(messages, size, loop.create_future(), deadline, trace)
             lane.pending.append(group)
             lane.wakeup.set()
+            if lane.expiry is None:
+                lane.expiry = loop.call_at(deadline, self._expire, lane)
             try:
-                await fut
+                await group.future
             except asyncio.CancelledError:
                 with contextlib.suppress(ValueError):
                     lane.pending.remove(group)  # not handed to a worker yet: never sent
                 raise
         finally:
             self._gate.release(size)
+            # A failure's traceback holds this frame, whose group holds the future holding
+            # the failure: a cycle only the cycle collector frees, with the request's memory.
+            group = None
 
     async def warm(self, dests: Iterable[Destination]) -> dict[str, str | None]:
         """Create lanes and open their senders now (opening one costs ~0.5 s).
@@ -208,6 +221,9 @@ class Dispatcher:
             t.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
         for lane in self._lanes.values():
+            if lane.expiry is not None:
+                lane.expiry.cancel()
+                lane.expiry = None
             self._fail(lane.pending, SendFailure(SHUTDOWN, "the gateway shut down"))
             lane.pending.clear()
         spares = [s for group in self._spare.values() for s in group]
@@ -215,6 +231,31 @@ class Dispatcher:
         await asyncio.gather(*(_close_quietly(s) for s in spares))
 
     # -- internals -----------------------------------------------------------------------
+
+    def _expire(self, lane: _Lane) -> None:
+        """Refuse the pending groups no worker took by their deadline (`Saturated`: they were
+        never handed over, so never sent); then wait for the next oldest one. One timer per
+        lane: groups are appended in deadline order."""
+        lane.expiry = None
+        loop = asyncio.get_running_loop()
+        if lane.idle and lane.wakeup.is_set():
+            # A worker is about to take what is pending: look again once it has.
+            lane.expiry = loop.call_later(0.01, self._expire, lane)
+            return
+        now = loop.time()
+        while lane.pending and lane.pending[0].deadline <= now:
+            group = lane.pending.popleft()
+            if not group.future.done():
+                group.future.set_exception(
+                    Saturated(
+                        f"the gateway is saturated: no sender took this request within "
+                        f"{self._limits.admission_timeout:g}s; retry later"
+                    )
+                )
+        if lane.pending:
+            lane.expiry = loop.call_at(lane.pending[0].deadline, self._expire, lane)
+        else:
+            lane.wakeup.clear()
 
     def _lane(self, dest: Destination) -> _Lane:
         lane = self._lanes.get(dest.key)
@@ -254,9 +295,19 @@ class Dispatcher:
         sender: Sender | None = None
         try:
             while True:
-                await lane.wakeup.wait()
+                lane.idle += 1
+                try:
+                    await lane.wakeup.wait()
+                finally:
+                    lane.idle -= 1
                 async with self._in_flight:
                     await asyncio.sleep(0)  # one tick: requests arriving now join this batch
+                    # Open the sender before taking anything: while a namespace is away the
+                    # open can take connect_timeout, and requests left pending meanwhile
+                    # meet their admission deadline (503 at once) instead of waiting it out.
+                    opening: BaseException | None = None
+                    if sender is None:
+                        sender, opening = await self._open(lane)
                     groups = lane.take(
                         self._limits.max_batch_messages, self._limits.max_batch_bytes
                     )
@@ -265,7 +316,7 @@ class Dispatcher:
                     lane.busy += 1
                     self._observer.in_flight(1)
                     try:
-                        sender = await self._deliver(lane, sender, groups)
+                        sender = await self._deliver(lane, sender, groups, opening)
                     finally:
                         lane.busy -= 1
                         self._observer.in_flight(-1)
@@ -273,14 +324,34 @@ class Dispatcher:
             if sender is not None:
                 await _close_quietly(sender)
 
+    async def _open(self, lane: _Lane) -> tuple[Sender | None, BaseException | None]:
+        """A spare sender or a new one (within connect_timeout), or why there is none."""
+        sender = self._take_spare(lane)
+        if sender is not None:
+            return sender, None
+        try:
+            async with asyncio.timeout(self._timeouts.connect_timeout):
+                return await lane.dest.client.open_sender(lane.dest.path), None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # reported to the groups it fails, by `_deliver`
+            return None, exc
+
     async def _deliver(
-        self, lane: _Lane, sender: Sender | None, groups: list[_Group]
+        self,
+        lane: _Lane,
+        sender: Sender | None,
+        groups: list[_Group],
+        opening: BaseException | None = None,
     ) -> Sender | None:
         """Send `groups` as one batch; settle every group's future. Returns the sender to
-        keep (None when it must be reopened)."""
+        keep (None when it must be reopened). `opening`: why the sender could not be
+        opened just before; the groups fail with it."""
         messages = [m for g in groups for m in g.messages]
         started = self._clock()
         try:
+            if opening is not None:
+                raise opening
             if sender is None:
                 sender = self._take_spare(lane)
             if sender is None:

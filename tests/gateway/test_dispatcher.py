@@ -20,8 +20,8 @@ from gateway.errors import (
     Saturated,
     SendFailure,
 )
-from tests.support.fakes import FakeClient, msg
-from tests.support.waiting import eventually, next_tick
+from tests.support.fakes import FakeClient, FakeSender, msg
+from tests.support.waiting import eventually, next_tick, no_hang
 
 LIMITS = LimitSettings(
     max_in_flight=4, senders_per_entity=2, admission_timeout=0.2, max_batch_messages=50
@@ -229,3 +229,65 @@ async def test_upstream_failures_use_their_row_and_the_operators_retry_after(
     failure = await _fail_with(make, behaviour, retry_after=7.0)
     assert failure.classification is row
     assert failure.retry_after == 7.0 and row.retry_after == 10.0
+
+
+async def test_a_request_no_sender_takes_in_time_is_refused_and_never_sent(make):
+    release = asyncio.Event()
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        await release.wait()  # the broker does not answer until told to
+
+    client = FakeClient(behaviour=behaviour)
+    d = make(
+        LimitSettings(max_in_flight=1, senders_per_entity=1, admission_timeout=0.05),
+        TimeoutSettings(send_timeout=60),
+    )
+    dest = Destination(client, "orders")
+    first = asyncio.create_task(d.send(dest, [msg("first")]))
+    await eventually(lambda: bool(client.batches))
+    # The byte budget has plenty of room: only the busy sender keeps these waiting.
+    waiting = [asyncio.create_task(d.send(dest, [msg(f"w{i}")])) for i in range(5)]
+    async with no_hang("requests waiting behind a sender that never finishes"):
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(isinstance(r, Saturated) for r in results), results
+    assert {r.status for r in results} == {503}  # type: ignore[union-attr]
+    assert all(r.retry_after for r in results)  # type: ignore[union-attr]
+    assert d.pending_messages() == 0, "the refused requests left the queue"
+    release.set()
+    await first
+    # `first` was taken before the others and outlived their deadline: not refused.
+    assert client.sent_ids() == ["first"], "a refused request is never sent"
+    assert d.gate.used == 0
+
+
+class _SlowToOpen(FakeClient):
+    """A namespace whose senders open only when `opened_ok` is set (one that is away)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opening = asyncio.Event()
+        self.opened_ok = asyncio.Event()
+
+    async def open_sender(self, path: str) -> FakeSender:
+        self.opening.set()
+        await self.opened_ok.wait()
+        return await super().open_sender(path)
+
+
+async def test_requests_are_refused_in_time_while_a_sender_is_still_opening(make):
+    client = _SlowToOpen()
+    d = make(
+        LimitSettings(max_in_flight=1, senders_per_entity=1, admission_timeout=0.05),
+        TimeoutSettings(send_timeout=60, connect_timeout=60),
+    )
+    dest = Destination(client, "orders")
+    early = [asyncio.create_task(d.send(dest, [msg(f"e{i}")])) for i in range(3)]
+    await client.opening.wait()
+    async with no_hang("requests waiting for a sender that is still opening"):
+        results = await asyncio.gather(*early, return_exceptions=True)
+    assert all(isinstance(r, Saturated) for r in results), results
+    assert client.batches == [], "nothing was taken, so nothing was sent"
+    client.opened_ok.set()
+    await d.send(dest, [msg("later")])
+    assert client.sent_ids() == ["later"]
+    assert d.gate.used == 0
