@@ -93,6 +93,7 @@ class _Lane:
         self.workers: list[asyncio.Task[None]] = []
         self.busy = 0
         self.idle = 0  # workers parked on `wakeup`
+        self.opening = 0  # workers opening a sender
         self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
 
     def take(self, max_messages: int, max_bytes: int) -> list[_Group]:
@@ -233,8 +234,9 @@ class Dispatcher:
     # -- internals -----------------------------------------------------------------------
 
     def _expire(self, lane: _Lane) -> None:
-        """Refuse the pending groups no worker took by their deadline (`Saturated`: they were
-        never handed over, so never sent); then wait for the next oldest one. One timer per
+        """Refuse the pending groups no worker took by their deadline (never handed over, so
+        never sent): `Saturated` when the workers are busy, a `TIMEOUT` failure when they are
+        still opening a sender; then wait for the next oldest one. One timer per
         lane: groups are appended in deadline order."""
         lane.expiry = None
         loop = asyncio.get_running_loop()
@@ -243,15 +245,24 @@ class Dispatcher:
             lane.expiry = loop.call_later(0.01, self._expire, lane)
             return
         now = loop.time()
+        waited = f"{self._limits.admission_timeout:g}s"
         while lane.pending and lane.pending[0].deadline <= now:
             group = lane.pending.popleft()
-            if not group.future.done():
-                group.future.set_exception(
-                    Saturated(
-                        f"the gateway is saturated: no sender took this request within "
-                        f"{self._limits.admission_timeout:g}s; retry later"
-                    )
+            if group.future.done():
+                continue
+            if lane.opening and not lane.busy:
+                # Waiting on the namespace, not on us: an upstream timeout, which counts
+                # toward failover. (As `Saturated`, the requests of a sparse flow could all
+                # expire while each open hangs, and the entity would never fail over.)
+                error: Exception = SendFailure(
+                    TIMEOUT, f"no sender to {lane.dest} could be opened within {waited}"
                 )
+            else:
+                error = Saturated(
+                    f"the gateway is saturated: no sender took this request within {waited}; "
+                    "retry later"
+                )
+            group.future.set_exception(error)
         if lane.pending:
             lane.expiry = loop.call_at(lane.pending[0].deadline, self._expire, lane)
         else:
@@ -329,6 +340,7 @@ class Dispatcher:
         sender = self._take_spare(lane)
         if sender is not None:
             return sender, None
+        lane.opening += 1
         try:
             async with asyncio.timeout(self._timeouts.connect_timeout):
                 return await lane.dest.client.open_sender(lane.dest.path), None
@@ -336,6 +348,8 @@ class Dispatcher:
             raise
         except Exception as exc:  # reported to the groups it fails, by `_deliver`
             return None, exc
+        finally:
+            lane.opening -= 1
 
     async def _deliver(
         self,
