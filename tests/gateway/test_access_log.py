@@ -7,10 +7,7 @@ import asyncio
 import datetime as dt
 import io
 import logging
-import os
 import signal
-import socket
-import sys
 from collections.abc import Iterator
 
 import aiohttp
@@ -19,7 +16,7 @@ import pytest
 
 from gateway.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
 from sblocal.testing import BrokerProcess
-from tests.conftest import broker_env
+from tests.support.processes import free_port, start_gateway
 from tests.support.waiting import eventually
 
 FIELDS = {
@@ -110,33 +107,15 @@ def test_a_broken_stream_never_fails_the_request(access_level):
     AccessLog("json", stream).write(logging.INFO, "request r1 -> 201", dict(FIELDS))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.integration
 async def test_the_last_line_before_sigterm_is_written(broker: BrokerProcess):
-    port = _free_port()
-    env = {
-        **os.environ,
-        **broker_env(
-            broker,
-            SBGATE_LISTEN_PORT=str(port),
-            SBGATE_LOG_LEVEL="INFO",
-            SBGATE_LOG_FORMAT="json",
-            SBGATE_DRAIN_DELAY="0",
-        ),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+    port = free_port()
+    proc = await start_gateway(
+        broker,
+        port,
+        SBGATE_LOG_LEVEL="INFO",
+        SBGATE_LOG_FORMAT="json",
+        SBGATE_DRAIN_DELAY="0",
     )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -10,51 +10,30 @@ a cut request from this check."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
-import sys
 from collections import Counter
 
 import aiohttp
 import pytest
 
 from sblocal.testing import BrokerProcess, ControlClient
-from tests.conftest import broker_env
+from tests.support.processes import free_port, start_gateway
 from tests.support.waiting import eventually
 
 # A `gateway serve` subprocess under load, then SIGTERM.
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_sigterm_under_load_cuts_no_accepted_request(
     broker: BrokerProcess, control: ControlClient
 ):
     port = free_port()
-    env = {
-        **os.environ,
-        **broker_env(
-            broker,
-            SBGATE_LISTEN_PORT=str(port),
-            SBGATE_DRAIN_DELAY="1",
-            SBGATE_SHUTDOWN_TIMEOUT="10",
-            SBGATE_LOG_LEVEL="WARNING",
-        ),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+    proc = await start_gateway(
+        broker,
+        port,
+        SBGATE_DRAIN_DELAY="1",
+        SBGATE_SHUTDOWN_TIMEOUT="10",
+        SBGATE_LOG_LEVEL="WARNING",
     )
     base = f"http://127.0.0.1:{port}"
     outcomes: Counter[str] = Counter()

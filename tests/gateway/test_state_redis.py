@@ -18,7 +18,8 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.state import BacklogState, EntityState, RedisStateStore, StateStore
-from tests.support.redis import RedisServer, TcpProxy, free_port
+from tests.support.processes import free_port
+from tests.support.redis import RedisServer, TcpProxy
 
 # The fixture, until a conftest imports it for every test module.
 from tests.support.redis import redis_server as redis_server

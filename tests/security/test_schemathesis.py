@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from gateway.auth import mint_token, resource_uri
 from gateway.web.openapi import DOCUMENT
 from sblocal.testing import BrokerProcess
 from tests.conftest import broker_env
+from tests.support.processes import free_port
 
 # A `gateway serve` subprocess and hundreds of generated requests.
 pytestmark = pytest.mark.slow
@@ -66,13 +66,6 @@ class LiveGateway:
     base_url: str
     token: str
     log: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")

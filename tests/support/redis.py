@@ -26,14 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import free_port
+
 REDIS_SERVER = os.environ.get("SBGATE_TEST_REDIS_SERVER") or shutil.which("redis-server")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:
