@@ -94,6 +94,7 @@ class _Lane:
         self.busy = 0
         self.idle = 0  # workers parked on `wakeup`
         self.opening = 0  # workers opening a sender
+        self.claiming = 0  # workers holding a send slot, about to take what is pending
         self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
 
     def take(self, max_messages: int, max_bytes: int) -> list[_Group]:
@@ -104,6 +105,9 @@ class _Lane:
         skipped: list[_Group] = []
         while self.pending:
             g = self.pending[0]
+            if g.future.done():  # its caller was cancelled: never sent
+                self.pending.popleft()
+                continue
             if taken and (count + len(g.messages) > max_messages or size + g.size > max_bytes):
                 break
             self.pending.popleft()
@@ -240,7 +244,7 @@ class Dispatcher:
         lane: groups are appended in deadline order."""
         lane.expiry = None
         loop = asyncio.get_running_loop()
-        if lane.idle and lane.wakeup.is_set():
+        if lane.claiming or (lane.idle and lane.wakeup.is_set()):
             # A worker is about to take what is pending: look again once it has.
             lane.expiry = loop.call_later(0.01, self._expire, lane)
             return
@@ -254,8 +258,10 @@ class Dispatcher:
                 # Waiting on the namespace, not on us: an upstream timeout, which counts
                 # toward failover. (As `Saturated`, the requests of a sparse flow could all
                 # expire while each open hangs, and the entity would never fail over.)
-                error: Exception = SendFailure(
-                    TIMEOUT, f"no sender to {lane.dest} could be opened within {waited}"
+                error: Exception = self._with_retry_after(
+                    SendFailure(
+                        TIMEOUT, f"no sender to {lane.dest} could be opened within {waited}"
+                    )
                 )
             else:
                 error = Saturated(
@@ -311,17 +317,23 @@ class Dispatcher:
                     await lane.wakeup.wait()
                 finally:
                     lane.idle -= 1
+                # Open the sender before taking anything, and outside the send slots: while
+                # a namespace is away the open can take connect_timeout, and requests left
+                # pending meanwhile meet their admission deadline (503 at once) instead of
+                # waiting it out, while other destinations (the backlog queues) keep their
+                # slots.
+                opening: BaseException | None = None
+                if sender is None and lane.pending:
+                    sender, opening = await self._open(lane)
                 async with self._in_flight:
-                    await asyncio.sleep(0)  # one tick: requests arriving now join this batch
-                    # Open the sender before taking anything: while a namespace is away the
-                    # open can take connect_timeout, and requests left pending meanwhile
-                    # meet their admission deadline (503 at once) instead of waiting it out.
-                    opening: BaseException | None = None
-                    if sender is None:
-                        sender, opening = await self._open(lane)
-                    groups = lane.take(
-                        self._limits.max_batch_messages, self._limits.max_batch_bytes
-                    )
+                    lane.claiming += 1  # from here to `take`, `_expire` leaves pending alone
+                    try:
+                        await asyncio.sleep(0)  # one tick: requests arriving now join
+                        groups = lane.take(
+                            self._limits.max_batch_messages, self._limits.max_batch_bytes
+                        )
+                    finally:
+                        lane.claiming -= 1
                     if not groups:
                         continue
                     lane.busy += 1
@@ -416,22 +428,26 @@ class Dispatcher:
         n = sum(len(g.messages) for g in groups)
         outcome = "ok" if failure is None else failure.kind.value
         seconds = self._clock() - started
+        # The requests first: nothing below may leave one unsettled.
+        if failure is None:
+            for g in groups:
+                if not g.future.done():
+                    g.future.set_result(None)
+        else:
+            self._fail(groups, self._with_retry_after(failure))
         self._observer.batch_sent(str(lane.dest), n, seconds, outcome)
         if self._tracer.enabled:
             links = [g.trace for g in groups]
             error = None if failure is None else outcome
             dest = lane.dest
             self._tracer.batch_sent(dest.client.name, dest.path, links, n, seconds, error)
-        if failure is None:
-            for g in groups:
-                if not g.future.done():
-                    g.future.set_result(None)
-        else:
-            if failure.retry_after is not None:
-                # The table's rows say whether the client must back off; how long is the
-                # operator's setting (default: the table's 10 s). Shutdown does not pass here.
-                failure.retry_after = self._timeouts.retry_after
-            self._fail(groups, failure)
+
+    def _with_retry_after(self, failure: SendFailure) -> SendFailure:
+        """The table's rows say whether the client must back off; how long is the operator's
+        setting (default: the table's 10 s). Shutdown does not pass here."""
+        if failure.retry_after is not None:
+            failure.retry_after = self._timeouts.retry_after
+        return failure
 
     @staticmethod
     def _fail(groups: Iterable[_Group], failure: SendFailure) -> None:

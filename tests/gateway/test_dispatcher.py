@@ -294,3 +294,46 @@ async def test_requests_are_refused_in_time_while_a_sender_is_still_opening(make
     await d.send(dest, [msg("later")])
     assert client.sent_ids() == ["later"]
     assert d.gate.used == 0
+
+
+async def test_a_namespace_whose_opens_hang_leaves_the_send_slots_to_the_others(make):
+    """Opening a sender holds no send slot: 8 entities of a namespace that hangs on open
+    (each worker trying) must not starve the backlog queue of the other namespace."""
+    down = _SlowToOpen()
+    up = FakeClient("secondary")
+    d = make(
+        LimitSettings(max_in_flight=4, senders_per_entity=2, admission_timeout=5.0),
+        TimeoutSettings(send_timeout=60, connect_timeout=60),
+    )
+    stuck = [asyncio.create_task(d.send(Destination(down, f"e{i}"), [msg(i)])) for i in range(8)]
+    await down.opening.wait()
+    async with no_hang("a send to a healthy namespace while another hangs on open"):
+        await d.send(Destination(up, "x-servicebus-transfer/0"), [msg("backlog")])
+    assert up.sent_ids() == ["backlog"]
+    down.opened_ok.set()
+    async with no_hang("the hanging namespace's requests once it opens"):
+        await asyncio.gather(*stuck)
+
+
+async def test_a_zero_admission_timeout_still_sends_through_idle_warm_senders(make):
+    """`_expire` runs at the deadline; a worker woken for the request but not yet past
+    `take` must keep it (admission_timeout 0 is a valid setting)."""
+    client = FakeClient()
+    d = make(LimitSettings(admission_timeout=0.0), TIMEOUTS)
+    dest = Destination(client, "orders")
+    assert (await d.warm([dest])) == {"primary/orders": None}
+    for i in range(20):
+        await d.send(dest, [msg(i)])
+    assert client.sent_ids() == [str(i) for i in range(20)]
+
+
+async def test_a_request_expired_during_an_open_takes_the_operators_retry_after(make):
+    client = _SlowToOpen()
+    d = make(
+        LimitSettings(senders_per_entity=1, admission_timeout=0.05),
+        TimeoutSettings(send_timeout=60, connect_timeout=60, retry_after=3.0),
+    )
+    with pytest.raises(SendFailure) as info:
+        await d.send(Destination(client, "orders"), [msg("m")])
+    assert info.value.classification is TIMEOUT and info.value.retry_after == 3.0
+    client.opened_ok.set()
