@@ -127,7 +127,10 @@ class AccessLog:
             }
             if extras:
                 line.update(extras)
-            data = orjson.dumps(line, default=str, option=orjson.OPT_APPEND_NEWLINE)
+            try:
+                data = orjson.dumps(line, default=str, option=orjson.OPT_APPEND_NEWLINE)
+            except TypeError:  # a lone surrogate, an int beyond 64 bits: still one line
+                data = _dumps_loosely(line)
         else:
             record = logging.LogRecord(ACCESS_LOGGER, level, "", 0, msg, None, None)
             record.created = now
@@ -176,3 +179,17 @@ class AccessLog:
         """Flush, and write every later line at once (nothing left to flush it)."""
         self._loop = None
         self.flush()
+
+
+def _dumps_loosely(line: dict[str, Any]) -> bytes:
+    """The access line when orjson refuses a value: that value as its `repr`. The line is
+    written after the request's outcome is settled, so it must never raise (a stored message
+    answered 500 would be sent again by its client)."""
+    safe: dict[str, Any] = {}
+    for key, value in line.items():
+        try:
+            orjson.dumps(value, default=str)
+            safe[key] = value
+        except TypeError:
+            safe[key] = ascii(value)
+    return orjson.dumps(safe, default=str, option=orjson.OPT_APPEND_NEWLINE)

@@ -160,3 +160,15 @@ async def test_the_last_line_before_sigterm_is_written(broker: BrokerProcess):
         "messages": 1,
         "latency_ms": 0,
     }
+
+
+def test_a_value_orjson_refuses_still_makes_one_line_and_never_raises() -> None:
+    """The line is written after the outcome is settled: raising would turn a stored
+    message's 201 into a 500, and its client would send it again."""
+    stream = io.StringIO()
+    AccessLog("json", stream).write(
+        logging.INFO, "request r1 -> 201", {**FIELDS, "message_ids": ["\udcff"], "n": 2**70}
+    )
+    line = orjson.loads(stream.getvalue())
+    assert line["message_ids"] == "['\\udcff']" and line["n"] == str(2**70)
+    assert line["request_id"] == FIELDS["request_id"]
