@@ -8,6 +8,7 @@ azure-sdk-for-python#36334) and asks for a new one when a failure makes the link
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
 
 log = logging.getLogger(__name__)
+
+# Our deadline on closing a sender or a client: a link that is half open, or a namespace that
+# went away, can leave the SDK's close waiting indefinitely.
+CLOSE_TIMEOUT = 5.0
 
 T = TypeVar("T")
 
@@ -186,7 +191,10 @@ class SdkNamespaceClient:
             await sender.__aenter__()
         except BaseException as exc:
             try:
-                await sender.close()
+                # Our deadline here too: on cancellation (shutdown) a close that hangs on a
+                # half-open link would keep the worker, and the shutdown, waiting forever.
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await sender.close()
             except Exception:  # the half-open sender is discarded either way
                 log.debug("closing a half-open sender failed", exc_info=True)
             if isinstance(exc, Exception):
@@ -196,6 +204,7 @@ class SdkNamespaceClient:
 
     async def close(self) -> None:
         try:
-            await self._client.close()
-        except Exception:  # shutting down: nothing useful to do with the error
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await self._client.close()
+        except Exception:  # shutting down (or a close that hung): nothing more to do
             log.debug("closing namespace client %s failed", self.name, exc_info=True)
