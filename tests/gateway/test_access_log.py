@@ -16,8 +16,7 @@ import pytest
 
 from gateway.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
 from sblocal.testing import BrokerProcess
-from tests.support.processes import free_port, start_gateway
-from tests.support.waiting import eventually
+from tests.support.processes import free_port, start_gateway, wait_ready
 
 FIELDS = {
     "request_id": "r1",
@@ -120,15 +119,7 @@ async def test_the_last_line_before_sigterm_is_written(broker: BrokerProcess):
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
-
-            async def ready() -> bool:
-                try:
-                    async with http.get(f"{base}/readyz") as r:
-                        return r.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            await eventually(ready, within=30, every=0.1)
+            await wait_ready(http, base)
             async with http.post(
                 f"{base}/queues/orders/messages",
                 data=b"x",

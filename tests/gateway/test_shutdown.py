@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from sblocal.testing import BrokerProcess, ControlClient
-from tests.support.processes import free_port, start_gateway
+from tests.support.processes import free_port, start_gateway, wait_ready
 from tests.support.waiting import eventually
 
 # A `gateway serve` subprocess under load, then SIGTERM.
@@ -41,15 +41,7 @@ async def test_sigterm_under_load_cuts_no_accepted_request(
     stop = asyncio.Event()
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
-
-            async def ready() -> bool:
-                try:
-                    async with http.get(f"{base}/readyz") as r:
-                        return r.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            await eventually(ready, within=30, every=0.1)
+            await wait_ready(http, base)
 
             async def client(n: int) -> None:
                 i = 0

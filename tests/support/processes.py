@@ -8,7 +8,10 @@ import os
 import socket
 import sys
 
+import aiohttp
+
 from sblocal.testing import BrokerProcess
+from tests.support.waiting import eventually
 
 
 def free_port() -> int:
@@ -35,3 +38,16 @@ async def start_gateway(
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def wait_ready(http: aiohttp.ClientSession, base: str, within: float = 30) -> None:
+    """Until the gateway at `base` answers `/readyz` with 200 (fails after `within` s)."""
+
+    async def ready() -> bool:
+        try:
+            async with http.get(f"{base}/readyz") as r:
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await eventually(ready, within=within, every=0.1)
