@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from gateway.core.backlog import REWRITE_KEYS
 from gateway.core.message import AppValue, OutboundMessage
 from gateway.errors import PayloadTooLarge, RequestError, UnsupportedMediaType
 
@@ -127,6 +128,24 @@ _STRING_PROPS = {
     "PartitionKey": "partition_key",
     "ContentType": "content_type",
 }
+
+
+# The backlog rewrite's property names (gateway.core.backlog), in any letter case: a client's
+# value would be read back by the syphon as the gateway's own (its destination, its TTL), so
+# no client may set them, as a header or as a batch item's UserProperties.
+RESERVED_PROPERTIES = frozenset(REWRITE_KEYS)
+
+# One batch item as the format allows it, matched on the raw body (`_prescan`): a JSON object
+# whose values are scalars or objects of scalars (BrokerProperties, UserProperties), or a
+# scalar (which the parser then refuses by name). Possessive and atomic throughout, and the
+# alternatives start with different bytes: a body that does not match fails in linear time.
+_STR = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_PLAIN = rb"(?:" + _STR + rb'|[^"{}\[\]]++)*+'
+_ITEM = re.compile(
+    rb"[ \t\r\n]*+(?>\{(?:" + _STR + rb'|[^"{}\[\]]++|\{' + _PLAIN + rb"\})*+\}"
+    rb"|" + _STR + rb'|[^"{}\[\],]++)'
+)
+_SPACE = re.compile(rb"[ \t\r\n]*+")
 
 
 # At most MAX_ID_LENGTH characters (the SDK refuses longer ones with a ValueError).
@@ -272,6 +291,10 @@ def build_message(
     fields.pop("content_type", None)
     if ct is not None and _has_surrogates(ct):
         raise RequestError("Content-Type is not valid UTF-8 text")
+    if ct is not None and not ct.isascii():
+        # An AMQP symbol: Service Bus refuses anything else (amqp:decode-error).
+        prefix = "" if where == "BrokerProperties" else f"{where}: "
+        raise RequestError(f"{prefix}the content type must be ASCII text (an AMQP symbol)")
     if context:
         for name, value in context.items():
             app_properties.setdefault(name, value)
@@ -292,6 +315,8 @@ def parse_single(
     """A single-message request → one message (with the trace `context`, if any)."""
     app: dict[str, AppValue] = {}
     for name, value in headers:
+        if name.lower() in RESERVED_PROPERTIES:
+            raise _reserved(f"header {name!r}", name)
         if _is_copied(name, value):
             app[name] = header_value(value)
     key = _idempotency(idempotency_key)
@@ -302,6 +327,14 @@ def parse_single(
         app,
         default_message_id=key,
         context=context,
+    )
+
+
+def _reserved(what: str, name: str) -> RequestError:
+    return RequestError(
+        f"{what} is reserved: the gateway uses it to carry a message through a backlog queue "
+        "(docs/security.md#reserved-property-names); use another name",
+        property=name,
     )
 
 
@@ -330,7 +363,9 @@ def parse_batch(
     context: Mapping[str, str] | None = None,
 ) -> list[OutboundMessage]:
     """A batch request body → messages (each with the trace `context`, if any). The whole
-    batch is rejected if any item is bad."""
+    batch is rejected if any item is bad. The item count and nesting are checked on the
+    body's shape first (`_prescan`), before any item is built."""
+    _prescan(raw, max_messages)
     items = _parse_json(raw, "the batch body")
     if not isinstance(items, list):
         raise RequestError("a batch body must be a JSON array of messages")
@@ -356,6 +391,44 @@ def parse_batch(
         seen.add(msg.message_id)
         out.append(msg)
     return out
+
+
+def _prescan(raw: bytes, max_messages: int) -> None:
+    """Refuse a batch body with too many items (413) or an item nested deeper than the
+    format (400) before anything is built: one regex match per item, at most
+    `max_messages` + 1 of them, in the regex engine (1 MiB of ``{},`` would otherwise be
+    ~350k dicts, ~37 MB, before the 413). A body that is not an array, or not well-formed
+    between items, is left to the parser, which says why (it builds at most
+    `max_messages` items before it fails)."""
+    pos = _space(raw, 0)
+    first = raw[pos : pos + 1]
+    if first == b"{":
+        raise RequestError("a batch body must be a JSON array of messages")
+    if first != b"[" or raw[_space(raw, pos + 1) : _space(raw, pos + 1) + 1] == b"]":
+        return
+    pos, count = pos + 1, 0
+    while True:
+        m = _ITEM.match(raw, pos)
+        if m is None:
+            raise RequestError(
+                f"batch[{count}] is not a message: a JSON object whose BrokerProperties and "
+                "UserProperties values are each a string, number or boolean"
+            )
+        count += 1
+        if count > max_messages:
+            raise PayloadTooLarge(
+                f"a batch may contain at most {max_messages} messages; this one has more"
+            )
+        pos = _space(raw, m.end())
+        if raw[pos : pos + 1] != b",":
+            return
+        pos += 1
+
+
+def _space(raw: bytes, pos: int) -> int:
+    """The index of the first byte from `pos` on that is not JSON whitespace."""
+    m = _SPACE.match(raw, pos)
+    return pos if m is None else m.end()
 
 
 _BATCH_ITEM_FIELDS = frozenset({"Body", "IsBodyBase64", "BrokerProperties", "UserProperties"})
@@ -414,6 +487,8 @@ def _user_properties(user: dict[str, Any], where: str) -> dict[str, AppValue]:
     """A batch item's ``UserProperties``: strings, finite numbers (64-bit integers), booleans."""
     app: dict[str, AppValue] = {}
     for k, v in user.items():
+        if k.lower() in RESERVED_PROPERTIES:
+            raise _reserved(f"{where}.UserProperties.{k}", k)
         if not isinstance(v, bool | str | int | float) or (
             isinstance(v, float) and not math.isfinite(v)
         ):

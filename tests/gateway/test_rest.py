@@ -156,3 +156,99 @@ def test_batch_content_type_check():
     with pytest.raises(RequestError) as info:
         rest.check_batch_content_type("application/json")
     assert info.value.status == 415
+
+
+# -- poison at the edge (issue 21) ----------------------------------------------------------
+
+RESERVED = [
+    "x-ms-path",
+    "X-MS-Path",
+    "x-ms-timetolive",
+    "x-ms-sessionid",
+    "X-Ms-ScheduledEnqueueTimeUtc",
+    "x-ms-partitionkey",
+    "x-ms-acceptedtimeutc",
+]
+
+
+@pytest.mark.parametrize("name", RESERVED)
+def test_a_reserved_header_is_400_naming_it(name):
+    # The backlog rewrite's own names: a client's value would be taken for the gateway's.
+    with pytest.raises(RequestError) as info:
+        single(headers=[(name, "999999999999999999")])
+    assert info.value.status == 400 and name in info.value.message
+    assert info.value.details["property"] == name
+
+
+@pytest.mark.parametrize("name", RESERVED)
+def test_a_reserved_user_property_in_a_batch_is_400_naming_it(name):
+    raw = orjson.dumps([{"Body": "ok"}, {"Body": "bad", "UserProperties": {name: "elsewhere"}}])
+    with pytest.raises(RequestError) as info:
+        rest.parse_batch(raw, None, max_messages=10)
+    assert info.value.status == 400 and f"batch[1].UserProperties.{name}" in info.value.message
+
+
+def test_names_that_only_look_reserved_are_copied():
+    m = single(headers=[("x-ms-pathology", '"a"'), ("x-ms-client", '"b"')])
+    assert m.application_properties == {"x-ms-pathology": "a", "x-ms-client": "b"}
+
+
+@pytest.mark.parametrize("ct", ["t\u00e9xt/plain", "text/\udcff"])
+def test_a_content_type_that_is_not_ascii_is_400(ct):
+    # ContentType is an AMQP symbol, ASCII only: Service Bus refuses anything else with
+    # amqp:decode-error, which must never reach the broker (it is this message's fault).
+    with pytest.raises(RequestError) as info:
+        single(ct=ct)
+    assert info.value.status == 400
+    assert "ASCII" in info.value.message or "not valid UTF-8" in info.value.message
+
+
+def test_a_batch_items_content_type_that_is_not_ascii_is_400():
+    raw = orjson.dumps([{"Body": "a", "BrokerProperties": {"ContentType": "t\u00e9xt/plain"}}])
+    with pytest.raises(RequestError) as info:
+        rest.parse_batch(raw, None, max_messages=10)
+    assert "ASCII" in info.value.message
+
+
+def _peak_bytes(fn):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+    except RequestError as exc:
+        error = exc
+    else:
+        error = None
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return error, peak
+
+
+def test_a_batch_of_too_many_items_is_413_before_the_items_are_built():
+    raw = b"[" + b"{}," * 349_000 + b"{}]"  # ~1 MiB: ~37 MB of dicts if it were parsed
+    error, peak = _peak_bytes(lambda: rest.parse_batch(raw, None, max_messages=100))
+    assert isinstance(error, PayloadTooLarge) and "at most 100" in error.message
+    assert peak < 4 * len(raw), f"{peak} bytes allocated to refuse a {len(raw)}-byte body"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'[{"Body": "a", "UserProperties": {"x": [' + b"{}," * 300_000 + b"{}]}}]",
+        b'[{"Body": "a", "UserProperties": {"x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}}]",
+        b"[" + b"[]," * 300_000 + b"[]]",
+    ],
+    ids=["wide-nested", "deep-nested", "arrays"],
+)
+def test_a_batch_nested_deeper_than_its_format_is_400_before_it_is_built(raw):
+    error, peak = _peak_bytes(lambda: rest.parse_batch(raw, None, max_messages=100))
+    assert error is not None and error.status == 400, error
+    assert peak < 4 * len(raw), f"{peak} bytes allocated to refuse a {len(raw)}-byte body"
+
+
+def test_strings_holding_brackets_and_commas_do_not_count_as_items():
+    body = '{"a": [1, 2], "b": "\\"},{"}'
+    items = [{"Body": body, "UserProperties": {"k": "[{,}]"}}] * 10
+    msgs = rest.parse_batch(orjson.dumps(items), None, max_messages=10)
+    assert len(msgs) == 10 and msgs[0].body == body.encode()
