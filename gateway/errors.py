@@ -107,6 +107,7 @@ class FailureKind(Enum):
     QUOTA_EXCEEDED = "quota_exceeded"
     MESSAGE_TOO_LARGE = "message_too_large"
     INVALID_MESSAGE = "invalid_message"  # the SDK refused to build the message: client input
+    MESSAGE_REFUSED = "message_refused"  # the broker refused the message itself
     CONNECTION = "connection"  # could not reach the namespace
     SERVICE = "service"  # the broker said internal error
     UNKNOWN = "unknown"
@@ -126,6 +127,12 @@ class Classification:
     # Causes that are not SDK exceptions (the SDK's are in gateway.servicebus.errors), for
     # docs/errors.md's table.
     also_raised_for: str = ""
+    # The message itself is the cause (too large, undecodable, invalid, against the entity's
+    # rules): a 4xx for its own request only. It never counts toward failover, never goes to
+    # a backlog queue, never takes one out of rotation; in a micro-batch the dispatcher
+    # isolates it (bisects) so the other requests still get theirs; the syphon dead-letters
+    # it in the backlog (docs/errors.md, "The message's fault").
+    message_fault: bool = False
 
 
 # Service Bus asks REST clients to back off at least 10 s after a 503. The operator's
@@ -142,8 +149,13 @@ def _row(
     retry_after: float | None = BACK_OFF,
     recreate: bool = False,
     also: str = "",
+    message_fault: bool = False,
 ) -> Classification:
-    return Classification(kind, transient, counts, status, retry_after, recreate, also)
+    if message_fault:
+        assert not counts and not transient, "a message's own fault says nothing of the entity"
+    return Classification(
+        kind, transient, counts, status, retry_after, recreate, also, message_fault
+    )
 
 
 # The classification table, one named row per way a send can fail, in docs/errors.md's order.
@@ -154,7 +166,12 @@ SERVER_BUSY = _row(FailureKind.SERVER_BUSY, transient=True, counts=False)
 UNAUTHORIZED = _row(FailureKind.UNAUTHORIZED, transient=False, counts=False)
 UNAUTHENTICATED = _row(FailureKind.UNAUTHORIZED, transient=False, counts=False, recreate=True)
 MESSAGE_TOO_LARGE = _row(
-    FailureKind.MESSAGE_TOO_LARGE, transient=False, counts=False, status=413, retry_after=None
+    FailureKind.MESSAGE_TOO_LARGE,
+    transient=False,
+    counts=False,
+    status=413,
+    retry_after=None,
+    message_fault=True,
 )
 # One row for the broker's timeout and ours: the same condition (no answer in time, outcome
 # unknown). Retry-After is the back-off, not 1 s: the client already waited `send_timeout`,
@@ -184,7 +201,20 @@ INVALID_MESSAGE = _row(
     counts=False,
     status=400,
     retry_after=None,
-    also="`ValueError`/`TypeError` while *building* a message (before any send)",
+    also="`ValueError`/`TypeError` while *building* or encoding a message",
+    message_fault=True,
+)
+# The broker refused the message itself, not the entity: it could not decode it (a
+# ContentType that is not an ASCII symbol, say), or the entity's rules forbid it (no
+# SessionId for a session entity). The SDK raises a bare `ServiceBusError` for these: the
+# AMQP condition says which (gateway.servicebus.errors, SDK_CONDITIONS).
+MESSAGE_REFUSED = _row(
+    FailureKind.MESSAGE_REFUSED,
+    transient=False,
+    counts=False,
+    status=400,
+    retry_after=None,
+    message_fault=True,
 )
 # Pending or in flight when the gateway stopped: says nothing about the entity, so it never
 # counts; another replica can take the retry at once.
@@ -209,6 +239,7 @@ CLASSIFICATIONS: tuple[Classification, ...] = (
     SERVICE,
     UNKNOWN,
     INVALID_MESSAGE,
+    MESSAGE_REFUSED,
     SHUTDOWN,
 )
 

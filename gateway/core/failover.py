@@ -48,7 +48,7 @@ from gateway.core.entities import EntityRef
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient
 from gateway.core.router import Delivery
-from gateway.errors import FailureKind, GatewayError, PayloadTooLarge, SendFailure
+from gateway.errors import GatewayError, PayloadTooLarge, SendFailure
 from gateway.ledger import EventLedger, NullLedger
 from gateway.state.base import BacklogState, EntityState, StateStore, Status
 
@@ -237,8 +237,8 @@ class Failover:
             except SendFailure as failure:
                 last = failure
                 self._observer.backlog_send(queue, False)
-                if failure.kind is FailureKind.MESSAGE_TOO_LARGE:
-                    raise
+                if failure.classification.message_fault:
+                    raise  # the message's fault, not the queue's: it stays in rotation
                 self._store.disable_backlog(
                     queue,
                     self._clock() + self._settings.backlog_reprobe_interval,

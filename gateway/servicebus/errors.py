@@ -10,6 +10,7 @@ is rendered from both.
 from __future__ import annotations
 
 import contextlib
+import struct
 from collections.abc import Iterator, Mapping
 
 from azure.servicebus.exceptions import (
@@ -46,8 +47,40 @@ SDK_EXCEPTIONS: Mapping[type[Exception], Classification] = {
 }
 
 
+# AMQP conditions that say more than the SDK exception carrying them: the SDK raises a bare
+# `ServiceBusError` for a message the broker cannot decode or will not take, which by type
+# alone would count toward failover. The condition wins over the type.
+SDK_CONDITIONS: Mapping[str, Classification] = {
+    "amqp:link:message-size-exceeded": errors.MESSAGE_TOO_LARGE,
+    "amqp:decode-error": errors.MESSAGE_REFUSED,
+    "amqp:not-allowed": errors.MESSAGE_REFUSED,
+}
+# What the SDK's encoder raises for a value it cannot encode, inside its send: it wraps the
+# error in a `ServiceBusError` ("Handler failed"), which by type alone would count.
+_ENCODING_ERRORS = (ValueError, TypeError, OverflowError, struct.error)
+
+
+def condition(exc: BaseException) -> str | None:
+    """The AMQP error condition an SDK exception carries (``amqp:decode-error``), if any."""
+    value = getattr(exc, "_condition", None)
+    value = getattr(value, "value", value)  # pyamqp's ErrorCondition enum, or raw bytes
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    return value if isinstance(value, str) else None
+
+
 def classify(exc: BaseException) -> Classification:
-    """The row of `exc`: its most specific mapped type, else `UNKNOWN`."""
+    """The row of `exc`: its AMQP condition's row, else its most specific mapped type (a
+    `ServiceBusError` wrapping an encoding error: `INVALID_MESSAGE`), else `UNKNOWN`."""
+    cond = condition(exc)
+    if cond is not None and cond in SDK_CONDITIONS:
+        return SDK_CONDITIONS[cond]
+    if (
+        type(exc) is ServiceBusError
+        and cond is None
+        and isinstance(getattr(exc, "inner_exception", None), _ENCODING_ERRORS)
+    ):
+        return errors.INVALID_MESSAGE
     for cls in type(exc).__mro__:
         row = SDK_EXCEPTIONS.get(cls)
         if row is not None:

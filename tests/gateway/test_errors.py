@@ -7,6 +7,7 @@ import inspect
 
 import azure.servicebus.exceptions as sdk_exceptions
 import pytest
+from azure.servicebus._pyamqp.error import ErrorCondition
 from azure.servicebus.exceptions import (
     MessageAlreadySettled,
     MessageLockLostError,
@@ -54,11 +55,33 @@ def test_rows_follow_the_paired_namespace_rule() -> None:
         FailureKind.UNAUTHORIZED,
         FailureKind.MESSAGE_TOO_LARGE,
         FailureKind.INVALID_MESSAGE,
+        FailureKind.MESSAGE_REFUSED,
     }
     for row in CLASSIFICATIONS:
         expected = (not row.transient or row.kind is FailureKind.TIMEOUT) and row.kind not in never
         assert row.counts_toward_failover is expected, row
         assert (row.retry_after is None) is (row.http_status != 503), row
+
+
+def test_the_messages_own_faults_are_named_by_their_amqp_condition() -> None:
+    """The SDK raises a bare ServiceBusError (which counts) for these: the condition decides."""
+    for cond, row in [
+        (ErrorCondition.DecodeError, errors.MESSAGE_REFUSED),
+        (ErrorCondition.NotAllowed, errors.MESSAGE_REFUSED),
+        (b"amqp:decode-error", errors.MESSAGE_REFUSED),
+        (ErrorCondition.LinkMessageSizeExceeded, errors.MESSAGE_TOO_LARGE),
+        (ErrorCondition.InternalError, errors.SERVICE),
+    ]:
+        assert classify(ServiceBusError(message="x", condition=cond)) is row, cond
+    wrapped = ServiceBusError(message="Handler failed: bad", error=TypeError("bad"))
+    assert classify(wrapped) is errors.INVALID_MESSAGE
+    message_rows = {r.kind for r in CLASSIFICATIONS if r.message_fault}
+    assert message_rows == {
+        FailureKind.MESSAGE_TOO_LARGE,
+        FailureKind.INVALID_MESSAGE,
+        FailureKind.MESSAGE_REFUSED,
+    }
+    assert all(r.http_status in {400, 413} for r in CLASSIFICATIONS if r.message_fault)
 
 
 def test_each_row_is_named_once() -> None:

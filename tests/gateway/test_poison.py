@@ -3,9 +3,18 @@ against the local broker. Each test reproduces one report; each failed before it
 
 from __future__ import annotations
 
-import orjson
+import contextlib
+from typing import Any
 
-from sblocal.testing import ControlClient
+import orjson
+import pytest
+
+from gateway.config import NamespaceSettings, TimeoutSettings
+from gateway.core.message import OutboundMessage
+from gateway.errors import INVALID_MESSAGE, MESSAGE_REFUSED, FailureKind, SendFailure
+from gateway.secret import Secret
+from gateway.servicebus.client import SdkNamespaceClient
+from sblocal.testing import BrokerProcess, ControlClient, ControlError
 from tests.conftest import GatewayFactory
 from tests.security.test_slow_clients import open_raw, read_response
 
@@ -52,3 +61,96 @@ async def test_a_reserved_header_is_400_and_never_stored(
     body = await r.json()
     assert body["property"] == "X-MS-TimeToLive" and "reserved" in body["message"]
     assert (await control.counters("primary")).get("sends", 0) == 0
+
+
+# -- the message's fault: every row of the table that means "the message", from sblocal ----
+
+
+async def send_direct(broker: BrokerProcess, path: str, messages: list[OutboundMessage]) -> None:
+    """Send through the gateway's own adapter (no edge checks), as the syphon does."""
+    ns = NamespaceSettings(
+        name="primary", connection_string=Secret(broker.connection_string("primary"))
+    )
+    client = SdkNamespaceClient(ns, TimeoutSettings(sdk_retry_total=0))
+    try:
+        sender = await client.open_sender(path)
+        try:
+            await sender.send(messages)
+        finally:
+            await sender.close()
+    finally:
+        await client.close()
+
+
+async def session_queue(control: ControlClient) -> str:
+    """A queue that requires sessions (created once per broker session)."""
+    with contextlib.suppress(ControlError):  # 409: an earlier test created it
+        await control.create_entity("primary", "sessions", "queue", {"requires_session": True})
+    return "sessions"
+
+
+def msg(i: str, **kw: Any) -> OutboundMessage:
+    return OutboundMessage(body=b"x", message_id=i, **kw)
+
+
+MESSAGE_ROWS = [
+    # (why, entity, the bad message, its row, its HTTP status)
+    ("decode-error", "orders", msg("ct", content_type="t\u00e9xt/plain"), MESSAGE_REFUSED, 400),
+    ("not-allowed", "sessions", msg("no-session"), MESSAGE_REFUSED, 400),
+    ("too-large", "orders", OutboundMessage(body=b"x" * 300_000, message_id="big"), None, 413),
+    ("invalid", "orders", msg("inv", session_id="s" * 129), INVALID_MESSAGE, 400),
+]
+
+
+@pytest.mark.parametrize(("why", "entity", "bad", "row", "status"), MESSAGE_ROWS)
+@pytest.mark.parametrize("alone", [True, False], ids=["alone", "in-a-batch"])
+async def test_every_message_row_is_the_messages_fault_against_the_broker(
+    broker, control, why, entity, bad, row, status, alone
+):
+    await session_queue(control)
+    with pytest.raises(SendFailure) as info:
+        await send_direct(broker, entity, [bad] if alone else [msg("good"), bad])
+    c = info.value.classification
+    assert c.message_fault and not c.counts_toward_failover and not c.transient, c
+    assert (c is row) if row is not None else c.kind is FailureKind.MESSAGE_TOO_LARGE
+    assert info.value.status == status
+
+
+async def test_refused_messages_never_fail_an_entity_over(gateway: GatewayFactory, control):
+    """A sessionless message to a session entity is refused (amqp:not-allowed): four of them
+    are four 400s; the entity stays healthy (failover would engage at the first counting
+    failure here) and every backlog queue stays in rotation."""
+    await session_queue(control)
+    gw = await gateway(
+        {**FAILOVER, "SBGATE_FAILOVER_INTERVAL": "0", "SBGATE_ENTITIES": "queue:sessions"}
+    )
+    for i in range(4):
+        r = await gw.post("/queues/sessions/messages", data=f"bad-{i}".encode())
+        assert r.status == 400, await r.text()
+        assert (await r.json())["error"] == "upstream_message_refused"
+    r = await gw.post(
+        "/queues/sessions/messages",
+        data=b"good",
+        headers={"BrokerProperties": '{"SessionId": "a"}'},
+    )
+    assert r.status == 201, await r.text()
+    listing = (await (await gw.get("/admin/entities")).json())["entities"]
+    [sessions] = listing
+    assert sessions["state"] == "healthy"
+    assert all(q["inRotation"] for q in sessions["backlogQueues"])
+
+
+async def test_a_backlog_queue_refusing_a_message_stays_in_rotation(
+    gateway: GatewayFactory, control
+):
+    gw = await gateway(FAILOVER)
+    assert (await gw.post("/admin/entities/orders/failover")).status == 200
+    await control.add_fault("secondary", "amqp:decode-error", operation="send", count=1)
+    r = await gw.post("/queues/orders/messages", data=b"refused")
+    assert r.status == 400, await r.text()
+    assert (await r.json())["error"] == "upstream_message_refused"
+    listing = (await (await gw.get("/admin/entities")).json())["entities"]
+    orders = next(e for e in listing if e["entity"] == "orders")
+    assert all(q["inRotation"] for q in orders["backlogQueues"]), orders
+    r = await gw.post("/queues/orders/messages", data=b"next")
+    assert r.status == 202, await r.text()

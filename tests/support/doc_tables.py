@@ -19,7 +19,7 @@ from gateway.config import DocRow, documentation
 from gateway.errors import CLASSIFICATIONS, Classification
 from gateway.ledger import NullLedger
 from gateway.metrics import Metrics
-from gateway.servicebus.errors import SDK_EXCEPTIONS
+from gateway.servicebus.errors import SDK_CONDITIONS, SDK_EXCEPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DOCS = ROOT / "docs"
@@ -58,7 +58,8 @@ def _yes(flag: bool) -> str:
 
 
 def _error_row(row: Classification) -> list[str]:
-    causes = [f"`{t.__name__}`" for t, r in SDK_EXCEPTIONS.items() if r is row]
+    causes = [f"`{c}`" for c, r in SDK_CONDITIONS.items() if r is row]
+    causes += [f"`{t.__name__}`" for t, r in SDK_EXCEPTIONS.items() if r is row]
     if row.also_raised_for:
         causes.append(row.also_raised_for)
     answer = str(row.http_status)
@@ -71,13 +72,21 @@ def _error_row(row: Classification) -> list[str]:
         f"`upstream_{row.kind.value}`",
         _yes(row.transient),
         _yes(row.counts_toward_failover),
+        _yes(row.message_fault),
         answer,
     ]
 
 
 def errors_table() -> str:
     """docs/errors.md's table: the one classification table and the SDK map."""
-    head = ["raised for", "error code", "transient", "counts toward failover", "answer"]
+    head = [
+        "raised for",
+        "error code",
+        "transient",
+        "counts toward failover",
+        "the message's fault",
+        "answer",
+    ]
     return _table(head, (_error_row(r) for r in CLASSIFICATIONS))
 
 
