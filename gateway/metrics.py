@@ -116,6 +116,12 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             ["namespace"],
             registry=r,
         )
+        self.batch_splits = Counter(
+            "sbgate_batch_splits_total",
+            "Extra broker sends made to isolate a message the broker refused for its own sake "
+            "from the other requests of its micro-batch (bisection).",
+            registry=r,
+        )
         self.ready = Gauge("sbgate_ready", "1 when /readyz answers 200, 0 otherwise.", registry=r)
         self.failover_state = Gauge(
             "sbgate_failover_state",
@@ -253,6 +259,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
 
     def sender_recreated(self, dest: str) -> None:
         self.senders_recreated.labels(dest.split("/", 1)[0]).inc()
+
+    def batch_split(self, dest: str) -> None:
+        self.batch_splits.inc()
 
     # FailoverObserver
     def entity_state(self, entity: str, status: Status) -> None:

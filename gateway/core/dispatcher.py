@@ -13,6 +13,9 @@ buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
   destination (up to the batch limits) after yielding one event-loop tick, so batches grow
   with load by themselves and a lone request is sent at once. A request's messages always
   travel in one broker batch, so a request never partially succeeds.
+* **Isolated**: a batch the broker refuses because of one message (`message_fault` in the
+  error table) is bisected between requests, so only the offending request gets the 4xx
+  (`_isolate`, bounded by `split_budget`).
 * **Owned**: every worker task belongs to the dispatcher, which cancels and awaits it in
   `close()`; a worker never dies from a send error.
 """
@@ -23,6 +26,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +36,15 @@ from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender, Tracer
-from gateway.errors import SHUTDOWN, TIMEOUT, UNKNOWN, Draining, Saturated, SendFailure
+from gateway.errors import (
+    SHUTDOWN,
+    TIMEOUT,
+    UNKNOWN,
+    Draining,
+    GatewayError,
+    Saturated,
+    SendFailure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +82,12 @@ class _Group:
         self.batch_key = self.messages[0].batch_key if self.messages else None
 
 
+def split_budget(requests: int) -> int:
+    """The extra sends `_isolate` may make for a refused batch of `requests` requests:
+    enough to bisect down to two offenders (2·⌈log2 n⌉ each), and the last two halves."""
+    return 4 * math.ceil(math.log2(requests)) + 2 if requests > 1 else 0
+
+
 class DispatchObserver:
     """Hooks for metrics. The default does nothing."""
 
@@ -81,6 +99,9 @@ class DispatchObserver:
 
     def sender_recreated(self, dest: str) -> None:
         """A suspect sender was closed and will be reopened."""
+
+    def batch_split(self, dest: str) -> None:
+        """One extra broker send made to isolate a refused message (`Dispatcher._isolate`)."""
 
 
 class _Lane:
@@ -372,9 +393,27 @@ class Dispatcher:
     ) -> Sender | None:
         """Send `groups` as one batch; settle every group's future. Returns the sender to
         keep (None when it must be reopened). `opening`: why the sender could not be
-        opened just before; the groups fail with it."""
-        messages = [m for g in groups for m in g.messages]
+        opened just before; the groups fail with it. A batch of several requests refused
+        for a message's sake is bisected (`_isolate`)."""
         started = self._clock()
+        sender, failure = await self._attempt(lane, sender, groups, opening)
+        if failure is not None and failure.classification.message_fault and len(groups) > 1:
+            self._observe(lane, groups, started, failure)
+            return await self._isolate(lane, sender, groups)
+        self._settle(lane, groups, started, failure)
+        return sender
+
+    async def _attempt(
+        self,
+        lane: _Lane,
+        sender: Sender | None,
+        groups: list[_Group],
+        opening: BaseException | None = None,
+    ) -> tuple[Sender | None, SendFailure | None]:
+        """One broker send of `groups`' messages, unsettled: the sender to keep (None: it
+        must be reopened) and the failure, if any. On cancellation (shutdown mid-send) the
+        groups fail with `SHUTDOWN` and the cancellation goes on."""
+        messages = [m for g in groups for m in g.messages]
         try:
             if opening is not None:
                 raise opening
@@ -390,26 +429,57 @@ class Dispatcher:
             self._fail(groups, SendFailure(SHUTDOWN, "the gateway shut down during the send"))
             raise
         except TimeoutError:
-            timeout_failure = SendFailure(
-                TIMEOUT,
-                f"no answer from Service Bus within {self._timeouts.send_timeout:g}s",
-            )
             await self._discard(lane, sender)
-            self._settle(lane, groups, started, timeout_failure)
-            return None
+            return None, SendFailure(
+                TIMEOUT, f"no answer from Service Bus within {self._timeouts.send_timeout:g}s"
+            )
         except SendFailure as failure:
             if failure.classification.recreate_sender:
                 await self._discard(lane, sender)
                 sender = None
-            self._settle(lane, groups, started, failure)
-            return sender
+            return sender, failure
         except Exception as exc:  # a bug in an adapter must fail the requests, not the worker
             log.exception("unexpected error sending to %s", lane.dest)
-            unknown = SendFailure(UNKNOWN, f"unexpected error: {type(exc).__name__}")
             await self._discard(lane, sender)
-            self._settle(lane, groups, started, unknown)
-            return None
-        self._settle(lane, groups, started, None)
+            return None, SendFailure(UNKNOWN, f"unexpected error: {type(exc).__name__}")
+        return sender, None
+
+    async def _isolate(
+        self, lane: _Lane, sender: Sender | None, groups: list[_Group]
+    ) -> Sender | None:
+        """`groups` (several requests) were refused together because of a message in one of
+        them (`message_fault`): send the halves again, and the halves of a half refused
+        again, so every other request is stored (201) and only the offending one gets its
+        4xx. One offender costs at most 2·⌈log2 n⌉ extra sends; all of them together at
+        most `split_budget(n)`, after which the requests not yet told apart get 503
+        `saturated` (retry; never counted toward failover). A half failing for another
+        reason (a timeout, say) settles with it as any batch does. Settles every group."""
+        budget = split_budget(len(groups))
+        mid = len(groups) // 2
+        todo = [groups[mid:], groups[:mid]]  # a stack: the first half first
+        while todo:
+            part = [g for g in todo.pop() if not g.future.done()]
+            if not part:
+                continue
+            if budget <= 0:
+                self._fail(
+                    part,
+                    Saturated(
+                        "the batch this request was sent in held several messages the broker "
+                        "refused, and it could not be told apart from them; retry"
+                    ),
+                )
+                continue
+            budget -= 1
+            self._observer.batch_split(str(lane.dest))
+            started = self._clock()
+            sender, failure = await self._attempt(lane, sender, part)
+            if failure is not None and failure.classification.message_fault and len(part) > 1:
+                self._observe(lane, part, started, failure)
+                mid = len(part) // 2
+                todo += [part[mid:], part[:mid]]
+                continue
+            self._settle(lane, part, started, failure)
         return sender
 
     def _take_spare(self, lane: _Lane) -> Sender | None:
@@ -425,9 +495,6 @@ class Dispatcher:
     def _settle(
         self, lane: _Lane, groups: list[_Group], started: float, failure: SendFailure | None
     ) -> None:
-        n = sum(len(g.messages) for g in groups)
-        outcome = "ok" if failure is None else failure.kind.value
-        seconds = self._clock() - started
         # The requests first: nothing below may leave one unsettled.
         if failure is None:
             for g in groups:
@@ -435,6 +502,15 @@ class Dispatcher:
                     g.future.set_result(None)
         else:
             self._fail(groups, self._with_retry_after(failure))
+        self._observe(lane, groups, started, failure)
+
+    def _observe(
+        self, lane: _Lane, groups: list[_Group], started: float, failure: SendFailure | None
+    ) -> None:
+        """One broker operation's metrics and span."""
+        n = sum(len(g.messages) for g in groups)
+        outcome = "ok" if failure is None else failure.kind.value
+        seconds = self._clock() - started
         self._observer.batch_sent(str(lane.dest), n, seconds, outcome)
         if self._tracer.enabled:
             links = [g.trace for g in groups]
@@ -450,7 +526,7 @@ class Dispatcher:
         return failure
 
     @staticmethod
-    def _fail(groups: Iterable[_Group], failure: SendFailure) -> None:
+    def _fail(groups: Iterable[_Group], failure: GatewayError) -> None:
         for g in groups:
             if not g.future.done():
                 g.future.set_exception(failure)

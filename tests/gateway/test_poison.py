@@ -3,6 +3,7 @@ against the local broker. Each test reproduces one report; each failed before it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -12,11 +13,13 @@ import pytest
 from gateway.config import NamespaceSettings, TimeoutSettings
 from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, MESSAGE_REFUSED, FailureKind, SendFailure
+from gateway.metrics import Metrics
 from gateway.secret import Secret
 from gateway.servicebus.client import SdkNamespaceClient
 from sblocal.testing import BrokerProcess, ControlClient, ControlError
 from tests.conftest import GatewayFactory
 from tests.security.test_slow_clients import open_raw, read_response
+from tests.support.waiting import eventually
 
 FAILOVER = {
     "SBGATE_ENABLE_FAILOVER": "true",
@@ -154,3 +157,51 @@ async def test_a_backlog_queue_refusing_a_message_stays_in_rotation(
     assert all(q["inRotation"] for q in orders["backlogQueues"]), orders
     r = await gw.post("/queues/orders/messages", data=b"next")
     assert r.status == 202, await r.text()
+
+
+async def test_innocent_requests_batched_with_a_refused_one_are_stored(
+    gateway: GatewayFactory, control
+):
+    """A sessionless message (PartitionKey only) shares a micro-batch with SessionId'd ones
+    (the same key): the broker refuses the whole batch (amqp:not-allowed). Bisected, every
+    innocent request is stored (201) and only the offender gets its 400."""
+    await session_queue(control)
+    metrics = Metrics()
+    gw = await gateway(
+        {
+            **FAILOVER,
+            "SBGATE_FAILOVER_INTERVAL": "0",
+            "SBGATE_ENTITIES": "queue:sessions",
+            "SBGATE_SENDERS_PER_ENTITY": "1",
+        },
+        metrics=metrics,
+    )
+    await control.set_latency("primary", store_ms=300)  # the first send holds the sender
+
+    def post(props: dict[str, str]) -> Any:
+        return gw.post(
+            "/queues/sessions/messages",
+            data=b"x",
+            headers={"BrokerProperties": orjson.dumps(props).decode()},
+        )
+
+    first = asyncio.create_task(post({"SessionId": "p", "MessageId": "first"}))
+
+    async def first_is_sending() -> bool:
+        return (metrics.registry.get_sample_value("sbgate_broker_sends_in_flight") or 0) > 0
+
+    await eventually(first_is_sending, within=10)
+    props = [{"SessionId": "p", "MessageId": f"good-{i}"} for i in range(10)]
+    props.insert(5, {"PartitionKey": "p", "MessageId": "bad"})
+    answers = await asyncio.gather(first, *(post(p) for p in props))
+    statuses = {
+        p["MessageId"]: r.status
+        for p, r in zip([{"MessageId": "first"}, *props], answers, strict=True)
+    }
+    assert statuses.pop("bad") == 400
+    assert set(statuses.values()) == {201}, statuses
+    assert (await control.entity("primary", "sessions"))["active"] >= 11
+    splits = metrics.registry.get_sample_value("sbgate_batch_splits_total")
+    assert splits is not None and splits > 0, "the bad one shared a batch, which was bisected"
+    listing = (await (await gw.get("/admin/entities")).json())["entities"]
+    assert listing[0]["state"] == "healthy"

@@ -1,0 +1,137 @@
+"""A message refused for its own sake fails only its request: the dispatcher bisects the
+micro-batch it was in (fakes at the NamespaceClient port; the real broker's refusals are in
+tests/gateway/test_poison.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from gateway.config import LimitSettings, TimeoutSettings
+from gateway.core.dispatcher import Destination, Dispatcher, DispatchObserver, split_budget
+from gateway.core.message import OutboundMessage
+from gateway.errors import CONNECTION, MESSAGE_REFUSED, Saturated, SendFailure
+from tests.support.fakes import FakeClient, msg
+
+LIMITS = LimitSettings(senders_per_entity=1, admission_timeout=5.0, max_batch_messages=200)
+TIMEOUTS = TimeoutSettings(send_timeout=5.0, connect_timeout=1.0)
+
+
+class Splits(DispatchObserver):
+    def __init__(self) -> None:
+        self.splits = 0
+
+    def batch_split(self, dest: str) -> None:
+        self.splits += 1
+
+
+def refusing(bad: set[str], gate: asyncio.Event):
+    """The broker refuses any batch holding a message whose id is in `bad`; the first
+    batch waits for `gate`, so the requests behind it coalesce into one batch."""
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        await gate.wait()
+        if any(m.message_id in bad for m in messages):
+            raise SendFailure(MESSAGE_REFUSED, "amqp:decode-error")
+
+    return behaviour
+
+
+async def run(n: int, bad: set[str]):
+    gate = asyncio.Event()
+    client = FakeClient(behaviour=refusing(bad, gate))
+    observer = Splits()
+    d = Dispatcher(LIMITS, TIMEOUTS, observer=observer)
+    dest = Destination(client, "orders")
+    try:
+        first = asyncio.create_task(d.send(dest, [msg("first")]))
+        await asyncio.sleep(0)  # the worker takes "first" and waits at the gate
+        while not client.batches:
+            await asyncio.sleep(0)
+        # One request per id; request "r3" holds two messages, the second one bad if asked.
+        tasks = {
+            f"r{i}": asyncio.create_task(
+                d.send(dest, [msg(f"r{i}"), msg(f"r{i}b")] if i == 3 else [msg(f"r{i}")])
+            )
+            for i in range(n)
+        }
+        await asyncio.sleep(0)
+        gate.set()
+        await first
+        results = dict(
+            zip(tasks, await asyncio.gather(*tasks.values(), return_exceptions=True), strict=True)
+        )
+    finally:
+        await d.close(grace=1.0)
+    return results, client, observer
+
+
+@pytest.mark.parametrize(
+    ("n", "bad", "offender"),
+    [(2, "r1", "r1"), (7, "r3b", "r3"), (32, "r0", "r0"), (100, "r3b", "r3"), (100, "r99", "r99")],
+)
+async def test_one_refused_message_fails_only_its_request(n, bad, offender):
+    results, client, observer = await run(n, {bad})
+    for rid, outcome in results.items():
+        if rid == offender:
+            assert isinstance(outcome, SendFailure) and outcome.status == 400, outcome
+        else:
+            assert outcome is None, (rid, outcome)
+    stored = {i for _, ids in client.batches[1:] if bad not in ids for i in ids}
+    expected = {r for r in results if r != offender}
+    if "r3" in expected:
+        expected.add("r3b")
+    assert stored == expected
+    # The refused batch, then at most two sends per halving down to the offender.
+    assert 0 < observer.splits <= 2 * math.ceil(math.log2(n)), observer.splits
+    assert len(client.batches) == 2 + observer.splits
+
+
+async def test_a_request_is_still_never_split():
+    """Bisection splits between requests, never inside one: r3's good message is not
+    stored when its bad one is refused."""
+    results, client, _ = await run(8, {"r3b"})
+    assert isinstance(results["r3"], SendFailure)
+    refused_alone = [ids for _, ids in client.batches if "r3b" in ids]
+    assert ["r3", "r3b"] in refused_alone
+
+
+async def test_the_extra_sends_are_bounded_when_every_request_is_refused():
+    n = 64
+    results, client, observer = await run(n, {f"r{i}" for i in range(n)} | {"r3b"})
+    assert observer.splits <= split_budget(n)
+    assert len(client.batches) == 2 + observer.splits
+    for outcome in results.values():
+        # Proven refused alone (400), or not decided within the budget (503, retry).
+        assert isinstance(outcome, (SendFailure, Saturated)), outcome
+        if isinstance(outcome, SendFailure):
+            assert outcome.status == 400
+    assert any(isinstance(o, Saturated) for o in results.values())
+
+
+async def test_a_batch_failing_for_the_namespace_is_not_bisected():
+    gate = asyncio.Event()
+
+    async def down(path: str, messages: Sequence[OutboundMessage]) -> None:
+        await gate.wait()
+        raise SendFailure(CONNECTION, "gone")
+
+    client = FakeClient(behaviour=down)
+    observer = Splits()
+    d = Dispatcher(LIMITS, TIMEOUTS, observer=observer)
+    dest = Destination(client, "orders")
+    try:
+        first = asyncio.create_task(d.send(dest, [msg("first")]))
+        while not client.batches:
+            await asyncio.sleep(0)
+        tasks = [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(8)]
+        await asyncio.sleep(0)
+        gate.set()
+        outcomes = await asyncio.gather(first, *tasks, return_exceptions=True)
+    finally:
+        await d.close(grace=1.0)
+    assert all(isinstance(o, SendFailure) and o.classification is CONNECTION for o in outcomes)
+    assert observer.splits == 0 and len(client.batches) == 2
