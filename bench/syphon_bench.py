@@ -163,6 +163,7 @@ async def idle_ops() -> int:
         queues=[backlog_path("primary", i) for i in range(QUEUES)],
         dispatcher=Dispatcher(LimitSettings(), TimeoutSettings()),
         primary=FakeClient(),
+        entities=["orders"],
         store=store,
         settings=SyphonSettings(),
         timeouts=TimeoutSettings(),

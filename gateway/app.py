@@ -376,6 +376,7 @@ def _start_syphons(app: web.Application) -> list[Syphon]:
             queues=pc.backlog_queues,
             dispatcher=app[DISPATCHER],
             primary=pc.primary,
+            entities=[e.path for e in settings.entities if e.pair == p.name],
             store=app.get(STORE),
             settings=settings.syphon,
             timeouts=settings.timeouts,

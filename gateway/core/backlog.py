@@ -28,6 +28,7 @@ every application property are kept untouched.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Final
@@ -53,6 +54,16 @@ BACKLOG_SEGMENT: Final = "x-servicebus-transfer"
 BACKLOG_PATH_PATTERN: Final = rf"/{BACKLOG_SEGMENT}/\d+$"
 _BACKLOG_PATH: Final = re.compile(BACKLOG_PATH_PATTERN, re.IGNORECASE)
 _DEAD_LETTER_SUFFIX: Final = re.compile(r"/\$deadletterqueue$", re.IGNORECASE)
+# What `restore` accepts back: Service Bus's own bounds (ids: 128 characters; TTL at most
+# TimeSpan.MaxValue).
+MAX_ID_LENGTH: Final = 128
+MAX_TTL_MS: Final = 10675199 * 86400 * 1000
+
+
+class RestoreError(ValueError):
+    """A backlog message whose rewrite properties cannot be read back: a wrong type, a value
+    out of range, or a contradiction. Nothing the gateway writes; anyone with Send on the
+    secondary namespace can (docs/security.md#the-syphon-and-the-backlog-queues)."""
 
 
 def backlog_path(primary_namespace: str, index: int) -> str:
@@ -126,21 +137,33 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
     its schedule and its *whole* TTL (it expires at schedule + TTL, as it would have); any
     other goes home unscheduled with the *remaining* TTL: from its acceptance, or from its
     schedule if that came later. `expired` when nothing is left. Returns None if `m`
-    carries no ``x-ms-path`` (not a backlog message).
+    carries no ``x-ms-path`` (not a backlog message); raises `RestoreError` when a rewrite
+    property is not what `rewrite` writes (type, range, SessionId vs PartitionKey). Whether
+    the path names an entity this pair serves is the caller's check.
     """
     props = dict(m.application_properties)
-    path = props.pop(PATH, None)
-    if not isinstance(path, str):
+    if PATH not in props:
         return None
-    accepted = _seconds(props.pop(ACCEPTED, None))
-    session_id = props.pop(SESSION_ID, None)
+    path = props.pop(PATH)
+    if not isinstance(path, str) or not path:
+        raise RestoreError(f"{PATH} must be an entity path")
+    accepted = _timestamp(props, ACCEPTED)
+    session_id = _identifier(props, SESSION_ID)
     ttl_ms = props.pop(TIME_TO_LIVE, None)
-    scheduled_at = _seconds(props.pop(SCHEDULED, None))
-    partition_key = props.pop(PARTITION_KEY, None)
+    scheduled_at = _timestamp(props, SCHEDULED)
+    partition_key = _identifier(props, PARTITION_KEY)
+    if session_id is not None and partition_key and partition_key != session_id:
+        raise RestoreError(f"{PARTITION_KEY} must equal {SESSION_ID} when both are set")
+    if ttl_ms is not None and (
+        isinstance(ttl_ms, bool)
+        or not isinstance(ttl_ms, int | float)
+        or not (math.isfinite(ttl_ms) and 0 <= ttl_ms <= MAX_TTL_MS)
+    ):
+        raise RestoreError(f"{TIME_TO_LIVE} must be a number of milliseconds, 0 to {MAX_TTL_MS}")
     pending = scheduled_at is not None and scheduled_at > now
     ttl: dt.timedelta | None = None
     expired = False
-    if isinstance(ttl_ms, int | float) and not isinstance(ttl_ms, bool):
+    if ttl_ms is not None:
         if pending:
             ttl = dt.timedelta(milliseconds=ttl_ms)
         else:
@@ -149,11 +172,11 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
                 start = max(start, scheduled_at)
             remaining = start + ttl_ms / 1000 - now
             expired = remaining <= 0
-            ttl = dt.timedelta(seconds=max(remaining, 0.001))
+            ttl = dt.timedelta(seconds=min(max(remaining, 0.001), MAX_TTL_MS / 1000))
     original = replace(
         m,
-        session_id=session_id if isinstance(session_id, str) else None,
-        partition_key=partition_key if isinstance(partition_key, str) else None,
+        session_id=session_id,
+        partition_key=partition_key,
         time_to_live=ttl,
         scheduled_enqueue_time_utc=(
             dt.datetime.fromtimestamp(scheduled_at, dt.UTC)
@@ -163,6 +186,31 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
         application_properties=props,
     )
     return Restored(entity_path=path, message=original, expired=expired, accepted_at=accepted)
+
+
+def _timestamp(props: dict[str, AppValue], key: str) -> float | None:
+    """Pop timestamp property `key` as unix seconds (None: absent), within datetime's range."""
+    value = props.pop(key, None)
+    if value is None:
+        return None
+    seconds = _seconds(value)
+    if seconds is None or not math.isfinite(seconds):
+        raise RestoreError(f"{key} must be a timestamp")
+    try:
+        dt.datetime.fromtimestamp(seconds, dt.UTC)
+    except (OverflowError, ValueError, OSError):
+        raise RestoreError(f"{key} is out of range") from None
+    return seconds
+
+
+def _identifier(props: dict[str, AppValue], key: str) -> str | None:
+    """Pop id property `key` (None: absent): text of at most `MAX_ID_LENGTH` characters."""
+    value = props.pop(key, None)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_ID_LENGTH:
+        raise RestoreError(f"{key} must be text of at most {MAX_ID_LENGTH} characters")
+    return value
 
 
 def ping_message(message_id: str) -> OutboundMessage:
@@ -183,6 +231,7 @@ __all__ = [
     "PATH",
     "PING_CONTENT_TYPE",
     "REWRITE_KEYS",
+    "RestoreError",
     "Restored",
     "accepted_at",
     "backlog_path",

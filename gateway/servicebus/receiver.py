@@ -123,12 +123,19 @@ class SdkBacklogPort:
         out: list[Received] = []
         for m in await self._call(path, op):
             locked = m.locked_until_utc
+            unreadable: str | None = None
+            try:  # per message: one that cannot be read must not lose the others
+                message = from_sdk(m)
+            except Exception as exc:  # anyone with Send on the namespace can write anything
+                unreadable = f"{type(exc).__name__}: {exc}"[:200]
+                message = OutboundMessage(body=b"", message_id=str(m.message_id)[:128])
             out.append(
                 Received(
-                    message=from_sdk(m),
+                    message=message,
                     handle=m,
                     locked_until=locked.timestamp() if locked else None,
                     delivery_count=m.delivery_count or 0,
+                    unreadable=unreadable,
                 )
             )
         return out

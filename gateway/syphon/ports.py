@@ -20,6 +20,9 @@ class Received:
     handle: Any  # the adapter's own message object, for settling
     locked_until: float | None  # unix time the lock expires
     delivery_count: int
+    # Why the adapter could not read it as a message (a property of a type no REST client can
+    # send, say): the syphon dead-letters it. `message` then holds only its MessageId.
+    unreadable: str | None = None
 
 
 class BacklogPort(Protocol):

@@ -37,11 +37,19 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gateway.config import SyphonSettings, TimeoutSettings
-from gateway.core.backlog import BACKLOG_LOCK_DURATION, PING_CONTENT_TYPE, accepted_at, restore
+from gateway.core.backlog import (
+    BACKLOG_LOCK_DURATION,
+    PATH,
+    PING_CONTENT_TYPE,
+    RestoreError,
+    accepted_at,
+    restore,
+)
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Tracer
@@ -54,6 +62,10 @@ log = logging.getLogger(__name__)
 
 TTL_EXPIRED = "TTLExpiredException"
 NOT_A_BACKLOG_MESSAGE = "NotABacklogMessage"
+# A message that cannot go home is dead-lettered in its backlog queue with one of these
+# reasons, never retried for ever (backlog queues never dead-letter by delivery count):
+RESTORE_FAILED = "RestoreFailed"  # unreadable, a rewrite property wrong, or not our entity
+REFUSED_BY_PRIMARY = "RefusedByPrimary"  # the primary refused it for its own sake
 MIN_CHECK_SPACING = 1.0  # at most one depth check per second, however many failbacks
 # While a backlog may hold messages (the last check saw some, or an entity is not healthy),
 # depths are checked this often: the backlog gauges stay fresh for dashboards and alerts.
@@ -106,6 +118,7 @@ class Syphon:
         queues: Sequence[str],
         dispatcher: Dispatcher,
         primary: NamespaceClient,
+        entities: Collection[str],
         store: StateStore | None,
         settings: SyphonSettings,
         timeouts: TimeoutSettings,
@@ -119,6 +132,9 @@ class Syphon:
         self._queues = list(queues)
         self._dispatcher = dispatcher
         self._primary = primary
+        # The entities this gateway serves in this pair, by lower-case path: the only places
+        # a backlog message may be sent (x-ms-path is data anyone with Send can write).
+        self._entities = {e.lower(): e for e in entities}
         self._store = store
         self._settings = settings
         self._timeouts = timeouts
@@ -321,58 +337,99 @@ class Syphon:
 
     async def _move_received(self, path: str, received: list[Received]) -> str:
         now = self._clock.now()
-        groups: dict[tuple[str, str | None], list[tuple[Received, OutboundMessage]]] = {}
+        groups: dict[str, list[tuple[Received, OutboundMessage]]] = {}
         blocked = False
         for r in received:
-            if r.message.content_type == PING_CONTENT_TYPE:
-                await self._settle(path, r, "complete")
+            try:  # per message: one that cannot go home never holds up the others
+                triaged = await self._triage(path, r, now)
+            except Exception as exc:
+                log.exception("syphon: a message in %s could not be read back", path)
+                await self._dead_letter(path, r, RESTORE_FAILED, f"{type(exc).__name__}: {exc}")
                 continue
-            restored = restore(r.message, now)
-            if restored is None:
-                await self._dead_letter(path, r, NOT_A_BACKLOG_MESSAGE, "no x-ms-path property")
-                continue
-            if restored.expired:
-                await self._dead_letter(
-                    path,
-                    r,
-                    TTL_EXPIRED,
-                    f"the message's time to live ran out in the backlog before it could be "
-                    f"moved to {restored.entity_path}",
-                )
-                self.stats.expired += 1
-                self._observer.expired(restored.entity_path)
-                self._ledger.emit(
-                    "expired",
-                    message_id=r.message.message_id,
-                    entity=restored.entity_path,
-                    backlog=path,
-                    size=r.message.size,
-                )
-                continue
-            state = self._store.get(restored.entity_path.lower()) if self._store else None
-            if state is not None and state.status == "failed_over":
-                await self._settle(path, r, "abandon")
+            if triaged == "blocked":
                 blocked = True
-                continue
-            key = (restored.entity_path, restored.message.batch_key)
-            groups.setdefault(key, []).append((r, restored.message))
+            elif triaged is not None:
+                entity, message = triaged
+                groups.setdefault(entity, []).append((r, message))
         failed = False
-        for (entity, _), items in groups.items():
+        for entity, items in groups.items():
             if not await self._move(path, entity, items):
                 failed = True
         if failed:
             return "failed"
         return "blocked" if blocked else "moved"
 
+    async def _triage(
+        self, path: str, r: Received, now: float
+    ) -> tuple[str, OutboundMessage] | Literal["blocked"] | None:
+        """Where backlog message `r` goes (its entity and the restored message), "blocked"
+        (its entity is still failed over: abandoned), or None: settled here (a ping, or
+        dead-lettered because it cannot or must not go home)."""
+        if r.unreadable is not None:
+            await self._dead_letter(path, r, RESTORE_FAILED, r.unreadable)
+            return None
+        if r.message.content_type == PING_CONTENT_TYPE:
+            await self._settle(path, r, "complete")
+            return None
+        try:
+            restored = restore(r.message, now)
+        except RestoreError as exc:
+            await self._dead_letter(path, r, RESTORE_FAILED, str(exc))
+            return None
+        if restored is None:
+            await self._dead_letter(path, r, NOT_A_BACKLOG_MESSAGE, f"no {PATH} property")
+            return None
+        entity = self._entities.get(restored.entity_path.lower())
+        if entity is None:
+            await self._dead_letter(
+                path,
+                r,
+                RESTORE_FAILED,
+                f"{PATH} {restored.entity_path[:200]!r} names no entity this gateway serves "
+                "in this namespace pair",
+            )
+            return None
+        if restored.expired:
+            await self._dead_letter(
+                path,
+                r,
+                TTL_EXPIRED,
+                f"the message's time to live ran out in the backlog before it could be "
+                f"moved to {entity}",
+            )
+            self.stats.expired += 1
+            self._observer.expired(entity)
+            self._ledger.emit(
+                "expired",
+                message_id=r.message.message_id,
+                entity=entity,
+                backlog=path,
+                size=r.message.size,
+            )
+            return None
+        state = self._store.get(entity.lower()) if self._store else None
+        if state is not None and state.status == "failed_over":
+            await self._settle(path, r, "abandon")
+            return "blocked"
+        return entity, restored.message
+
     async def _move(
         self, path: str, entity: str, items: list[tuple[Received, OutboundMessage]]
     ) -> bool:
+        """Send `items` home, each as its own request (the dispatcher batches them, and
+        bisects a batch the primary refuses for one message's sake), then settle each by
+        its own outcome: complete, dead-letter (`REFUSED_BY_PRIMARY`) or abandon. False if
+        any was abandoned (back off)."""
         await self._renew_if_needed(path, [r for r, _ in items])
         # The remaining TTL is computed again now, at send time: time passed since receive.
         fresh: list[tuple[Received, OutboundMessage]] = []
         now = self._clock.now()
         for r, _ in items:
-            again = restore(r.message, now)
+            try:
+                again = restore(r.message, now)
+            except RestoreError as exc:  # it restored a moment ago; the clock cannot break it
+                await self._dead_letter(path, r, RESTORE_FAILED, str(exc))
+                continue
             if again is None or again.expired:
                 await self._dead_letter(path, r, TTL_EXPIRED, "the time to live ran out")
                 self.stats.expired += 1
@@ -384,28 +441,55 @@ class Syphon:
             return True
         self._op("send")
         moved = [m for _, m in items]
-        try:
-            # The move span (tracing on) links to each message's original context; the
-            # messages keep theirs: they arrive home with it, not with the move's.
-            with self._tracer.moving(entity, path, [m.application_properties for m in moved]):
-                await self._dispatcher.send(Destination(self._primary, entity), moved)
-        except GatewayError as exc:
+        dest = Destination(self._primary, entity)
+        # The move span (tracing on) links to each message's original context; the
+        # messages keep theirs: they arrive home with it, not with the move's.
+        with self._tracer.moving(entity, path, [m.application_properties for m in moved]):
+            outcomes = await asyncio.gather(
+                *(self._dispatcher.send(dest, [m]) for m in moved), return_exceptions=True
+            )
+        home: list[tuple[Received, OutboundMessage]] = []
+        failed: list[tuple[Received, BaseException]] = []
+        for (r, m), outcome in zip(items, outcomes, strict=True):
+            if outcome is None:
+                home.append((r, m))
+            elif isinstance(outcome, SendFailure) and outcome.classification.message_fault:
+                await self._dead_letter(
+                    path,
+                    r,
+                    REFUSED_BY_PRIMARY,
+                    f"{entity} refused the message: {outcome.message}"[:1000],
+                )
+            elif isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            else:
+                failed.append((r, outcome))
+        if failed:
+            first = failed[0][1]
             log.warning(
                 "syphon: moving %d message(s) to %s failed: %s",
-                len(items),
+                len(failed),
                 entity,
-                exc.message,
+                first.message if isinstance(first, GatewayError) else repr(first),
                 extra={"entity": entity, "backlog": path},
             )
-            for r, _ in items:
+            for r, _ in failed:
                 await self._settle(path, r, "abandon")
-            self.stats.abandoned += len(items)
-            self._observer.abandoned(len(items))
-            if isinstance(exc, SendFailure):
-                self._fault(path, exc)
-            return False
+            self.stats.abandoned += len(failed)
+            self._observer.abandoned(len(failed))
+            failure = next((e for _, e in failed if isinstance(e, SendFailure)), None)
+            if failure is not None:
+                self._fault(path, failure)
+        if home:
+            await self._arrived(path, entity, home)
+        return not failed
+
+    async def _arrived(
+        self, path: str, entity: str, items: list[tuple[Received, OutboundMessage]]
+    ) -> None:
+        """`items` were stored at the primary: complete them in the backlog, only now."""
         home = self._clock.now()
-        for r, m in items:  # only now: the send succeeded
+        for r, m in items:
             await self._settle(path, r, "complete")
             accepted = accepted_at(r.message)
             if accepted is not None:
@@ -430,7 +514,6 @@ class Syphon:
                 "message_ids": [m.message_id for _, m in items][:20],
             },
         )
-        return True
 
     async def _renew_if_needed(self, path: str, items: list[Received]) -> None:
         margin = self._timeouts.send_timeout + 5.0
@@ -473,6 +556,15 @@ class Syphon:
             return
         self.stats.dead_lettered += 1
         self._observer.dead_lettered(reason)
+        if reason in {RESTORE_FAILED, REFUSED_BY_PRIMARY, NOT_A_BACKLOG_MESSAGE}:
+            log.warning(
+                "syphon: dead-lettered %s in %s (%s): %s",
+                r.message.message_id,
+                path,
+                reason,
+                description,
+                extra={"backlog": path, "reason": reason},
+            )
         if reason != TTL_EXPIRED:  # expiries are recorded as "expired"
             self._ledger.emit(
                 "dead_lettered", message_id=r.message.message_id, backlog=path, reason=reason

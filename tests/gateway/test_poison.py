@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 from typing import Any
 
 import orjson
 import pytest
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient
 
 from gateway.config import NamespaceSettings, TimeoutSettings
 from gateway.core.message import OutboundMessage
@@ -16,6 +19,7 @@ from gateway.errors import INVALID_MESSAGE, MESSAGE_REFUSED, FailureKind, SendFa
 from gateway.metrics import Metrics
 from gateway.secret import Secret
 from gateway.servicebus.client import SdkNamespaceClient
+from gateway.servicebus.encoding import amqp_value
 from sblocal.testing import BrokerProcess, ControlClient, ControlError
 from tests.conftest import GatewayFactory
 from tests.security.test_slow_clients import open_raw, read_response
@@ -205,3 +209,94 @@ async def test_innocent_requests_batched_with_a_refused_one_are_stored(
     assert splits is not None and splits > 0, "the bad one shared a batch, which was bisected"
     listing = (await (await gw.get("/admin/entities")).json())["entities"]
     assert listing[0]["state"] == "healthy"
+
+
+# -- the syphon survives any message (item 4) ----------------------------------------------
+
+SYPHON = {
+    **FAILOVER,
+    "SBGATE_ENABLE_SYPHON": "true",
+    "SBGATE_BACKLOG_QUEUE_COUNT": "1",  # one queue: the poison and the innocent share it
+    "SBGATE_SEND_TIMEOUT": "2",
+    "SBGATE_RECEIVE_WAIT": "0.5",
+    "SBGATE_IDLE_CHECK_INTERVAL": "3600",
+}
+BACKLOG = "primary/x-servicebus-transfer/0"
+NOW = dt.datetime.now(dt.UTC)
+
+POISON = {
+    # The reported one: restore() raised OverflowError and the queue's task ended for good.
+    "ttl-overflow": (
+        {"x-ms-path": "orders", "x-ms-timetolive": 999999999999999999},
+        "RestoreFailed",
+    ),
+    "ttl-type": ({"x-ms-path": "orders", "x-ms-timetolive": "forever"}, "RestoreFailed"),
+    "schedule-range": (
+        {"x-ms-path": "orders", "x-ms-scheduledenqueuetimeutc": 2**62},
+        "RestoreFailed",
+    ),
+    "session-too-long": ({"x-ms-path": "orders", "x-ms-sessionid": "s" * 129}, "RestoreFailed"),
+    "session-vs-partition": (
+        {"x-ms-path": "orders", "x-ms-sessionid": "a", "x-ms-partitionkey": "b"},
+        "RestoreFailed",
+    ),
+    # Item 3: the syphon must not write where x-ms-path says unless this gateway serves it.
+    "not-served": ({"x-ms-path": "elsewhere"}, "RestoreFailed"),
+    "a-backlog-queue": ({"x-ms-path": BACKLOG}, "RestoreFailed"),
+    # Restorable, but the primary refuses it for its own sake (no SessionId for a session
+    # entity): dead-lettered, not retried for ever.
+    "refused-by-primary": ({"x-ms-path": "sessions"}, "RefusedByPrimary"),
+    # A property no REST client can send: not a text, number or timestamp.
+    "odd-property": ({"x-ms-path": "orders", "odd": [1, 2]}, "RestoreFailed"),
+}
+
+
+async def inject(broker: BrokerProcess, queue: str, message_id: str, props: dict[str, Any]) -> None:
+    """What anyone with Send on the secondary namespace can write into a backlog queue."""
+    conn = broker.connection_string("secondary")
+    async with ServiceBusClient.from_connection_string(conn) as sb, sb.get_queue_sender(queue) as s:
+        await s.send_messages(
+            ServiceBusMessage(
+                b"poison",
+                message_id=message_id,
+                application_properties={
+                    "x-ms-acceptedtimeutc": NOW,
+                    **{k: amqp_value(v) for k, v in props.items()},
+                },
+            )
+        )
+
+
+@pytest.mark.parametrize("case", sorted(POISON))
+async def test_a_poison_message_in_a_backlog_never_strands_the_others(
+    gateway: GatewayFactory, control, broker, case
+):
+    props, reason = POISON[case]
+    await session_queue(control)
+    with contextlib.suppress(ControlError):
+        await control.create_entity("primary", "elsewhere", "queue")
+    gw = await gateway({**SYPHON, "SBGATE_ENTITIES": "queue:orders,queue:sessions"})
+    assert (await gw.post("/admin/entities/orders/failover")).status == 200
+    await inject(broker, BACKLOG, "poison", props)
+    r = await gw.post(
+        "/queues/orders/messages",
+        data=b"innocent",
+        headers={"BrokerProperties": '{"MessageId": "innocent"}'},
+    )
+    assert r.status == 202 and (await r.json())["backlog"] == BACKLOG
+    assert (await gw.post("/admin/entities/orders/healthy")).status == 200
+
+    async def home() -> bool:
+        orders = await control.entity("primary", "orders")
+        backlog = await control.entity("secondary", BACKLOG)
+        return orders["active"] == 1 and backlog["active"] == 0 and backlog["dead_letter"] == 1
+
+    await eventually(home, within=20, every=0.1)
+    [dead] = await control.messages("secondary", f"{BACKLOG}/$DeadLetterQueue")
+    assert dead["message_id"] == "poison" and dead["dead_letter_reason"] == reason
+    [arrived] = await control.messages("primary", "orders")
+    assert arrived["message_id"] == "innocent"
+    for other in ("elsewhere", "sessions"):
+        assert (await control.entity("primary", other))["active"] == 0
+    metrics = await (await gw.get("/metrics")).text()
+    assert f'sbgate_syphon_dead_lettered_total{{reason="{reason}"}} 1.0' in metrics

@@ -25,6 +25,7 @@ def make_syphon(port: FakeBacklog, clock: FakeClock | None, store: MemoryStateSt
         queues=QUEUES,
         dispatcher=Dispatcher(LimitSettings(), TimeoutSettings()),
         primary=FakeClient(),
+        entities=["orders"],
         store=store,
         settings=SyphonSettings(idle_check_interval=900.0),
         timeouts=TimeoutSettings(),

@@ -88,6 +88,7 @@ class Replica:
                 queues=QUEUES,
                 dispatcher=self.dispatcher,
                 primary=primary,
+                entities=[e.path for e in ENTITIES],
                 store=self.store,
                 settings=SYPHON,
                 timeouts=TIMEOUTS,
