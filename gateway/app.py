@@ -251,6 +251,8 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
     if store is None:
         metrics.redis_connected.set(1)  # nothing to be disconnected from
     else:
+        if hasattr(store, "task_observer"):  # a store with loops of its own (Redis)
+            store.task_observer = metrics
         await store.start()
         app[STORE] = store
         metrics.redis_connected.set_function(lambda: 1.0 if store.connected else 0.0)

@@ -122,6 +122,13 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             "from the other requests of its micro-batch (bisection).",
             registry=r,
         )
+        self.task_restarts = Counter(
+            "sbgate_task_restarts_total",
+            "Background loops (syphon queues and supervisor, pingers, state writer and "
+            "supervisor) that raised and were restarted, by kind of loop.",
+            ["task"],
+            registry=r,
+        )
         self.ready = Gauge("sbgate_ready", "1 when /readyz answers 200, 0 otherwise.", registry=r)
         self.failover_state = Gauge(
             "sbgate_failover_state",
@@ -262,6 +269,10 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
 
     def batch_split(self, dest: str) -> None:
         self.batch_splits.inc()
+
+    # TaskObserver (gateway.supervision): every component's loops
+    def task_restarted(self, task: str) -> None:
+        self.task_restarts.labels(task).inc()
 
     # FailoverObserver
     def entity_state(self, entity: str, status: Status) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import random
 import time
@@ -51,6 +52,7 @@ from gateway.core.router import Delivery
 from gateway.errors import GatewayError, PayloadTooLarge, SendFailure
 from gateway.ledger import EventLedger, NullLedger
 from gateway.state.base import BacklogState, EntityState, StateStore, Status
+from gateway.supervision import supervised
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,9 @@ class FailoverObserver:
     def backlog_disabled(self, count: int) -> None: ...
 
     def ping(self, entity: str, ok: bool) -> None: ...
+
+    def task_restarted(self, task: str) -> None:
+        """A pinger raised and is being restarted (gateway.supervision)."""
 
 
 class Failover:
@@ -352,7 +357,7 @@ class Failover:
                 # A fresh context: started by whichever request saw the failure, the pinger
                 # outlives it and is no part of its trace.
                 self._pingers[st.entity] = asyncio.create_task(
-                    self._ping_loop(self._entities[st.entity]),
+                    self._pinger(self._entities[st.entity]),
                     name=f"pinger {st.entity}",
                     context=contextvars.Context(),
                 )
@@ -388,6 +393,15 @@ class Failover:
 
     def _on_backlog(self, b: BacklogState) -> None:
         self._observer.backlog_disabled(len(self._store.backlogs_disabled(self._clock())))
+
+    async def _pinger(self, entity: EntityRef) -> None:
+        """`_ping_loop`, supervised (restarted if it raises); forgotten when it ends."""
+        key = entity.path.lower()
+        try:
+            await supervised("pinger", functools.partial(self._ping_loop, entity), self._observer)
+        finally:
+            self._pingers.pop(key, None)
+            self._next_ping.pop(key, None)
 
     async def _ping_loop(self, entity: EntityRef) -> None:
         """While `entity` is failed over: ping the primary one `ping_primary_interval` after
@@ -430,13 +444,10 @@ class Failover:
                 st = self._store.get(key)
                 if ok and st.status == "failed_over":
                     self._propose(st, "healthy", PING_DELIVERED)
-        except asyncio.CancelledError:
+        except BaseException:
             if holds_lease:  # let another replica take over at once, not when it expires
                 await self._release(lease)
             raise
-        finally:
-            self._pingers.pop(key, None)
-            self._next_ping.pop(key, None)
 
     async def _release(self, lease: str) -> None:
         try:

@@ -45,6 +45,7 @@ from redis.exceptions import RedisError
 
 from gateway.state.base import SEVERITY, BacklogState, EntityState, StateStore, Status
 from gateway.state.memory import LocalState
+from gateway.supervision import TaskObserver, supervised
 
 log = logging.getLogger(__name__)
 K = TypeVar("K")
@@ -289,6 +290,9 @@ class RedisStateStore(LocalState):
         self._first_attempt = asyncio.Event()
         self._sessions = 0
         self._tasks: list[asyncio.Task[None]] = []
+        # Told when the writer or the supervisor raised and is restarted (metrics; set by
+        # the app before `start`).
+        self.task_observer: TaskObserver | None = None
 
     # -- StateStore: lifecycle --------------------------------------------------------------
 
@@ -304,9 +308,16 @@ class RedisStateStore(LocalState):
             return
         self._bind_loop()
         self._first_attempt.clear()
+        observer = self.task_observer
         self._tasks = [
-            asyncio.create_task(self._supervise(), name=f"state-supervisor-{self.replica_id}"),
-            asyncio.create_task(self._write_loop(), name=f"state-writer-{self.replica_id}"),
+            asyncio.create_task(
+                supervised("state_supervisor", self._supervise, observer),
+                name=f"state-supervisor-{self.replica_id}",
+            ),
+            asyncio.create_task(
+                supervised("state_writer", self._write_loop, observer),
+                name=f"state-writer-{self.replica_id}",
+            ),
         ]
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(2 * self._op_timeout + self._resync_timeout):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
@@ -56,6 +57,7 @@ from gateway.core.ports import NamespaceClient, Tracer
 from gateway.errors import FailureKind, GatewayError, SendFailure
 from gateway.ledger import EventLedger, NullLedger
 from gateway.state.base import BacklogState, EntityState, StateStore
+from gateway.supervision import supervised
 from gateway.syphon.ports import BacklogPort, Clock, RealClock, Received
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,9 @@ class SyphonObserver:
     def backlog_oldest(self, queue: str, accepted_at: float | None) -> None:
         """When the oldest message a receive found at the head of `queue` was accepted
         (unix time); None: the queue was found empty."""
+
+    def task_restarted(self, task: str) -> None:
+        """A syphon loop raised and is being restarted (gateway.supervision)."""
 
 
 @dataclass
@@ -165,9 +170,18 @@ class Syphon:
     def start(self) -> None:
         if self._store is not None:
             self._store.subscribe(self._on_entity, self._on_backlog, self._on_write)
-        self._tasks.append(asyncio.create_task(self._supervise(), name="syphon supervisor"))
+        observer = self._observer
+        self._tasks.append(
+            asyncio.create_task(
+                supervised("syphon_supervisor", self._supervise, observer),
+                name="syphon supervisor",
+            )
+        )
         for q in self._queues:
-            self._tasks.append(asyncio.create_task(self._queue_loop(q), name=f"syphon {q}"))
+            loop = functools.partial(self._queue_loop, q)
+            self._tasks.append(
+                asyncio.create_task(supervised("syphon_queue", loop, observer), name=f"syphon {q}")
+            )
 
     async def close(self, grace: float) -> None:
         """Let moves in flight finish for up to `grace` seconds, then cancel and await every

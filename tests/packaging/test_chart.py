@@ -348,6 +348,7 @@ ALERTS = {
     "SbgateRedisDisconnected",
     "SbgateHighErrorRatio",
     "SbgateAdmissionSaturated",
+    "SbgateTaskRestarting",
 }
 # The series names a metric family exposes, by type (prometheus_client's text format).
 _SUFFIXES = {
@@ -779,6 +780,21 @@ ALERT_CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
     "requests refused for lack of room for ten minutes": (
         [series("sbgate_admission_rejected_total", 'pod="a"', "0+6x20")],
         [expect("15m", "SbgateAdmissionSaturated", {"severity": "warning"})],
+    ),
+    "a syphon queue loop raises once and is restarted": (
+        [
+            series("sbgate_task_restarts_total", 'pod="a", task="syphon_queue"', "0 0 0 1x10"),
+            series("sbgate_task_restarts_total", 'pod="b", task="pinger"', "0x13"),
+        ],
+        [
+            expect("2m", "SbgateTaskRestarting"),
+            expect(
+                "4m",
+                "SbgateTaskRestarting",
+                {"pod": "a", "task": "syphon_queue", "severity": "warning"},
+            ),
+            expect("10m", "SbgateTaskRestarting"),
+        ],
     ),
 }
 
