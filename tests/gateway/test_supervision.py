@@ -16,6 +16,7 @@ from gateway.state import EntityState, RedisStateStore
 from gateway.supervision import supervised
 from gateway.syphon.syphon import Syphon
 from tests.conftest import GatewayFactory
+from tests.gateway.test_syphon import SYPHON as SYPHON_ENV
 from tests.support.redis import RedisServer
 from tests.support.waiting import eventually
 
@@ -72,17 +73,8 @@ async def test_cancelling_a_supervised_loop_stops_it_at_once():
         await task
 
 
-SYPHON = {
-    "SBGATE_ENABLE_FAILOVER": "true",
-    "SBGATE_ENABLE_SYPHON": "true",
-    "SBGATE_FAILOVER_INTERVAL": "0",
-    "SBGATE_PING_PRIMARY_INTERVAL": "60",
-    "SBGATE_BACKLOG_QUEUE_COUNT": "1",
-    "SBGATE_SDK_RETRY_TOTAL": "0",
-    "SBGATE_SEND_TIMEOUT": "2",
-    "SBGATE_RECEIVE_WAIT": "0.5",
-    "SBGATE_IDLE_CHECK_INTERVAL": "3600",
-}
+# One backlog queue; pings only when a test asks for them.
+SYPHON = {**SYPHON_ENV, "SBGATE_BACKLOG_QUEUE_COUNT": "1", "SBGATE_PING_PRIMARY_INTERVAL": "60"}
 
 
 @pytest.mark.parametrize(
