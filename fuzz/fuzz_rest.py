@@ -69,8 +69,10 @@ def check_messages(messages: Sequence[OutboundMessage]) -> None:
             assert m.session_id == m.partition_key
         if m.time_to_live is not None:
             assert m.time_to_live.total_seconds() > 0
+        assert m.content_type is None or m.content_type.isascii()  # an AMQP symbol
         for key, value in m.application_properties.items():
             assert isinstance(key, str) and 0 < len(key) <= 256
+            assert key.lower() not in rest.RESERVED_PROPERTIES, key  # the backlog's own
             key.encode("utf-8")
             if isinstance(value, str):
                 value.encode("utf-8")

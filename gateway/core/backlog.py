@@ -42,6 +42,7 @@ SCHEDULED = "x-ms-scheduledenqueuetimeutc"
 PARTITION_KEY = "x-ms-partitionkey"
 ACCEPTED = "x-ms-acceptedtimeutc"
 REWRITE_KEYS = (PATH, SESSION_ID, TIME_TO_LIVE, SCHEDULED, PARTITION_KEY, ACCEPTED)
+_REWRITE_NAMES = frozenset(REWRITE_KEYS)
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
 # The lock duration backlog queues are created with: a message locked by a receiver that
 # died mid-move is available again after this long.
@@ -87,8 +88,12 @@ def _seconds(value: object) -> float | None:
 
 
 def rewrite(m: OutboundMessage, entity_path: str, accepted_at: float) -> OutboundMessage:
-    """`m` as it is stored in a backlog queue (see the module table)."""
-    props: dict[str, AppValue] = dict(m.application_properties)
+    """`m` as it is stored in a backlog queue (see the module table). A property of `m`
+    named like a rewrite key, in any letter case, is dropped: the edge refuses them, and what
+    the syphon reads back must be the gateway's own."""
+    props: dict[str, AppValue] = {
+        k: v for k, v in m.application_properties.items() if k.lower() not in _REWRITE_NAMES
+    }
     props[PATH] = entity_path
     props[ACCEPTED] = dt.datetime.fromtimestamp(accepted_at, dt.UTC)
     if m.session_id is not None:

@@ -14,6 +14,7 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
 from gateway.config import NamespaceSettings, TimeoutSettings
+from gateway.core.backlog import restore, rewrite
 from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, MESSAGE_REFUSED, FailureKind, SendFailure
 from gateway.metrics import Metrics
@@ -300,3 +301,18 @@ async def test_a_poison_message_in_a_backlog_never_strands_the_others(
         assert (await control.entity("primary", other))["active"] == 0
     metrics = await (await gw.get("/metrics")).text()
     assert f'sbgate_syphon_dead_lettered_total{{reason="{reason}"}} 1.0' in metrics
+
+
+def test_rewrite_keeps_no_client_property_named_like_its_own():
+    """Defence in depth behind the edge's 400: what the syphon reads back is the gateway's."""
+    m = OutboundMessage(
+        body=b"x",
+        message_id="m",
+        application_properties={"X-MS-Path": "elsewhere", "x-ms-timetolive": 1, "ok": 1},
+    )
+    stored = rewrite(m, "orders", 0.0)
+    assert "X-MS-Path" not in stored.application_properties
+    assert stored.application_properties["x-ms-path"] == "orders"
+    back = restore(stored, 1.0)
+    assert back is not None and back.entity_path == "orders"
+    assert back.message.time_to_live is None and back.message.application_properties == {"ok": 1}
