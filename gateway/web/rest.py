@@ -146,6 +146,9 @@ _ITEM = re.compile(
     rb"|" + _STR + rb'|[^"{}\[\],]++)'
 )
 _SPACE = re.compile(rb"[ \t\r\n]*+")
+# Below this many commas per allowed item, a body with no nested array and few objects
+# cannot make the parser build much (`_prescan`).
+_VALUES_PER_ITEM = 16
 
 
 # At most MAX_ID_LENGTH characters (the SDK refuses longer ones with a ValueError).
@@ -399,7 +402,19 @@ def _prescan(raw: bytes, max_messages: int) -> None:
     `max_messages` + 1 of them, in the regex engine (1 MiB of ``{},`` would otherwise be
     ~350k dicts, ~37 MB, before the 413). A body that is not an array, or not well-formed
     between items, is left to the parser, which says why (it builds at most
-    `max_messages` items before it fails)."""
+    `max_messages` items before it fails).
+
+    Most bodies skip the scan: one ``[`` (no nested array), at most three ``{`` per allowed
+    item and fewer than `_VALUES_PER_ITEM` commas per allowed item bound what the parser can
+    build, whatever the rest says (brackets and commas inside strings only count against
+    the body); `bytes.count` checks that at memory speed, where the scan costs ~4 ns a byte.
+    """
+    if (
+        raw.count(b"[") <= 1
+        and raw.count(b"{") <= 3 * max_messages
+        and raw.count(b",") < _VALUES_PER_ITEM * max_messages
+    ):
+        return
     pos = _space(raw, 0)
     first = raw[pos : pos + 1]
     if first == b"{":
