@@ -103,3 +103,26 @@ async def test_gateway_syphon_stops_on_the_first_fault_or_signal_leaving_no_wait
     stop.set()
     assert await _first_fault([asyncio.Event()], stop) is False
     assert asyncio.all_tasks() == before
+
+
+@pytest.mark.parametrize(("rule", "warned"), [("demo", False), ("demo-admin", False)])
+def test_a_namespace_token_for_a_send_rule_gets_no_warning(
+    rule: str, warned: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A namespace token is what the load test sends with (every entity): a Send rule is
+    the right one for it, and a Manage rule for the admin API; neither gets a warning."""
+    assert main(["token", "--rules", "dev/demo-rules.toml", "--rule", rule, "--namespace"]) == 0
+    assert ("warning" in capsys.readouterr().err) is warned
+
+
+def test_a_namespace_token_for_a_rule_with_neither_right_is_warned(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text(
+        f'[[rules]]\nname = "listen"\nprimary_key = "{KEY}"\nrights = ["Listen"]\n'
+        'entities = ["*"]\n'
+    )
+    assert main(["token", "--rules", str(rules), "--rule", "listen", "--namespace"]) == 0
+    err = capsys.readouterr().err
+    assert "does not grant Send or Manage" in err
