@@ -309,6 +309,9 @@ DELEGATED = {  # nosec B105  # help texts, not secrets
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from gateway.logs import quiet_sdk_loggers
+
+    quiet_sdk_loggers()  # serve, syphon, token, drain, audit alike
     if argv and argv[0] in DELEGATED:
         return _delegate(argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)

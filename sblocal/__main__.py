@@ -21,15 +21,6 @@ from sblocal.config import ConfigError, default_config, load_config
 from sblocal.server import LocalBroker
 
 _log = logging.getLogger("sblocal")
-# What proton logs at ERROR when a peer went away mid-write or mid-read ("Couldn't send:
-# BrokenPipeError(...)"): for a broker that is a client closing its connection, which fault
-# injection and every gateway shutdown do on purpose. proton closes the transport either way.
-_PEER_GONE = ("BrokenPipeError", "ConnectionResetError", "ConnectionAbortedError")
-
-
-def _not_a_peer_gone(record: logging.LogRecord) -> bool:
-    message = record.getMessage()
-    return not (message.startswith("Couldn't") and any(e in message for e in _PEER_GONE))
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -89,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("proton").addFilter(_not_a_peer_gone)
     try:
         return asyncio.run(_serve(args))
     except ConfigError as exc:
