@@ -86,6 +86,9 @@ def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = Fals
             exports += [f"SEND='{tokens[0]}'", f"ADMIN='{tokens[1]}'"]
         if info is not None:
             exports.append(f"CTRL={info['control']}")
+            primary = info["namespaces"].get("primary")
+            if primary is not None:  # for `gateway drain` (README: the audit)
+                exports.append(f"PRIMARY='{primary['connection_string']}'")
         auth = '-H "Authorization: $SEND" ' if tokens else ""
         lines.append("try (paste the export line first, in the shell you run curl from):")
         if exports:
