@@ -57,9 +57,8 @@ RESOURCE_SCHEMES = frozenset({"https", "http", "sb"})
 _DEFAULT_PORTS = {"https": 443, "http": 80}
 # The REST operation suffix a token signed over the request URL ends with.
 _MESSAGES = "messages"
-_ROUTES = frozenset(
-    {"queues", "topics"}
-)  # the gateway's /queues/<e>/messages, /topics/<e>/messages
+# The gateway's own routes: /queues/<e>/messages, /topics/<e>/messages.
+_ROUTES = frozenset({"queues", "topics"})
 
 
 @dataclass(frozen=True, slots=True)

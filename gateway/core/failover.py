@@ -420,11 +420,11 @@ class Failover:
                     continue  # the entity may have failed over again meanwhile
                 due = max(st.since, last_ping or st.since) + interval
                 self._next_ping[key] = due
-                if last_ping is None and not holds_lease:
+                delay = due - self._clock()
+                if delay > 0 and last_ping is None and not holds_lease:
                     # Take the lease at the failover, not at the first ping one interval
                     # later: `GET /admin/entities` shows who will ping from the start.
                     holds_lease = await self._store.acquire_lease(lease, ttl=ttl)
-                delay = due - self._clock()
                 if delay > 0:
                     wake.clear()
                     with contextlib.suppress(TimeoutError):
