@@ -880,6 +880,10 @@ def _section_values(section_name: str, raw: Mapping[str, Any]) -> dict[str, Any]
 
 def _pair(name: str, raw: Mapping[str, Any]) -> PairSettings:
     where = f"pairs.{name}"
+    extra = set(raw) - {"primary", "secondary"}
+    if extra:
+        hint = _nearest(sorted(extra)[0], ("primary", "secondary"))
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}{hint}")
     if "primary" not in raw:
         raise ConfigError(f"{where}: a primary namespace is required")
     primary = _namespace(f"{where}.primary", _ns_table(raw["primary"]))
@@ -888,9 +892,6 @@ def _pair(name: str, raw: Mapping[str, Any]) -> PairSettings:
         if raw.get("secondary")
         else None
     )
-    extra = set(raw) - {"primary", "secondary"}
-    if extra:
-        raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}")
     return PairSettings(name=name, primary=primary, secondary=secondary)
 
 
@@ -903,9 +904,11 @@ def _ns_table(value: Any) -> Mapping[str, Any]:
 
 
 def _namespace(where: str, raw: Mapping[str, Any]) -> NamespaceSettings:
-    extra = set(raw) - {f.name for f in fields(NamespaceSettings)}
+    known = {f.name for f in fields(NamespaceSettings)}
+    extra = set(raw) - known
     if extra:
-        raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}")
+        hint = _nearest(sorted(extra)[0], known)
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}{hint}")
     cs = raw.get("connection_string")
     fqns = raw.get("fully_qualified_namespace")
     if bool(cs) == bool(fqns):

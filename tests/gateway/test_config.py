@@ -267,6 +267,11 @@ def test_an_unknown_variable_gets_the_nearest_known_name(env, suggestion):
         ("[failover]\nping_intervall = 5\n", "did you mean 'ping_primary_interval'?"),
         ("log_formt = 'text'\n", "did you mean 'log_format'?"),
         ("[failovr]\nenabled = true\n", "did you mean 'failover'?"),
+        (
+            "[pairs.p.primary]\nconection_string = 'x'\n",
+            "did you mean 'connection_string'?",
+        ),
+        ("[pairs.p]\nprimry = 'x'\n", "did you mean 'primary'?"),
     ],
 )
 def test_an_unknown_key_in_the_file_gets_the_nearest_known_key(tmp_path, text, message):
