@@ -255,6 +255,11 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.senders_recreated.labels(dest.split("/", 1)[0]).inc()
 
     # FailoverObserver
+    def entity_declared(self, entity: str) -> None:
+        # The gauge only: one series per declared entity. The state set's three appear at
+        # the entity's first transition (its alert looks for failed_over alone).
+        self.failover_state.labels(entity).set(SEVERITY["healthy"])
+
     def entity_state(self, entity: str, status: Status) -> None:
         self.failover_state.labels(entity).set(SEVERITY[status])
         self.failover_status.labels(entity).state(status)

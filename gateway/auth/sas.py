@@ -57,6 +57,8 @@ RESOURCE_SCHEMES = frozenset({"https", "http", "sb"})
 _DEFAULT_PORTS = {"https": 443, "http": 80}
 # The REST operation suffix a token signed over the request URL ends with.
 _MESSAGES = "messages"
+# The gateway's own routes: /queues/<e>/messages, /topics/<e>/messages.
+_ROUTES = frozenset({"queues", "topics"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,9 @@ class Resource:
     port: int | None
     path: Segments
     endpoint_of: Segments | None = None
+    # The same endpoint under the gateway's own routes: `/queues/<e>/messages` or
+    # `/topics/<e>/messages` (the URL `make run`'s banner signs) names <e>.
+    route_of: Segments | None = None
     default_port: int | None = None  # the scheme's: a ``host:443`` public host matches https
 
 
@@ -212,11 +217,15 @@ def parse_resource(uri: str) -> Resource:
         endpoint_of = tuple(segments[:-2])
     elif len(segments) > 1 and segments[-1] == _MESSAGES:
         endpoint_of = tuple(segments[:-1])
+    route_of = None
+    if endpoint_of is not None and len(endpoint_of) > 1 and endpoint_of[0] in _ROUTES:
+        route_of = endpoint_of[1:]
     return Resource(
         host=fold(match["host"]),
         port=port,
         path=tuple(segments),
         endpoint_of=endpoint_of,
+        route_of=route_of,
         default_port=_DEFAULT_PORTS.get(scheme),
     )
 
@@ -521,13 +530,14 @@ def _resource_covers(resource: Resource, entity: Segments | None) -> bool:
     """The namespace root covers everything, the namespace itself included. A path covers the
     entity it names and, on whole segments, every path below it. A token signed over an
     entity's ``/messages`` URL also covers exactly that entity, and nothing more:
-    ``orders/messages`` covers ``orders`` but not ``orders/messagesx`` nor ``orders/sub``."""
+    ``orders/messages`` covers ``orders`` but not ``orders/messagesx`` nor ``orders/sub``;
+    ``queues/orders/messages`` (and ``topics/...``, the gateway's routes) covers ``orders`` too."""
     path = resource.path
     if not path:
         return True
     if entity is None:
         return False
-    return covers(path, entity) or resource.endpoint_of == entity
+    return covers(path, entity) or entity in (resource.endpoint_of, resource.route_of)
 
 
 def _verify(rule: AuthRule, token: SasToken) -> KeySlot | None:

@@ -44,6 +44,21 @@ from sblocal.store import BrokerError, Entity, Namespace, StoredMessage, now_ms
 
 _log = logging.getLogger(__name__)
 
+
+def _not_a_peer_gone(record: logging.LogRecord) -> bool:
+    """proton logs "Couldn't send: BrokenPipeError(...)" (or recv, or a reset) at ERROR when a
+    peer went away mid-write: for a broker that is a client closing its connection, which
+    fault injection and every client shutdown do on purpose, and proton closes the transport
+    either way. Such lines are dropped; any other proton line still comes through."""
+    message = record.getMessage()
+    return not (
+        message.startswith("Couldn't")
+        and any(e in message for e in ("BrokenPipeError", "ConnectionResetError"))
+    )
+
+
+logging.getLogger("proton").addFilter(_not_a_peer_gone)
+
 _T = TypeVar("_T")
 
 _INCOMING_CREDIT = 1000
