@@ -445,6 +445,24 @@ class HttpSettings:
         "(ingress-nginx: 60 s), or the ingress reuses connections the gateway just closed",
     )
     max_headers: int = setting(100, parse=_int(8, 10_000), doc="request header count")
+    max_connections: int = setting(
+        4096,
+        parse=_int(0, 1_000_000),
+        doc="open client connections; one accepted over it is answered `503 overloaded` and "
+        "closed before its request is read (0: no cap)",
+    )
+    max_requests_in_progress: int = setting(
+        512,
+        parse=_int(0, 1_000_000),
+        doc="requests handled at once; one over it is answered `503 overloaded` before its "
+        "body is read or its token checked (0: no cap)",
+    )
+    max_head_wait: float = setting(
+        1.0,
+        parse=_float(0.0, 600.0),
+        doc="seconds a complete request head may wait for its handler (the event loop is "
+        "behind); older: `503 overloaded` (0: no bound)",
+    )
 
 
 TracesExporter = Literal["none", "otlp", "console"]
