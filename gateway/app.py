@@ -32,8 +32,10 @@ from typing import Any, Literal
 from aiohttp import web
 
 from gateway.config import NamespaceSettings, Settings
+from gateway.core import failover as failover_module
 from gateway.core.backlog import backlog_path
-from gateway.core.dispatcher import Destination, Dispatcher
+from gateway.core.closing import CANCEL_GRACE, Closer, stop_after
+from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Destination, Dispatcher
 from gateway.core.entities import EntityCatalog
 from gateway.core.failover import Failover, PairClients
 from gateway.core.ports import NamespaceClient, Tracer
@@ -103,6 +105,33 @@ STORE = web.AppKey[StateStore]("store")
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 PAIRS = web.AppKey[Mapping[str, PairClients]]("pairs")
 SYPHONS = web.AppKey[list[Syphon]]("syphons")
+
+# The dispatcher's grace for pending sends at shutdown, and our deadline on closing one
+# namespace client or the credential (the SDK's closes can hang on a namespace that went away).
+DISPATCHER_GRACE = 5.0
+CLOSE_TIMEOUT = 5.0
+
+
+def cleanup_bounds(settings: Settings) -> dict[str, float]:
+    """The longest each cleanup context takes at shutdown, in seconds, whatever the broker,
+    Redis or the SDK do (docs/design.md#the-app-factory). The contexts run one after the
+    other, so a shutdown's cleanup takes at most their sum (`tracer_ctx`: the exporter's
+    own deadline, `otlp_timeout` + 1 s, when tracing is on)."""
+    syphon_grace = min(settings.shutdown.shutdown_timeout, settings.timeouts.send_timeout)
+    return {
+        "lifecycle_ctx": 0.0,
+        # the syphon's own grace, then (backstop) one more send timeout and a close
+        "syphon_ctx": syphon_grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT,
+        "router_ctx": failover_module.STOP_TIMEOUT + CANCEL_GRACE,
+        "dispatcher_ctx": DISPATCHER_GRACE + 2 * SENDER_CLOSE_TIMEOUT + 2 * CANCEL_GRACE,
+        "ledger_ctx": ledger_settings(settings).close_timeout,
+        # RedisStateStore.close: a flush, then its tasks (op_timeout = 1 s)
+        "state_ctx": 4.0,
+        "clients_ctx": CLOSE_TIMEOUT + 2 * CANCEL_GRACE,  # in parallel
+        "credential_ctx": CLOSE_TIMEOUT + CANCEL_GRACE,
+        "tracer_ctx": settings.tracing.otlp_timeout / 1000 + 1.0,
+        "access_log_ctx": 0.0,
+    }
 
 
 def create_app(
@@ -225,11 +254,13 @@ async def credential_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await app[CREDENTIAL].aclose()
+        closer = Closer("credential")
+        await closer.run("closing the credential", app[CREDENTIAL].aclose(), CLOSE_TIMEOUT)
 
 
 async def clients_ctx(app: web.Application) -> AsyncIterator[None]:
-    """One client per namespace (pairs may share one), closed after everything using them."""
+    """One client per namespace (pairs may share one), closed after everything using them,
+    in parallel (each bounds its own close)."""
     make = app[ADAPTERS].client
     clients: dict[str, NamespaceClient] = {}
     for pair in app[SETTINGS].pairs:
@@ -240,8 +271,7 @@ async def clients_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        for client in clients.values():
-            await client.close()
+        await asyncio.gather(*(client.close() for client in clients.values()))
 
 
 async def state_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -295,7 +325,7 @@ async def dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await dispatcher.close(grace=5.0)
+        await dispatcher.close(grace=DISPATCHER_GRACE)
 
 
 async def router_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -336,7 +366,14 @@ async def syphon_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         grace = min(settings.shutdown.shutdown_timeout, settings.timeouts.send_timeout)
-        await asyncio.gather(*(s.close(grace) for s in syphons))
+        # A syphon's close waits for its tasks and its receivers' closes (SDK closes, which
+        # can hang): bounded here too, and cancelled past the bound.
+        closes = [
+            asyncio.create_task(s.close(grace), name=f"closing syphon {i}")
+            for i, s in enumerate(syphons)
+        ]
+        bound = grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT - CANCEL_GRACE
+        await stop_after(closes, bound, "syphon")
 
 
 async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -43,6 +43,7 @@ from typing import Any
 
 from gateway.config import FailoverSettings, LimitSettings
 from gateway.core.backlog import ping_message, rewrite, rewritten_size
+from gateway.core.closing import stop
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.entities import EntityRef
 from gateway.core.message import OutboundMessage
@@ -55,6 +56,8 @@ from gateway.state.base import BacklogState, EntityState, StateStore, Status
 log = logging.getLogger(__name__)
 
 MAX_BACKLOG_ATTEMPTS = 3
+# How long a cancelled pinger gets to release its lease (one store call, itself bounded).
+STOP_TIMEOUT = 5.0
 # Why an entity's state changed, as `GET /admin/entities` shows it ("reason").
 PING_DELIVERED = "ping delivered"
 MARKED_HEALTHY = "operator: marked healthy"
@@ -139,11 +142,10 @@ class Failover:
             self._store.announce_backlog_write(None)
 
     async def close(self) -> None:
+        """Stop the pingers and timers: within `STOP_TIMEOUT + CANCEL_GRACE`."""
         self._closed = True
         tasks = list(self._pingers.values()) + list(self._timers.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop(tasks, STOP_TIMEOUT, "failover")
         self._pingers.clear()
         self._timers.clear()
 
