@@ -9,6 +9,7 @@ its own key. Once started, an app holds:
   metrics, lifecycle, ledger, access log: what the handlers read) and, with rules,
   `AUTHORIZER`;
 * the access log (in `EDGE`), flushed once per loop turn and, at shutdown, last;
+* `LOOP_LAG` — the event loop's measured delay;
 * `CREDENTIAL` — the process's one Entra ID credential, closed last but the access log;
 * `CLIENTS` — one `NamespaceClient` per namespace name;
 * `STORE` — the failover state store, when failover or the syphon runs;
@@ -38,6 +39,7 @@ from gateway.core.closing import CANCEL_GRACE, Closer, stop_after
 from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Destination, Dispatcher
 from gateway.core.entities import EntityCatalog
 from gateway.core.failover import Failover, PairClients
+from gateway.core.looplag import LoopLag
 from gateway.core.ports import NamespaceClient, Tracer
 from gateway.core.router import PrimaryRouter
 from gateway.ledger import LedgerSettings, create_ledger
@@ -105,6 +107,7 @@ STORE = web.AppKey[StateStore]("store")
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 PAIRS = web.AppKey[Mapping[str, PairClients]]("pairs")
 SYPHONS = web.AppKey[list[Syphon]]("syphons")
+LOOP_LAG = web.AppKey("loop_lag", LoopLag)
 
 # The dispatcher's grace for pending sends at shutdown, and our deadline on closing one
 # namespace client or the credential (the SDK's closes can hang on a namespace that went away).
@@ -130,6 +133,7 @@ def cleanup_bounds(settings: Settings) -> dict[str, float]:
         "clients_ctx": CLOSE_TIMEOUT + 2 * CANCEL_GRACE,  # in parallel
         "credential_ctx": CLOSE_TIMEOUT + CANCEL_GRACE,
         "tracer_ctx": settings.tracing.otlp_timeout / 1000 + 1.0,
+        "loop_lag_ctx": 0.0,
         "access_log_ctx": 0.0,
     }
 
@@ -195,6 +199,7 @@ def create_app(
     app.cleanup_ctx.extend(
         [
             access_log_ctx,
+            loop_lag_ctx,
             tracer_ctx,
             credential_ctx,
             clients_ctx,
@@ -239,6 +244,18 @@ async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         access_log.close()
+
+
+async def loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The event loop's delay (`LOOP_LAG`), sampled for failover (a timeout of ours does not
+    count) and the `sbgate_event_loop_lag_seconds` gauge."""
+    lag = LoopLag(on_sample=app[EDGE].metrics.event_loop_lag.set)
+    app[LOOP_LAG] = lag
+    lag.start()
+    try:
+        yield
+    finally:
+        await lag.close()
 
 
 async def tracer_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -342,6 +359,7 @@ async def router_ctx(app: web.Application) -> AsyncIterator[None]:
             settings.limits,
             observer=edge.metrics,
             ledger=edge.ledger,
+            loop_lag=app[LOOP_LAG],
         )
         app[ROUTER] = app[FAILOVER] = failover
         failover.start(edge.catalog.all())

@@ -157,6 +157,11 @@ class Dispatcher:
     def gate(self) -> AdmissionGate:
         return self._gate
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock a failure's `started` is on (the event loop's, by default)."""
+        return self._clock
+
     def pending_messages(self) -> int:
         return sum(len(g.messages) for lane in self._lanes.values() for g in lane.pending)
 
@@ -276,6 +281,8 @@ class Dispatcher:
                     f"the gateway is saturated: no sender took this request within {waited}; "
                     "retry later"
                 )
+            if isinstance(error, SendFailure):  # it waited for the open from its arrival
+                error.started = group.deadline - self._limits.admission_timeout
             group.future.set_exception(error)
         if lane.pending:
             lane.expiry = loop.call_at(lane.pending[0].deadline, self._expire, lane)
@@ -444,6 +451,7 @@ class Dispatcher:
                 if not g.future.done():
                     g.future.set_result(None)
         else:
+            failure.started = started  # failover weighs the report by when the send began
             self._fail(groups, self._with_retry_after(failure))
         self._observer.batch_sent(str(lane.dest), n, seconds, outcome)
         if self._tracer.enabled:
