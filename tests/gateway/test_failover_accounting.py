@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -73,21 +75,36 @@ async def test_a_starved_loop_does_not_fail_a_healthy_entity_over(
     assert "sbgate_event_loop_lag_seconds" in metrics
 
 
+def on_virtual_time(scenario: Callable[[VirtualTimeLoop], Coroutine[Any, Any, None]]) -> None:
+    loop = VirtualTimeLoop()
+    try:
+        loop.run(scenario(loop))
+    finally:
+        loop.close()
+
+
+@asynccontextmanager
+async def one_replica(**kwargs: Any) -> AsyncIterator[tuple[Replica, FakeNamespace]]:
+    """A replica (no syphon) and its primary namespace, on the running (virtual) loop."""
+    primary, secondary = FakeNamespace("primary"), FakeNamespace("secondary")
+    replica = Replica("r0", FakeRedis(), primary, secondary, syphon=False, **kwargs)
+    await replica.start()
+    try:
+        yield replica, primary
+    finally:
+        primary.hold = primary.down = False
+        await replica.stop()
+
+
 def test_a_timeout_while_the_loop_stalled_does_not_count():
     """The stall on virtual time: a send in flight, then a synchronous section longer than
     `send_timeout`; the send's deadline passes during it."""
-    loop = VirtualTimeLoop()
 
-    async def scenario() -> None:
-        primary, secondary = FakeNamespace("primary"), FakeNamespace("secondary")
+    async def scenario(loop: VirtualTimeLoop) -> None:
         lag = LoopLag()
         lag.start()
         settings = replace(FAILOVER_SETTINGS, failover_interval=0.0)
-        replica = Replica(
-            "r0", FakeRedis(), primary, secondary, syphon=False, failover=settings, loop_lag=lag
-        )
-        await replica.start()
-        try:
+        async with one_replica(failover=settings, loop_lag=lag) as (replica, primary):
             primary.hold = True  # the broker has not answered yet
             request = asyncio.create_task(replica.failover.submit(ORDERS, messages("m")))
             await until(lambda: len(primary.held) == 1, within=1)
@@ -100,25 +117,14 @@ def test_a_timeout_while_the_loop_stalled_does_not_count():
             late = asyncio.create_task(replica.failover.submit(ORDERS, messages("n")))
             await until(lambda: late.done(), within=2 * TIMEOUTS.send_timeout)
             assert late.result().route == "backlog" and replica.status() == "failed_over"
-        finally:
-            primary.hold = False
-            await replica.stop()
-            await lag.close()
+        await lag.close()
 
-    try:
-        loop.run(scenario())
-    finally:
-        loop.close()
+    on_virtual_time(scenario)
 
 
 def test_a_failure_of_a_send_that_began_before_the_last_success_never_counts():
-    loop = VirtualTimeLoop()
-
-    async def scenario() -> None:
-        primary, secondary = FakeNamespace("primary"), FakeNamespace("secondary")
-        replica = Replica("r0", FakeRedis(), primary, secondary, syphon=False)
-        await replica.start()
-        try:
+    async def scenario(loop: VirtualTimeLoop) -> None:
+        async with one_replica() as (replica, primary):
             primary.hold = True
             early = asyncio.create_task(replica.failover.submit(ORDERS, messages("early")))
             await until(lambda: len(primary.held) == 1, within=1)
@@ -133,22 +139,14 @@ def test_a_failure_of_a_send_that_began_before_the_last_success_never_counts():
             assert replica.status() == "healthy", "a stale report flipped the entity"
             # A failure of a send that begins after the success counts as before.
             primary.down = True
-            late: Any = await replica.failover.submit(ORDERS, messages("late"))
+            late = await replica.failover.submit(ORDERS, messages("late"))
             assert late.route == "backlog" and replica.status() == "failing"
-        finally:
-            primary.down = False
-            await replica.stop()
 
-    try:
-        loop.run(scenario())
-    finally:
-        loop.close()
+    on_virtual_time(scenario)
 
 
 def test_the_loop_lag_counts_a_stall_still_under_way():
-    loop = VirtualTimeLoop()
-
-    async def scenario() -> None:
+    async def scenario(loop: VirtualTimeLoop) -> None:
         lag = LoopLag(interval=0.1)
         lag.start()
         try:
@@ -168,7 +166,4 @@ def test_the_loop_lag_counts_a_stall_still_under_way():
         finally:
             await lag.close()
 
-    try:
-        loop.run(scenario())
-    finally:
-        loop.close()
+    on_virtual_time(scenario)
