@@ -375,6 +375,12 @@ class FailoverSettings:
         parse=_float(0.05, 86400.0),
         doc="seconds a failed backlog queue stays out of rotation",
     )
+    loop_lag_tolerance: float = setting(
+        1.0,
+        parse=_float(0.0, 600.0),
+        doc="a send timeout during which this replica's event loop ran late by more than "
+        "this many seconds in all does not count toward failover",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,6 +225,10 @@ CLASSIFICATIONS: tuple[Classification, ...] = (
 class SendFailure(GatewayError):
     """The broker did not store the message(s). Never reported to a client as accepted."""
 
+    # When the broker operation that failed began, on the dispatcher's clock (None: not a
+    # broker operation's outcome). Failover discounts reports older than what it knows.
+    started: float | None = None
+
     def __init__(self, classification: Classification, message: str) -> None:
         super().__init__(message)
         self.classification = classification

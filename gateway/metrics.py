@@ -231,6 +231,13 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             "1 while the shared state backend (Redis) is reachable; 1 without Redis.",
             registry=r,
         )
+        self.event_loop_lag = Gauge(
+            "sbgate_event_loop_lag_seconds",
+            "How late the event loop ran a callback scheduled every 0.1 s, at the latest "
+            "sample: this replica's own delay (a send timeout during a lag over "
+            "loop_lag_tolerance does not count toward failover).",
+            registry=r,
+        )
         # Labelled children of the per-request metrics, looked up once per label set (the
         # sets are bounded: declared entities and "_unknown" x status codes x routes).
         self._answered: dict[tuple[str, int, str], tuple[Counter, Histogram]] = {}
