@@ -589,8 +589,16 @@ class Settings:
     auth_token_cache_size: int = setting(
         10_000,
         parse=_int(0, 10_000_000),
-        doc="verified tokens remembered (LRU, keyed on the exact `Authorization` value) so "
-        "that a reused token skips the signature check; 0: verify every request",
+        doc="verified tokens remembered (LRU, keyed on what the token means, whatever its "
+        "spelling) so that a reused token skips the signature check; 0: verify every request",
+    )
+    # The entry count alone does not bound memory: an entry's size follows its `sr` (up to
+    # the 4 KiB header limit).
+    auth_token_cache_bytes: int = setting(
+        16 * _MiB,
+        parse=_int(0, 1024 * _MiB),
+        doc="memory the verified-token cache may use (bytes, estimated; about 1 KB per "
+        "typical token); 0: verify every request",
     )
     azure_credential: CredentialKind = setting(
         "default",

@@ -148,3 +148,19 @@ async def test_a_reused_token_is_still_checked_against_each_entity(gw, control):
     resp = await gw.post("/orders/messages", data=b"x", headers={"Authorization": tampered})
     assert resp.status == 401
     assert (await control.entity("primary", "orders"))["active"] == 4
+
+
+async def test_no_answer_tells_which_key_names_exist(gw):
+    """An unknown skn and a wrong key get the same answer; a 403 does not name the rule."""
+    answers = []
+    for name in ("sender", "no-such-rule"):
+        wrong = mint_token(resource_uri("gw.example.com", "orders"), name, ADMIN_KEY, 600)
+        resp = await gw.post("/orders/messages", data=b"x", headers={"Authorization": wrong})
+        answers.append((resp.status, await resp.json(), resp.headers["WWW-Authenticate"]))
+    assert answers[0] == answers[1]
+    assert answers[0][1]["error"] == "invalid_signature"
+    resp = await gw.post(
+        "/topics/events/messages", data=b"x", headers={"Authorization": token("events")}
+    )
+    body = await resp.json()
+    assert resp.status == 403 and "sender" not in body["message"], body
