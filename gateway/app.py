@@ -43,6 +43,7 @@ from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
+from gateway.state.memory import LocalState
 from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import Syphon
 from gateway.tracing import close_tracer, create_tracer
@@ -254,6 +255,8 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
         await store.start()
         app[STORE] = store
         metrics.redis_connected.set_function(lambda: 1.0 if store.connected else 0.0)
+        if isinstance(store, LocalState):
+            metrics.bind_state(store.stats.invalid_values)
     try:
         yield
     finally:
