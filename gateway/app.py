@@ -51,6 +51,7 @@ from gateway.web import handlers
 from gateway.web.admin import FAILOVER, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
 from gateway.web.handlers import EDGE, ROUTER, EdgeState, Lifecycle
+from gateway.web.hardening import host_check_middleware, is_loopback
 from gateway.web.openapi import add_openapi_route
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,9 @@ def create_app(
     authorizer = build_authorizer(settings)
     if authorizer is not None:
         app[AUTHORIZER] = authorizer
+    elif is_loopback(settings.listen_host):
+        # Open mode: only requests for a loopback name or a public host (DNS rebinding).
+        app.middlewares.append(host_check_middleware(settings.public_hosts))
     _add_routes(app, mode)
     # Start order; aiohttp cleans up in reverse, so each resource outlives its users: the
     # credential its clients, the clients the dispatcher, the ledger everything that emits,

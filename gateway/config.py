@@ -574,7 +574,8 @@ class Settings:
         (),
         parse=_StrList(),
         shown_default="localhost,127.0.0.1,<listen_host>",
-        doc="host names a token's `sr` may name",
+        doc="host names a token's `sr` may name; in open mode (no rules, loopback), the "
+        "`Host` names answered besides loopback ones (others: `421`)",
     )
     auth_clock_skew: float = setting(
         300.0, parse=_float(0.0, 3600.0), doc="seconds of clock skew allowed on token expiry"

@@ -339,7 +339,9 @@ def mint_token(
     return sign_token(resource_uri, key_name, key, int(start + ttl))
 
 
-def _parse_host_entry(entry: str) -> tuple[str, int | None]:
+def parse_host_entry(entry: str) -> tuple[str, int | None]:
+    """A ``public_hosts`` entry (or a ``Host`` header) as (case-folded host, port or None).
+    Raises `AuthConfigError` when it is not ``host`` or ``host:port``."""
     match = _HOST_ENTRY.fullmatch(entry.strip()) if isinstance(entry, str) else None
     if match is None:
         raise AuthConfigError(f"public_hosts: {entry!r} is not host or host:port")
@@ -424,7 +426,7 @@ class Authorizer:
         self._rules = _rules_by_name(rules)
         if isinstance(public_hosts, str) or not public_hosts:
             raise AuthConfigError("public_hosts: must list at least one host name")
-        self._hosts = frozenset(_parse_host_entry(entry) for entry in public_hosts)
+        self._hosts = frozenset(parse_host_entry(entry) for entry in public_hosts)
         if not math.isfinite(clock_skew) or clock_skew < 0:
             raise AuthConfigError("clock_skew: must be a non-negative number of seconds")
         if max_token_lifetime is not None and (
