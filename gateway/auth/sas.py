@@ -501,7 +501,8 @@ class Authorizer:
         An invalid *entity_path* is covered by nothing (401 ``resource_mismatch``).
 
         Checks, in order, raising on the first failure: header present; token well-formed;
-        ``skn`` names a rule; signature made with its primary or secondary key; not expired
+        ``skn`` names a rule and the signature was made with its primary or secondary key
+        (one answer, ``invalid_signature``, whichever fails); not expired
         beyond the skew (nor, if configured, living too long); ``sr`` host is a public host;
         ``sr`` path covers the entity — all `Unauthorized` (401). Then the rule grants the
         right and applies to the entity — else `Forbidden` (403). Pure and synchronous.

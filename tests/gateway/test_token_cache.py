@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from urllib.parse import quote_plus
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.auth import Authorizer, AuthRule, Forbidden, Right, Secret, Unauthorized, sign_token
 from gateway.auth.sas import _Verified
@@ -281,3 +283,42 @@ def test_the_cache_is_bounded_by_bytes_measured() -> None:
 def test_the_cache_bytes_bound_is_validated() -> None:
     with pytest.raises(ValueError, match="token_cache_bytes"):
         Authorizer([_rule("sender", {Right.SEND}, ("orders",))], [HOST], token_cache_bytes=-1)
+
+
+def _outcome(auth: Authorizer, header: str, entity: str) -> tuple[str, ...]:
+    try:
+        p = auth.authorize(header, entity_path=entity, right=Right.SEND)
+    except (Unauthorized, Forbidden) as err:
+        return (str(err.status), err.code, err.message)
+    return ("ok", p.key_name, p.key_slot, p.resource, str(p.expires_at))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    tamper=st.sampled_from(["none", "sig", "se", "skn", "sr", "raw_sr"]),
+    entity=st.sampled_from(["orders", "events"]),
+)
+def test_property_the_cache_never_changes_an_answer(seed: int, tamper: str, entity: str) -> None:
+    """A spelling or a tampering of a token that is cached answers exactly as it would with
+    no cache at all."""
+    import random
+
+    token = _token("sender", "orders")
+    header = next(iter(_spellings(token, 1, seed=seed)))
+    rng = random.Random(seed)
+    if tamper == "sig":
+        sig = token.split("sig=")[1].split("&")[0]
+        header = header.replace(sig, ("A" if sig[0] != "A" else "B") + sig[1:])
+    elif tamper == "se":
+        header = token.replace(f"se={NOW + 600}", f"se={NOW + 601}")
+    elif tamper == "skn":
+        header = token.replace("skn=sender", rng.choice(["skn=senders", "skn=admin", "skn=nobody"]))
+    elif tamper == "sr":
+        header = token.replace("orders", "events")
+    elif tamper == "raw_sr":  # another spelling of sr: lower-case hex
+        header = token.replace("%3A", "%3a")
+    cached = _authorizer(FakeClock())
+    cached.authorize(token, entity_path="orders", right=Right.SEND)  # warm
+    fresh = _authorizer(FakeClock(), size=0)
+    assert _outcome(cached, header, entity) == _outcome(fresh, header, entity)
