@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import orjson
 import pytest
 
 from gateway.auth import mint_token, resource_uri
+from gateway.logs import ACCESS_LOGGER
 from tests.conftest import GatewayFactory
+from tests.support.waiting import eventually
 
 SEND_KEY = "c2VuZGVyLWtleS1mb3ItdGVzdHMtb25seS0wMDAwMDAwMDA="
 ADMIN_KEY = "YWRtaW4ta2V5LWZvci10ZXN0cy1vbmx5LTAwMDAwMDAwMDA="
@@ -164,3 +167,20 @@ async def test_no_answer_tells_which_key_names_exist(gw):
     )
     body = await resp.json()
     assert resp.status == 403 and "sender" not in body["message"], body
+
+
+async def test_the_access_line_names_the_rule_the_answer_does_not(
+    gateway: GatewayFactory, capsys, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    gw = await gateway({**ENV, "SBGATE_LOG_FORMAT": "json"})
+    wrong = mint_token(resource_uri("gw.example.com", "orders"), "sender", ADMIN_KEY, 600)
+    resp = await gw.post("/orders/messages", data=b"x", headers={"Authorization": wrong})
+    assert resp.status == 401 and "sender" not in await resp.text()
+    err: list[str] = []
+
+    def logged() -> bool:
+        err.append(capsys.readouterr().err)
+        return any('"key_name":"sender"' in line for line in "".join(err).splitlines())
+
+    await eventually(logged, what="the access line with key_name")
