@@ -88,6 +88,15 @@ class Saturated(GatewayError):
     retry_after = 1.0
 
 
+class Overloaded(GatewayError):
+    """This replica is full (connections, requests in progress, or a loop that is behind):
+    answered by the HTTP protocol before any work (gateway.web.overload)."""
+
+    status = 503
+    code = "overloaded"
+    retry_after = 1.0
+
+
 class Draining(GatewayError):
     """The gateway is shutting down and takes no new work."""
 

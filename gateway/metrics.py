@@ -33,6 +33,7 @@ from gateway.core.failover import FailoverObserver
 from gateway.ledger import EventLedger
 from gateway.state.base import INVALID_VALUE_SOURCES, SEVERITY, Status
 from gateway.syphon.syphon import SyphonObserver
+from gateway.web.overload import SHED_REASONS, Shedder, ShedReason
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -103,6 +104,26 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.admission_waiting = Gauge(
             "sbgate_admission_waiting_requests",
             "Requests waiting for room (admission).",
+            registry=r,
+        )
+        self.http_shed = Counter(
+            "sbgate_http_shed_total",
+            "Requests and connections answered 503 overloaded before any work, by reason: "
+            "connections (over http.max_connections), in_progress (over "
+            "http.max_requests_in_progress), head_wait (waited over http.max_head_wait).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in SHED_REASONS:
+            self.http_shed.labels(reason)
+        self.http_connections = Gauge(
+            "sbgate_http_open_connections",
+            "Open client connections (counted against http.max_connections).",
+            registry=r,
+        )
+        self.http_in_progress = Gauge(
+            "sbgate_http_requests_in_progress",
+            "Requests being handled (counted against http.max_requests_in_progress).",
             registry=r,
         )
         self.pending_bytes = Gauge(
@@ -244,6 +265,14 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             child = self._accepted[(entity, route)] = self.messages.labels(entity, route)
         child.inc(n)
 
+    def shed(self, reason: ShedReason) -> None:
+        self.http_shed.labels(reason).inc()
+
+    def watch_http(self, shedder: Shedder) -> None:
+        """Read the open connections and requests in progress from the server's shedder."""
+        self.http_connections.set_function(lambda: shedder.connections)
+        self.http_in_progress.set_function(lambda: shedder.in_progress)
+
     def bind_admission(self, waiting: Callable[[], int], used: Callable[[], int]) -> None:
         self.admission_waiting.set_function(lambda: float(waiting()))
         self.pending_bytes.set_function(lambda: float(used()))
@@ -261,6 +290,11 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.senders_recreated.labels(dest.split("/", 1)[0]).inc()
 
     # FailoverObserver
+    def entity_declared(self, entity: str) -> None:
+        # The gauge only: one series per declared entity. The state set's three appear at
+        # the entity's first transition (its alert looks for failed_over alone).
+        self.failover_state.labels(entity).set(SEVERITY["healthy"])
+
     def entity_state(self, entity: str, status: Status) -> None:
         self.failover_state.labels(entity).set(SEVERITY[status])
         self.failover_status.labels(entity).state(status)

@@ -63,6 +63,8 @@ RESOURCE_SCHEMES = frozenset({"https", "http", "sb"})
 _DEFAULT_PORTS = {"https": 443, "http": 80}
 # The REST operation suffix a token signed over the request URL ends with.
 _MESSAGES = "messages"
+# The gateway's own routes: /queues/<e>/messages, /topics/<e>/messages.
+_ROUTES = frozenset({"queues", "topics"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,9 @@ class Resource:
     port: int | None
     path: Segments
     endpoint_of: Segments | None = None
+    # The same endpoint under the gateway's own routes: `/queues/<e>/messages` or
+    # `/topics/<e>/messages` (the URL `make run`'s banner signs) names <e>.
+    route_of: Segments | None = None
     default_port: int | None = None  # the scheme's: a ``host:443`` public host matches https
 
 
@@ -257,11 +262,15 @@ def parse_resource(uri: str) -> Resource:
         endpoint_of = tuple(segments[:-2])
     elif len(segments) > 1 and segments[-1] == _MESSAGES:
         endpoint_of = tuple(segments[:-1])
+    route_of = None
+    if endpoint_of is not None and len(endpoint_of) > 1 and endpoint_of[0] in _ROUTES:
+        route_of = endpoint_of[1:]
     return Resource(
         host=fold(match["host"]),
         port=port,
         path=tuple(segments),
         endpoint_of=endpoint_of,
+        route_of=route_of,
         default_port=_DEFAULT_PORTS.get(scheme),
     )
 
@@ -381,8 +390,9 @@ def _entry_size(meaning: _Meaning, verified: _Verified) -> int:
     size = _ENTRY_OVERHEAD + sys.getsizeof(meaning) + sum(map(sys.getsizeof, meaning))
     size += sys.getsizeof(verified) + sys.getsizeof(target) + sys.getsizeof(target.host)
     size += sys.getsizeof(target.path) + sum(map(sys.getsizeof, target.path))
-    if target.endpoint_of is not None:
-        size += sys.getsizeof(target.endpoint_of)  # its segments are the path's
+    for part in (target.endpoint_of, target.route_of):
+        if part is not None:
+            size += sys.getsizeof(part)  # its segments are the path's
     if verified.signed_sr is not None:
         size += sys.getsizeof(verified.signed_sr)
     return size
@@ -641,13 +651,14 @@ def _resource_covers(resource: Resource, entity: Segments | None) -> bool:
     """The namespace root covers everything, the namespace itself included. A path covers the
     entity it names and, on whole segments, every path below it. A token signed over an
     entity's ``/messages`` URL also covers exactly that entity, and nothing more:
-    ``orders/messages`` covers ``orders`` but not ``orders/messagesx`` nor ``orders/sub``."""
+    ``orders/messages`` covers ``orders`` but not ``orders/messagesx`` nor ``orders/sub``;
+    ``queues/orders/messages`` (and ``topics/...``, the gateway's routes) covers ``orders`` too."""
     path = resource.path
     if not path:
         return True
     if entity is None:
         return False
-    return covers(path, entity) or resource.endpoint_of == entity
+    return covers(path, entity) or entity in (resource.endpoint_of, resource.route_of)
 
 
 def _verify(rule: AuthRule, token: SasToken, decoy: AuthRule) -> tuple[KeySlot | None, str | None]:

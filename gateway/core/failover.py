@@ -83,6 +83,9 @@ class FailoverObserver:
 
     def entity_state(self, entity: str, status: Status) -> None: ...
 
+    def entity_declared(self, entity: str) -> None:
+        """A declared entity with no state yet (healthy): its series exists from start-up."""
+
     def backlog_send(self, queue: str, ok: bool) -> None: ...
 
     def backlog_disabled(self, count: int) -> None: ...
@@ -133,7 +136,10 @@ class Failover:
         for e in entities:
             self._entities[e.path.lower()] = e
         self._store.subscribe(self._on_entity, self._on_backlog)
-        for st in self._store.snapshot().values():
+        snapshot = self._store.snapshot()
+        for key in self._entities.keys() - snapshot.keys():
+            self._observer.entity_declared(key)
+        for st in snapshot.values():
             self._on_entity(st)
         if any(p.backlog_queues for p in self._pairs.values()):
             self._store.announce_backlog_write(None)
@@ -402,6 +408,7 @@ class Failover:
         pair = self._pairs[entity.pair]
         last_ping: float | None = None
         holds_lease = False
+        ttl = max(3 * interval, 1.0)
         try:
             while True:
                 st = self._store.get(key)
@@ -414,6 +421,10 @@ class Failover:
                 due = max(st.since, last_ping or st.since) + interval
                 self._next_ping[key] = due
                 delay = due - self._clock()
+                if delay > 0 and last_ping is None and not holds_lease:
+                    # Take the lease at the failover, not at the first ping one interval
+                    # later: `GET /admin/entities` shows who will ping from the start.
+                    holds_lease = await self._store.acquire_lease(lease, ttl=ttl)
                 if delay > 0:
                     wake.clear()
                     with contextlib.suppress(TimeoutError):
@@ -421,7 +432,7 @@ class Failover:
                             await wake.wait()  # a state change ends the wait early
                     continue
                 last_ping = self._clock()
-                holds_lease = await self._store.acquire_lease(lease, ttl=max(3 * interval, 1.0))
+                holds_lease = await self._store.acquire_lease(lease, ttl=ttl)
                 if not holds_lease:
                     continue  # another replica pings; look again in one interval
                 ok = await self._ping(pair, entity)

@@ -36,6 +36,10 @@ async def nothing_sent(control: ControlClient) -> None:
         ("GET", "/orders?api-version=2017-04", "get-entity", ""),
         ("DELETE", "/orders", "delete-entity", ""),
         ("GET", "/orders/messages", "unsupported", "POST"),
+        ("GET", "/queues/orders/messages", "unsupported", "POST"),
+        ("PUT", "/topics/events/messages", "unsupported", "POST"),
+        ("POST", "/metrics", "unsupported", "GET, HEAD"),
+        ("GET", "/admin/entities/orders/healthy", "get-entity", "POST"),
     ],
 )
 async def test_other_rest_operations_get_405_with_allow_and_a_json_reason(
