@@ -47,6 +47,7 @@ from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
+from gateway.state.memory import LocalState
 from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import Syphon
 from gateway.tracing import close_tracer, create_tracer
@@ -54,6 +55,7 @@ from gateway.web import handlers
 from gateway.web.admin import FAILOVER, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
 from gateway.web.handlers import EDGE, ROUTER, EdgeState, Lifecycle
+from gateway.web.hardening import host_check_middleware, is_loopback
 from gateway.web.openapi import add_openapi_route
 
 log = logging.getLogger(__name__)
@@ -192,6 +194,9 @@ def create_app(
     authorizer = build_authorizer(settings)
     if authorizer is not None:
         app[AUTHORIZER] = authorizer
+    elif is_loopback(settings.listen_host):
+        # Open mode: only requests for a loopback name or a public host (DNS rebinding).
+        app.middlewares.append(host_check_middleware(settings.public_hosts))
     _add_routes(app, mode)
     # Start order; aiohttp cleans up in reverse, so each resource outlives its users: the
     # credential its clients, the clients the dispatcher, the ledger everything that emits,
@@ -301,6 +306,8 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
         await store.start()
         app[STORE] = store
         metrics.redis_connected.set_function(lambda: 1.0 if store.connected else 0.0)
+        if isinstance(store, LocalState):
+            metrics.bind_state(store.stats.invalid_values)
     try:
         yield
     finally:

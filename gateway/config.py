@@ -599,7 +599,8 @@ class Settings:
         (),
         parse=_StrList(),
         shown_default="localhost,127.0.0.1,<listen_host>",
-        doc="host names a token's `sr` may name",
+        doc="host names a token's `sr` may name; in open mode (no rules, loopback), the "
+        "`Host` names answered besides loopback ones (others: `421`)",
     )
     auth_clock_skew: float = setting(
         300.0, parse=_float(0.0, 3600.0), doc="seconds of clock skew allowed on token expiry"
@@ -614,8 +615,16 @@ class Settings:
     auth_token_cache_size: int = setting(
         10_000,
         parse=_int(0, 10_000_000),
-        doc="verified tokens remembered (LRU, keyed on the exact `Authorization` value) so "
-        "that a reused token skips the signature check; 0: verify every request",
+        doc="verified tokens remembered (LRU, keyed on what the token means, whatever its "
+        "spelling) so that a reused token skips the signature check; 0: verify every request",
+    )
+    # The entry count alone does not bound memory: an entry's size follows its `sr` (up to
+    # the 4 KiB header limit).
+    auth_token_cache_bytes: int = setting(
+        16 * _MiB,
+        parse=_int(0, 1024 * _MiB),
+        doc="memory the verified-token cache may use (bytes, estimated; about 1 KB per "
+        "typical token); 0: verify every request",
     )
     azure_credential: CredentialKind = setting(
         "default",

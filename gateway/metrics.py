@@ -31,7 +31,7 @@ from gateway import __version__
 from gateway.core.dispatcher import DispatchObserver
 from gateway.core.failover import FailoverObserver
 from gateway.ledger import EventLedger
-from gateway.state.base import SEVERITY, Status
+from gateway.state.base import INVALID_VALUE_SOURCES, SEVERITY, Status
 from gateway.syphon.syphon import SyphonObserver
 from gateway.web.overload import SHED_REASONS, Shedder, ShedReason
 
@@ -238,10 +238,16 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             "loop_lag_tolerance does not count toward failover).",
             registry=r,
         )
+        self.state_invalid_values = _StateCollector()
+        r.register(self.state_invalid_values)
         # Labelled children of the per-request metrics, looked up once per label set (the
         # sets are bounded: declared entities and "_unknown" x status codes x routes).
         self._answered: dict[tuple[str, int, str], tuple[Counter, Histogram]] = {}
         self._accepted: dict[tuple[str, str], Counter] = {}
+
+    def bind_state(self, invalid_values: Mapping[str, int]) -> None:
+        """Export the state store's count of invalid values, by source (read at scrape)."""
+        self.state_invalid_values.counts = invalid_values
 
     def bind_ledger(self, ledger: EventLedger) -> None:
         """Export the ledger's own counters (read at scrape time)."""
@@ -341,6 +347,29 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
                 self.backlog_oldest_ts.remove(queue)
         else:
             self.backlog_oldest_ts.labels(queue).set(accepted_at)
+
+
+class _StateCollector(Collector):
+    """`sbgate_state_invalid_values_total`, one series per source, each from the start."""
+
+    # Read by tests/support/doc_tables.py, as for the metrics declared with labels.
+    _name = "sbgate_state_invalid_values"
+    _labelnames = ("source",)
+
+    def __init__(self) -> None:
+        self.counts: Mapping[str, int] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            self._name,
+            "Values read from Redis (a hash a resync read, a pub/sub event, a script's reply, "
+            "a lease key) that did not parse, were skipped or written over, and were logged "
+            "with their key.",
+            labels=self._labelnames,
+        )
+        for source in INVALID_VALUE_SOURCES:
+            family.add_metric([source], self.counts.get(source, 0))
+        yield family
 
 
 class _LedgerCollector(Collector):

@@ -21,6 +21,11 @@ those three, in a `RequestHandler` subclass built by `HardenedAppRunner`:
   before its handler runs. One header line over the limit is aiohttp's own ``max_field_size``
   and gets the same 431.
 
+In open mode (no authorization rules, listening on loopback), `host_check_middleware` also
+answers 421 to a request whose ``Host`` is neither a loopback name nor one of
+``public_hosts``: a web page the operator opens could otherwise reach the gateway (its admin
+API included) through a name its own DNS points at 127.0.0.1 (DNS rebinding).
+
 Idle keep-alive connections are closed after ``http.keepalive_timeout`` (aiohttp's own
 timer, also covering the rare pipelined head that started while a request was in progress).
 Requests aiohttp cannot parse are answered with the gateway's JSON error body and an
@@ -39,10 +44,11 @@ exercises every path over real sockets, passes on the new minor release.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +60,8 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
+from gateway.auth import AuthConfigError
+from gateway.auth.sas import parse_host_entry
 from gateway.config import Settings
 from gateway.errors import RequestError
 from gateway.web.overload import (
@@ -89,6 +97,51 @@ class Deadlines:
             body_timeout=settings.http.body_timeout,
             max_head_bytes=settings.limits.max_header_bytes,
         )
+
+
+class MisdirectedRequest(RequestError):
+    """Open mode: the request's ``Host`` is neither a loopback name nor a public host (421)."""
+
+    status = 421
+    code = "misdirected_request"
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost``, a name under ``.localhost`` (RFC 6761), or a loopback IP literal."""
+    host = host.lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def host_check_middleware(public_hosts: Iterable[str]) -> Callable[..., Awaitable[Any]]:
+    """The open mode's ``Host`` check (see the module docstring): place it after the edge
+    middleware, which turns its 421 into the JSON answer. A request without ``Host`` (HTTP/1.0;
+    no browser sends one) passes. Raises `AuthConfigError` for a bad *public_hosts* entry."""
+    hosts = frozenset(parse_host_entry(entry) for entry in public_hosts)
+
+    @web.middleware
+    async def host_check(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        header = request.headers.get("Host")
+        if header is not None:
+            try:
+                host, port = parse_host_entry(header)
+            except AuthConfigError:
+                host, port = "", None
+            if not (is_loopback(host) or (host, None) in hosts or (host, port) in hosts):
+                raise MisdirectedRequest(
+                    "without authorization rules the gateway answers only requests for "
+                    "a loopback name or one of public_hosts (the Host header)"
+                )
+        return await handler(request)
+
+    return host_check
 
 
 # The request line (method, target, version) may be at most this long; the entity path is at

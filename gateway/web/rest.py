@@ -13,6 +13,7 @@ import base64
 import binascii
 import datetime as dt
 import email.utils
+import json
 import math
 import os
 import re
@@ -332,6 +333,11 @@ def parse_batch(
     """A batch request body → messages (each with the trace `context`, if any). The whole
     batch is rejected if any item is bad."""
     items = _parse_json(raw, "the batch body")
+    if _LONG_DIGITS.search(raw):
+        # orjson reads an integer beyond 64 bits as a float, which would be sent as a double;
+        # the standard parser keeps it exact, so that `_user_properties` refuses it. Only for
+        # a body with a run of 19 digits somewhere (orjson has already checked the syntax).
+        items = json.loads(raw)
     if not isinstance(items, list):
         raise RequestError("a batch body must be a JSON array of messages")
     if not items:
@@ -358,6 +364,7 @@ def parse_batch(
     return out
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 _BATCH_ITEM_FIELDS = frozenset({"Body", "IsBodyBase64", "BrokerProperties", "UserProperties"})
 
 
