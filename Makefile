@@ -31,9 +31,12 @@ sysdeps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-## run: the gateway on 127.0.0.1:8080 with its embedded default (local broker pair, no Redis)
+## run: the gateway on 127.0.0.1:8080 with its embedded default (local broker pair, no Redis),
+## in the development profile (`gateway serve --dev`: pings every 5 s, no drain delay, text
+## logs, the demo keys; any SBGATE_* variable you set wins). The banner also goes to
+## .run/banner.txt.
 run: $(STAMP)
-	SBGATE_AUTH_RULES_FILE=$${SBGATE_AUTH_RULES_FILE:-dev/demo-rules.toml} $(BIN)/gateway serve
+	$(BIN)/gateway serve --dev --banner-file .run/banner.txt
 
 ## broker: the local Service Bus-compatible broker alone (two namespaces)
 broker: $(STAMP)

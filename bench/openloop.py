@@ -16,7 +16,9 @@ Protocol on stdout (see `bench.harness`): ``START`` (the first arrival is due no
 the machine), ``END`` (no more arrivals; answers still in flight are awaited up to the
 deadline), ``RESULT <json>``: requests due, sent and shed, answers by status, ``503`` answers
 with and without ``Retry-After``, latency percentiles (from the moment a request was due) of
-every status, the ``503``s slower than ``--limit``, and ``series``: answers per status (2xx
+every status, the ``503``s slower than ``--limit``, the ``503``s and the connection failures
+(refused, closed or reset without an answer) within ``--fast`` seconds of when they were due
+(they "failed fast"), and ``series``: answers per status (2xx
 split by the ``route`` of the answer's JSON) in ``--bucket`` second steps of answer time,
 from ``t0``. Only 127.0.0.1 is accepted as a target.
 """
@@ -51,6 +53,10 @@ class _Stats:
         self.unavailable_with_retry_after = 0
         self.series: dict[int, Counter[str]] = {}
         self.total_ok = 0
+        # Failures without an answer (connection refused, closed or reset), by kind, that
+        # came within --fast seconds of when their request was due: the client did not wait.
+        self.failed_fast: Counter[str] = Counter()
+        self.fast = 1.0
 
     def answer(self, status: int, latency: float, kind: str, retry_after: bool) -> None:
         self.statuses[status] += 1
@@ -71,8 +77,10 @@ class _Stats:
             counts = self.series[slot] = Counter()
         counts[kind] += 1
 
-    def fail(self, kind: str) -> None:
+    def fail(self, kind: str, latency: float | None = None) -> None:
         self.errors[kind] += 1
+        if latency is not None and latency <= self.fast:
+            self.failed_fast[kind] += 1
         self.mark(kind)
 
 
@@ -95,7 +103,7 @@ class _Connection(asyncio.Protocol):
         self._gen.lost(self)
         if self.busy:
             self.busy = False
-            self._gen.stats.fail("connection_lost")
+            self._gen.stats.fail("connection_lost", time.perf_counter() - self.due)
             self._gen.settled()
         if not self.closed.done():
             self.closed.set_result(None)
@@ -217,7 +225,8 @@ class OpenLoop:
             self.stats.fail("timeout")
             self.settled()
         except OSError as exc:
-            self.stats.fail(f"connect: {exc.strerror or type(exc).__name__}")
+            latency = time.perf_counter() - due
+            self.stats.fail(f"connect: {exc.strerror or type(exc).__name__}", latency)
             self.settled()
         else:
             self.conns.add(conn)
@@ -293,6 +302,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     request = build_request(args.url, make_body(args.body_size), headers)
     t0 = time.monotonic()
     stats = _Stats(t0, args.bucket)
+    stats.fast = args.fast
     gen = OpenLoop(
         args.url, request, max_connections=args.max_connections, timeout=args.timeout, stats=stats
     )
@@ -323,6 +333,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "limit": args.limit,
         "unavailable_over_limit": len(slow),
         "unavailable_over_limit_max_ms": max(slow) * 1000.0 if slow else None,
+        "unavailable_fast": sum(1 for x in stats.latency.get(503, array("d")) if x <= args.fast),
+        "failed_fast": dict(stats.failed_fast),
+        "fast": args.fast,
         "series": {str(k): dict(v) for k, v in sorted(stats.series.items())},
         "cpu_s": (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime),
     }
@@ -338,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per request")
     parser.add_argument("--limit", type=float, default=2.0, help="503s slower than this count")
     parser.add_argument("--bucket", type=float, default=0.5, help="seconds per series step")
+    parser.add_argument(
+        "--fast", type=float, default=1.0, help="a 503 or a refusal this soon 'failed fast'"
+    )
     parser.add_argument("--body-size", type=int, default=1024)
     parser.add_argument("--header", action="append", default=[], help="'Name: value'")
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ its own key. Once started, an app holds:
   metrics, lifecycle, ledger, access log: what the handlers read) and, with rules,
   `AUTHORIZER`;
 * the access log (in `EDGE`), flushed once per loop turn and, at shutdown, last;
+* `LOOP_LAG` — the event loop's measured delay;
 * `CREDENTIAL` — the process's one Entra ID credential, closed last but the access log;
 * `CLIENTS` — one `NamespaceClient` per namespace name;
 * `STORE` — the failover state store, when failover or the syphon runs;
@@ -32,10 +33,13 @@ from typing import Any, Literal
 from aiohttp import web
 
 from gateway.config import NamespaceSettings, Settings
+from gateway.core import failover as failover_module
 from gateway.core.backlog import backlog_path
-from gateway.core.dispatcher import Destination, Dispatcher
+from gateway.core.closing import CANCEL_GRACE, Closer, stop_after
+from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Destination, Dispatcher
 from gateway.core.entities import EntityCatalog
 from gateway.core.failover import Failover, PairClients
+from gateway.core.looplag import LoopLag
 from gateway.core.ports import NamespaceClient, Tracer
 from gateway.core.router import PrimaryRouter
 from gateway.ledger import LedgerSettings, create_ledger
@@ -43,6 +47,7 @@ from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
+from gateway.state.memory import LocalState
 from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import Syphon
 from gateway.tracing import close_tracer, create_tracer
@@ -50,6 +55,7 @@ from gateway.web import handlers
 from gateway.web.admin import FAILOVER, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
 from gateway.web.handlers import EDGE, ROUTER, EdgeState, Lifecycle
+from gateway.web.hardening import host_check_middleware, is_loopback
 from gateway.web.openapi import add_openapi_route
 
 log = logging.getLogger(__name__)
@@ -103,6 +109,35 @@ STORE = web.AppKey[StateStore]("store")
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 PAIRS = web.AppKey[Mapping[str, PairClients]]("pairs")
 SYPHONS = web.AppKey[list[Syphon]]("syphons")
+LOOP_LAG = web.AppKey("loop_lag", LoopLag)
+
+# The dispatcher's grace for pending sends at shutdown, and our deadline on closing one
+# namespace client or the credential (the SDK's closes can hang on a namespace that went away).
+DISPATCHER_GRACE = 5.0
+CLOSE_TIMEOUT = 5.0
+
+
+def cleanup_bounds(settings: Settings) -> dict[str, float]:
+    """The longest each cleanup context takes at shutdown, in seconds, whatever the broker,
+    Redis or the SDK do (docs/design.md#the-app-factory). The contexts run one after the
+    other, so a shutdown's cleanup takes at most their sum (`tracer_ctx`: the exporter's
+    own deadline, `otlp_timeout` + 1 s, when tracing is on)."""
+    syphon_grace = min(settings.shutdown.shutdown_timeout, settings.timeouts.send_timeout)
+    return {
+        "lifecycle_ctx": 0.0,
+        # the syphon's own grace, then (backstop) one more send timeout and a close
+        "syphon_ctx": syphon_grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT,
+        "router_ctx": failover_module.STOP_TIMEOUT + CANCEL_GRACE,
+        "dispatcher_ctx": DISPATCHER_GRACE + 2 * SENDER_CLOSE_TIMEOUT + 2 * CANCEL_GRACE,
+        "ledger_ctx": ledger_settings(settings).close_timeout,
+        # RedisStateStore.close: a flush, then its tasks (op_timeout = 1 s)
+        "state_ctx": 4.0,
+        "clients_ctx": CLOSE_TIMEOUT + 2 * CANCEL_GRACE,  # in parallel
+        "credential_ctx": CLOSE_TIMEOUT + CANCEL_GRACE,
+        "tracer_ctx": settings.tracing.otlp_timeout / 1000 + 1.0,
+        "loop_lag_ctx": 0.0,
+        "access_log_ctx": 0.0,
+    }
 
 
 def create_app(
@@ -159,6 +194,9 @@ def create_app(
     authorizer = build_authorizer(settings)
     if authorizer is not None:
         app[AUTHORIZER] = authorizer
+    elif is_loopback(settings.listen_host):
+        # Open mode: only requests for a loopback name or a public host (DNS rebinding).
+        app.middlewares.append(host_check_middleware(settings.public_hosts))
     _add_routes(app, mode)
     # Start order; aiohttp cleans up in reverse, so each resource outlives its users: the
     # credential its clients, the clients the dispatcher, the ledger everything that emits,
@@ -166,6 +204,7 @@ def create_app(
     app.cleanup_ctx.extend(
         [
             access_log_ctx,
+            loop_lag_ctx,
             tracer_ctx,
             credential_ctx,
             clients_ctx,
@@ -212,6 +251,18 @@ async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
         access_log.close()
 
 
+async def loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The event loop's delay (`LOOP_LAG`), sampled for failover (a timeout of ours does not
+    count) and the `sbgate_event_loop_lag_seconds` gauge."""
+    lag = LoopLag(on_sample=app[EDGE].metrics.event_loop_lag.set)
+    app[LOOP_LAG] = lag
+    lag.start()
+    try:
+        yield
+    finally:
+        await lag.close()
+
+
 async def tracer_ctx(app: web.Application) -> AsyncIterator[None]:
     """Nothing to start; closed last, so the spans of everything else's shutdown export."""
     try:
@@ -225,11 +276,13 @@ async def credential_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await app[CREDENTIAL].aclose()
+        closer = Closer("credential")
+        await closer.run("closing the credential", app[CREDENTIAL].aclose(), CLOSE_TIMEOUT)
 
 
 async def clients_ctx(app: web.Application) -> AsyncIterator[None]:
-    """One client per namespace (pairs may share one), closed after everything using them."""
+    """One client per namespace (pairs may share one), closed after everything using them,
+    in parallel (each bounds its own close)."""
     make = app[ADAPTERS].client
     clients: dict[str, NamespaceClient] = {}
     for pair in app[SETTINGS].pairs:
@@ -240,8 +293,7 @@ async def clients_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        for client in clients.values():
-            await client.close()
+        await asyncio.gather(*(client.close() for client in clients.values()))
 
 
 async def state_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -256,6 +308,8 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
         await store.start()
         app[STORE] = store
         metrics.redis_connected.set_function(lambda: 1.0 if store.connected else 0.0)
+        if isinstance(store, LocalState):
+            metrics.bind_state(store.stats.invalid_values)
     try:
         yield
     finally:
@@ -297,7 +351,7 @@ async def dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await dispatcher.close(grace=5.0)
+        await dispatcher.close(grace=DISPATCHER_GRACE)
 
 
 async def router_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -314,6 +368,7 @@ async def router_ctx(app: web.Application) -> AsyncIterator[None]:
             settings.limits,
             observer=edge.metrics,
             ledger=edge.ledger,
+            loop_lag=app[LOOP_LAG],
         )
         app[ROUTER] = app[FAILOVER] = failover
         failover.start(edge.catalog.all())
@@ -338,7 +393,14 @@ async def syphon_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         grace = min(settings.shutdown.shutdown_timeout, settings.timeouts.send_timeout)
-        await asyncio.gather(*(s.close(grace) for s in syphons))
+        # A syphon's close waits for its tasks and its receivers' closes (SDK closes, which
+        # can hang): bounded here too, and cancelled past the bound.
+        closes = [
+            asyncio.create_task(s.close(grace), name=f"closing syphon {i}")
+            for i, s in enumerate(syphons)
+        ]
+        bound = grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT - CANCEL_GRACE
+        await stop_after(closes, bound, "syphon")
 
 
 async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -63,9 +63,15 @@ def _demo_tokens(settings: Settings, entity: str) -> tuple[str, str, str] | None
     return send, manage, send_all
 
 
-def _banner(settings: Settings, info: dict[str, Any] | None) -> str:
+def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = False) -> str:
     base = f"http://{settings.listen_host}:{settings.listen_port}"
     lines = [f"sbgate listening on {base}"]
+    if dev:
+        lines.append(
+            "development profile (gateway serve --dev): a failed-over entity is pinged every "
+            f"{settings.failover.ping_primary_interval:g} s (production default: 60 s), "
+            f"drain delay {settings.shutdown.drain_delay:g} s, access lines for failures only"
+        )
     if info is not None:
         lines.append("local broker (embedded default):")
         for name, ns in info["namespaces"].items():
@@ -75,8 +81,18 @@ def _banner(settings: Settings, info: dict[str, Any] | None) -> str:
     if entity is not None:
         kind = "queues" if entity.kind == "queue" else "topics"
         tokens = _demo_tokens(settings, entity.path)
-        auth = f"-H 'Authorization: {tokens[0]}' " if tokens else ""
-        lines.append("try:")
+        exports = []
+        if tokens:
+            exports += [f"SEND='{tokens[0]}'", f"ADMIN='{tokens[1]}'"]
+        if info is not None:
+            exports.append(f"CTRL={info['control']}")
+            primary = info["namespaces"].get("primary")
+            if primary is not None:  # for `gateway drain` (README: the audit)
+                exports.append(f"PRIMARY='{primary['connection_string']}'")
+        auth = '-H "Authorization: $SEND" ' if tokens else ""
+        lines.append("try (paste the export line first, in the shell you run curl from):")
+        if exports:
+            lines.append("  export " + " ".join(exports))
         lines.append(
             f"  curl -i -X POST {base}/{kind}/{entity.path}/messages {auth}"
             "-H 'Content-Type: text/plain' "
@@ -84,7 +100,7 @@ def _banner(settings: Settings, info: dict[str, Any] | None) -> str:
             "-d 'hello, Service Bus'"
         )
         if tokens:
-            lines.append(f"  curl -s {base}/admin/entities -H 'Authorization: {tokens[1]}'")
+            lines.append(f'  curl -s {base}/admin/entities -H "Authorization: $ADMIN"')
         lines.append("load test (every entity above; see loadtests/locustfile.py):")
         if tokens:
             lines.append(f"  export LOADTEST_AUTHORIZATION='{tokens[2]}'")
@@ -96,8 +112,23 @@ def _banner(settings: Settings, info: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def _write_banner(path: str, banner: str) -> None:
+    """The banner in a file too (`make run`: .run/banner.txt), for when it scrolled away."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(banner + "\n")
+    except OSError as exc:
+        log.warning("cannot write the banner to %s: %s", path, exc)
+
+
 async def _serve(
-    settings: Settings, mode: Literal["serve", "syphon"] = "serve", tracer: Tracer | None = None
+    settings: Settings,
+    mode: Literal["serve", "syphon"] = "serve",
+    tracer: Tracer | None = None,
+    *,
+    dev: bool = False,
+    banner_file: str | None = None,
 ) -> int:
     from gateway.app import create_app
     from gateway.web.hardening import HardenedAppRunner
@@ -126,7 +157,10 @@ async def _serve(
         site = web.TCPSite(runner, settings.listen_host, settings.listen_port, backlog=2048)
         await site.start()
         if mode == "serve":
-            print(_banner(settings, embedded.info if embedded else None), flush=True)
+            banner = _banner(settings, embedded.info if embedded else None, dev=dev)
+            if banner_file:
+                _write_banner(banner_file, banner)
+            print(banner, flush=True)
         else:
             print(f"sbgate syphon running; health on port {settings.listen_port}", flush=True)
         exit_code = await _until_stopped(app, settings, mode)
@@ -186,6 +220,30 @@ async def _first_fault(faults: list[asyncio.Event], stop: asyncio.Event) -> bool
     return stopper not in done
 
 
+# `gateway serve --dev` (what `make run` runs): defaults for a person at a terminal, each
+# applied only where the environment sets nothing. Production defaults are unchanged.
+DEV_PROFILE = {
+    "SBGATE_PING_PRIMARY_INTERVAL": "5",  # the failover demo fails back in seconds, not a minute
+    "SBGATE_DRAIN_DELAY": "0",  # Ctrl-C stops at once (no load balancer to drain from)
+    "SBGATE_LOG_FORMAT": "text",
+    "SBGATE_AUTH_RULES_FILE": "dev/demo-rules.toml",  # public demo keys (when present)
+}
+# In the development profile only failed requests get an access line (WARNING), unless
+# SBGATE_LOG_LEVEL is set: the banner and the failover transitions are not buried under one
+# line per request (a 15 s load test wrote 17k).
+_DEV_ACCESS_LEVEL = logging.WARNING
+
+
+def _dev_env(env: dict[str, str]) -> None:
+    """Apply `DEV_PROFILE` to `env` where unset."""
+    for name, value in DEV_PROFILE.items():
+        if name == "SBGATE_AUTH_RULES_FILE" and (
+            not os.path.exists(value) or "SBGATE_AUTH_RULES" in env
+        ):
+            continue
+        env.setdefault(name, value)
+
+
 # Command-line options that stand for settings: each one sets its environment variable, so
 # the configuration loader validates it like any other source (the command line wins).
 _OPTION_ENV = {
@@ -198,6 +256,8 @@ _OPTION_ENV = {
 
 def _load(args: argparse.Namespace) -> Settings:
     env = dict(os.environ)
+    if getattr(args, "dev", False):
+        _dev_env(env)
     for option, name in _OPTION_ENV.items():
         value = getattr(args, option, None)
         if value is not None:
@@ -218,7 +278,7 @@ def cmd_syphon(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
-    from gateway.logs import setup_logging
+    from gateway.logs import ACCESS_LOGGER, setup_logging
 
     settings = _load(args)
     try:
@@ -241,6 +301,8 @@ def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
     if args.port is not None:
         settings = _with(settings, listen_port=args.port)
     setup_logging(settings.log_format, settings.log_level)
+    if args.dev and "SBGATE_LOG_LEVEL" not in os.environ:
+        logging.getLogger(ACCESS_LOGGER).setLevel(_DEV_ACCESS_LEVEL)
     has_auth = bool(settings.auth_rules_file or settings.auth_rules)
     if not _is_loopback(settings.listen_host) and not has_auth and not settings.allow_open:
         print(
@@ -254,7 +316,7 @@ def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    return _run(_serve(settings, mode, tracer))
+    return _run(_serve(settings, mode, tracer, dev=args.dev, banner_file=args.banner_file))
 
 
 def _with(settings: Settings, **changes: Any) -> Settings:
@@ -309,6 +371,9 @@ DELEGATED = {  # nosec B105  # help texts, not secrets
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from gateway.logs import quiet_sdk_loggers
+
+    quiet_sdk_loggers()  # serve, syphon, token, drain, audit alike
     if argv and argv[0] in DELEGATED:
         return _delegate(argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
@@ -340,6 +405,15 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(
             "--client-id",
             help="a user-assigned identity's client id (overrides SBGATE_AZURE_CLIENT_ID)",
+        )
+        p.add_argument(
+            "--dev",
+            action="store_true",
+            help="development profile (make run): pings every 5 s, no drain delay, text logs, "
+            "access lines only for failures, the demo rules; the environment still wins",
+        )
+        p.add_argument(
+            "--banner-file", metavar="FILE", help="also write the start-up banner to FILE"
         )
         p.set_defaults(func=cmd_serve if name == "serve" else cmd_syphon)
     for name, help_text in DELEGATED.items():

@@ -13,11 +13,12 @@ are derived from those declarations.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import socket
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, cast, get_args
@@ -374,6 +375,12 @@ class FailoverSettings:
         parse=_float(0.05, 86400.0),
         doc="seconds a failed backlog queue stays out of rotation",
     )
+    loop_lag_tolerance: float = setting(
+        1.0,
+        parse=_float(0.0, 600.0),
+        doc="a send timeout during which this replica's event loop ran late by more than "
+        "this many seconds in all does not count toward failover",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,6 +451,24 @@ class HttpSettings:
         "(ingress-nginx: 60 s), or the ingress reuses connections the gateway just closed",
     )
     max_headers: int = setting(100, parse=_int(8, 10_000), doc="request header count")
+    max_connections: int = setting(
+        4096,
+        parse=_int(0, 1_000_000),
+        doc="open client connections; one accepted over it is answered `503 overloaded` and "
+        "closed before its request is read (0: no cap)",
+    )
+    max_requests_in_progress: int = setting(
+        512,
+        parse=_int(0, 1_000_000),
+        doc="requests handled at once; one over it is answered `503 overloaded` before its "
+        "body is read or its token checked (0: no cap)",
+    )
+    max_head_wait: float = setting(
+        1.0,
+        parse=_float(0.0, 600.0),
+        doc="seconds a complete request head may wait for its handler (the event loop is "
+        "behind); older: `503 overloaded` (0: no bound)",
+    )
 
 
 TracesExporter = Literal["none", "otlp", "console"]
@@ -574,7 +599,8 @@ class Settings:
         (),
         parse=_StrList(),
         shown_default="localhost,127.0.0.1,<listen_host>",
-        doc="host names a token's `sr` may name",
+        doc="host names a token's `sr` may name; in open mode (no rules, loopback), the "
+        "`Host` names answered besides loopback ones (others: `421`)",
     )
     auth_clock_skew: float = setting(
         300.0, parse=_float(0.0, 3600.0), doc="seconds of clock skew allowed on token expiry"
@@ -589,8 +615,16 @@ class Settings:
     auth_token_cache_size: int = setting(
         10_000,
         parse=_int(0, 10_000_000),
-        doc="verified tokens remembered (LRU, keyed on the exact `Authorization` value) so "
-        "that a reused token skips the signature check; 0: verify every request",
+        doc="verified tokens remembered (LRU, keyed on what the token means, whatever its "
+        "spelling) so that a reused token skips the signature check; 0: verify every request",
+    )
+    # The entry count alone does not bound memory: an entry's size follows its `sr` (up to
+    # the 4 KiB header limit).
+    auth_token_cache_bytes: int = setting(
+        16 * _MiB,
+        parse=_int(0, 1024 * _MiB),
+        doc="memory the verified-token cache may use (bytes, estimated; about 1 KB per "
+        "typical token); 0: verify every request",
     )
     azure_credential: CredentialKind = setting(
         "default",
@@ -760,6 +794,9 @@ class _Raw:
     sections: dict[str, dict[str, Any]] = field(default_factory=lambda: {s: {} for s in SECTIONS})
     pairs: dict[str, dict[str, Any]] = field(default_factory=dict)
     entities: list[dict[str, Any]] = field(default_factory=list)
+    # How an error names a value that came from the environment: the setting's name (as
+    # errors say it) -> the variable the user set.
+    from_env: dict[str, str] = field(default_factory=dict)
 
     def add_file(self, doc: Mapping[str, Any]) -> None:
         """A parsed TOML document: unknown keys and tables of the wrong shape are errors."""
@@ -779,7 +816,8 @@ class _Raw:
                     raise ConfigError("[[entities]] must be an array of tables")
                 self.entities = [dict(e) for e in value]
             else:
-                raise ConfigError(f"config file: unknown setting {key!r}")
+                known = [*_TOP, *(k for k in SECTIONS if k not in _ENV_ONLY), "pairs", "entities"]
+                raise ConfigError(f"config file: unknown setting {key!r}{_nearest(key, known)}")
 
     def add_env(self, env: Mapping[str, str]) -> None:
         """The SBGATE_* variables, over the file's values; an unknown one is an error."""
@@ -793,12 +831,27 @@ class _Raw:
             if info := _BY_ENV.get(env_key):
                 values = self.top if info.section is None else self.sections[info.section]
                 values[info.name] = value
+                self.from_env[info.where] = env_key
             elif env_key == ENTITIES_ENV:
                 self.entities = _entities_from_env(value)
+                self.from_env["entities"] = env_key
             elif role in NAMESPACE_ROLES and suffix in NAMESPACE_FIELDS:
-                self._set_namespace(role.lower(), NAMESPACE_FIELDS[suffix][0], value)
+                attr = NAMESPACE_FIELDS[suffix][0]
+                self._set_namespace(role.lower(), attr, value)
+                self.from_env[f"pairs.default.{role.lower()}.{attr}"] = env_key
             else:
-                raise ConfigError(f"{env_key}: unknown setting")
+                raise ConfigError(
+                    f"{env_key}: unknown setting{_nearest(env_key, env_names(), key=False)}"
+                )
+
+    def named(self, exc: ConfigError) -> ConfigError:
+        """`exc` with the variable the user set in front of the setting it names (errors
+        name settings as the TOML file does: ``failover.ping_primary_interval: ...``)."""
+        text = str(exc)
+        for where, env_key in sorted(self.from_env.items(), key=lambda kv: -len(kv[0])):
+            if text.startswith(where) and text[len(where) : len(where) + 1] in (":", " "):
+                return ConfigError(f"{env_key} ({where}){text[len(where) :]}")
+        return exc
 
     def _set_namespace(self, role: str, attr: str, value: str) -> None:
         """One field of the default pair's primary or secondary namespace."""
@@ -827,13 +880,25 @@ def load_settings(env: Mapping[str, str], config_file: str | Path | None = None)
     if path:
         raw.add_file(_read_toml(path))
     raw.add_env(env)
-    kwargs: dict[str, Any] = {key: _TOP[key].spec.parse(key, v) for key, v in raw.top.items()}
-    for name, cls in SECTIONS.items():
-        kwargs[name] = cls(**_section_values(name, raw.sections[name]))
-    pairs = tuple(_pair(name, table) for name, table in raw.pairs.items())
-    settings = Settings(**kwargs, pairs=pairs, entities=_entities(raw.entities, pairs))
-    _cross_check(settings)
+    try:
+        kwargs: dict[str, Any] = {key: _TOP[key].spec.parse(key, v) for key, v in raw.top.items()}
+        for name, cls in SECTIONS.items():
+            kwargs[name] = cls(**_section_values(name, raw.sections[name]))
+        pairs = tuple(_pair(name, table) for name, table in raw.pairs.items())
+        settings = Settings(**kwargs, pairs=pairs, entities=_entities(raw.entities, pairs))
+        _cross_check(settings)
+    except ConfigError as exc:
+        raise raw.named(exc) from None
     return settings
+
+
+def _nearest(name: str, known: Iterable[str], *, key: bool = True) -> str:
+    """``; did you mean 'x'?`` for the closest known TOML key (a variable: unquoted), or
+    nothing when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    if not close:
+        return ""
+    return f"; did you mean {close[0]!r}?" if key else f"; did you mean {close[0]}?"
 
 
 def _section_values(section_name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -841,13 +906,17 @@ def _section_values(section_name: str, raw: Mapping[str, Any]) -> dict[str, Any]
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in declared:
-            raise ConfigError(f"[{section_name}]: unknown setting {key!r}")
+            raise ConfigError(f"[{section_name}]: unknown setting {key!r}{_nearest(key, declared)}")
         values[key] = declared[key].spec.parse(declared[key].where, value)
     return values
 
 
 def _pair(name: str, raw: Mapping[str, Any]) -> PairSettings:
     where = f"pairs.{name}"
+    extra = set(raw) - {"primary", "secondary"}
+    if extra:
+        hint = _nearest(sorted(extra)[0], ("primary", "secondary"))
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}{hint}")
     if "primary" not in raw:
         raise ConfigError(f"{where}: a primary namespace is required")
     primary = _namespace(f"{where}.primary", _ns_table(raw["primary"]))
@@ -856,9 +925,6 @@ def _pair(name: str, raw: Mapping[str, Any]) -> PairSettings:
         if raw.get("secondary")
         else None
     )
-    extra = set(raw) - {"primary", "secondary"}
-    if extra:
-        raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}")
     return PairSettings(name=name, primary=primary, secondary=secondary)
 
 
@@ -871,9 +937,11 @@ def _ns_table(value: Any) -> Mapping[str, Any]:
 
 
 def _namespace(where: str, raw: Mapping[str, Any]) -> NamespaceSettings:
-    extra = set(raw) - {f.name for f in fields(NamespaceSettings)}
+    known = {f.name for f in fields(NamespaceSettings)}
+    extra = set(raw) - known
     if extra:
-        raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}")
+        hint = _nearest(sorted(extra)[0], known)
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(extra)}{hint}")
     cs = raw.get("connection_string")
     fqns = raw.get("fully_qualified_namespace")
     if bool(cs) == bool(fqns):

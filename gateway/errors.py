@@ -88,6 +88,15 @@ class Saturated(GatewayError):
     retry_after = 1.0
 
 
+class Overloaded(GatewayError):
+    """This replica is full (connections, requests in progress, or a loop that is behind):
+    answered by the HTTP protocol before any work (gateway.web.overload)."""
+
+    status = 503
+    code = "overloaded"
+    retry_after = 1.0
+
+
 class Draining(GatewayError):
     """The gateway is shutting down and takes no new work."""
 
@@ -246,6 +255,10 @@ CLASSIFICATIONS: tuple[Classification, ...] = (
 
 class SendFailure(GatewayError):
     """The broker did not store the message(s). Never reported to a client as accepted."""
+
+    # When the broker operation that failed began, on the dispatcher's clock (None: not a
+    # broker operation's outcome). Failover discounts reports older than what it knows.
+    started: float | None = None
 
     def __init__(self, classification: Classification, message: str) -> None:
         super().__init__(message)

@@ -64,7 +64,12 @@ def setup_logging(fmt: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # The SDK and the AMQP stack are chatty at INFO; their errors still come through us.
+    quiet_sdk_loggers()
+
+
+def quiet_sdk_loggers() -> None:
+    """The SDK and the AMQP stack are chatty at INFO (dozens of lines per connection); their
+    errors still come through us. Every `gateway` command calls this first."""
     for noisy in ("azure", "uamqp", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -31,8 +31,9 @@ from gateway import __version__
 from gateway.core.dispatcher import DispatchObserver
 from gateway.core.failover import FailoverObserver
 from gateway.ledger import EventLedger
-from gateway.state.base import SEVERITY, Status
+from gateway.state.base import INVALID_VALUE_SOURCES, SEVERITY, Status
 from gateway.syphon.syphon import SyphonObserver
+from gateway.web.overload import SHED_REASONS, Shedder, ShedReason
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -103,6 +104,26 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.admission_waiting = Gauge(
             "sbgate_admission_waiting_requests",
             "Requests waiting for room (admission).",
+            registry=r,
+        )
+        self.http_shed = Counter(
+            "sbgate_http_shed_total",
+            "Requests and connections answered 503 overloaded before any work, by reason: "
+            "connections (over http.max_connections), in_progress (over "
+            "http.max_requests_in_progress), head_wait (waited over http.max_head_wait).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in SHED_REASONS:
+            self.http_shed.labels(reason)
+        self.http_connections = Gauge(
+            "sbgate_http_open_connections",
+            "Open client connections (counted against http.max_connections).",
+            registry=r,
+        )
+        self.http_in_progress = Gauge(
+            "sbgate_http_requests_in_progress",
+            "Requests being handled (counted against http.max_requests_in_progress).",
             registry=r,
         )
         self.pending_bytes = Gauge(
@@ -223,10 +244,23 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             "1 while the shared state backend (Redis) is reachable; 1 without Redis.",
             registry=r,
         )
+        self.event_loop_lag = Gauge(
+            "sbgate_event_loop_lag_seconds",
+            "How late the event loop ran a callback scheduled every 0.1 s, at the latest "
+            "sample: this replica's own delay (a send timeout during a lag over "
+            "loop_lag_tolerance does not count toward failover).",
+            registry=r,
+        )
+        self.state_invalid_values = _StateCollector()
+        r.register(self.state_invalid_values)
         # Labelled children of the per-request metrics, looked up once per label set (the
         # sets are bounded: declared entities and "_unknown" x status codes x routes).
         self._answered: dict[tuple[str, int, str], tuple[Counter, Histogram]] = {}
         self._accepted: dict[tuple[str, str], Counter] = {}
+
+    def bind_state(self, invalid_values: Mapping[str, int]) -> None:
+        """Export the state store's count of invalid values, by source (read at scrape)."""
+        self.state_invalid_values.counts = invalid_values
 
     def bind_ledger(self, ledger: EventLedger) -> None:
         """Export the ledger's own counters (read at scrape time)."""
@@ -250,6 +284,14 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         if child is None:
             child = self._accepted[(entity, route)] = self.messages.labels(entity, route)
         child.inc(n)
+
+    def shed(self, reason: ShedReason) -> None:
+        self.http_shed.labels(reason).inc()
+
+    def watch_http(self, shedder: Shedder) -> None:
+        """Read the open connections and requests in progress from the server's shedder."""
+        self.http_connections.set_function(lambda: shedder.connections)
+        self.http_in_progress.set_function(lambda: shedder.in_progress)
 
     def bind_admission(self, waiting: Callable[[], int], used: Callable[[], int]) -> None:
         self.admission_waiting.set_function(lambda: float(waiting()))
@@ -275,6 +317,11 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.task_restarts.labels(task).inc()
 
     # FailoverObserver
+    def entity_declared(self, entity: str) -> None:
+        # The gauge only: one series per declared entity. The state set's three appear at
+        # the entity's first transition (its alert looks for failed_over alone).
+        self.failover_state.labels(entity).set(SEVERITY["healthy"])
+
     def entity_state(self, entity: str, status: Status) -> None:
         self.failover_state.labels(entity).set(SEVERITY[status])
         self.failover_status.labels(entity).state(status)
@@ -320,6 +367,29 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
                 self.backlog_oldest_ts.remove(queue)
         else:
             self.backlog_oldest_ts.labels(queue).set(accepted_at)
+
+
+class _StateCollector(Collector):
+    """`sbgate_state_invalid_values_total`, one series per source, each from the start."""
+
+    # Read by tests/support/doc_tables.py, as for the metrics declared with labels.
+    _name = "sbgate_state_invalid_values"
+    _labelnames = ("source",)
+
+    def __init__(self) -> None:
+        self.counts: Mapping[str, int] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            self._name,
+            "Values read from Redis (a hash a resync read, a pub/sub event, a script's reply, "
+            "a lease key) that did not parse, were skipped or written over, and were logged "
+            "with their key.",
+            labels=self._labelnames,
+        )
+        for source in INVALID_VALUE_SOURCES:
+            family.add_metric([source], self.counts.get(source, 0))
+        yield family
 
 
 class _LedgerCollector(Collector):

@@ -15,7 +15,7 @@ COLUMNS = ("scenario", "acked", "lost", "duplicated", "unexpected", "expired", "
 
 def _row(r: ScenarioResult) -> list[str]:
     v = r.verdict
-    status = "pending" if r.pending and r.passed else ("pass" if r.passed else "FAIL")
+    status = "pass" if r.passed else "FAIL"
     return [
         r.name,
         f"{v.acked:,}",
@@ -51,15 +51,10 @@ def markdown(results: Sequence[ScenarioResult], command: str | None = None) -> s
     out = "\n".join(lines) + "\n"
     if command:
         out = f"`{command}`\n\n" + out
-    failed = [(r.name, c) for r in results for c in r.criteria if c.ok is False]
-    pending = [(r.name, c) for r in results for c in r.criteria if c.ok is None]
+    failed = [(r.name, c) for r in results for c in r.criteria if not c.ok]
     if failed:
         out += "\nFailed criteria:\n\n" + "".join(
             f"- {n}: {c.name} — {c.detail}\n" for n, c in failed
-        )
-    if pending:
-        out += "\nPending criteria:\n\n" + "".join(
-            f"- {n}: {c.name} — {c.detail}\n" for n, c in pending
         )
     return out
 
@@ -70,7 +65,7 @@ def criteria_markdown(results: Sequence[ScenarioResult]) -> str:
     for r in results:
         out.append(f"**{r.name}** — {r.title} ({r.duration_s:.0f} s)\n")
         for c in r.criteria:
-            mark = {True: "ok", False: "FAIL", None: "pending"}[c.ok]
+            mark = "ok" if c.ok else "FAIL"
             out.append(f"- [{mark}] {c.name}: {c.detail}")
         for n in r.notes:
             out.append(f"  - note: {n}")

@@ -13,8 +13,6 @@ import contextlib
 import logging
 import shutil
 import socket
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from gateway.core.backlog import backlog_path
-from loadtests.procs import ROOT, GatewayProcess
+from loadtests.procs import GatewayProcess
 from loadtests.proxy import FaultProxy
 from sblocal.testing import BrokerProcess, ControlClient
 
@@ -41,28 +39,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-_SYPHON_CLI: bool | None = None
-
-
-def syphon_available() -> bool:
-    """Whether this checkout has the syphon (``gateway syphon`` exists)."""
-    global _SYPHON_CLI
-    if _SYPHON_CLI is None:
-        has_code = any(p.name != "__init__.py" for p in (ROOT / "gateway/syphon").glob("*.py"))
-        ok = False
-        if has_code:
-            proc = subprocess.run(
-                [sys.executable, "-m", "gateway", "syphon", "--help"],
-                cwd=ROOT,
-                capture_output=True,
-                timeout=60,
-                check=False,
-            )
-            ok = proc.returncode == 0
-        _SYPHON_CLI = ok
-    return _SYPHON_CLI
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ def java_available() -> bool:
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "gateway audit") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines came after the verdict
     parser = build_parser(prog, local=True)
     try:
         args = parser.parse_args(argv)

@@ -438,10 +438,11 @@ def _run(
         "version": 1,
         "generated_at": dt.datetime.now(dt.UTC),
         "exit_code": exit_code,
-        "verdict": (
-            f"{reconciled.lost} acknowledged message(s) LOST"
-            if reconciled.lost
-            else "no acknowledged message was lost"
+        "verdict": report.verdict(
+            lost=reconciled.lost,
+            pending=reconciled.by_class.get("pending", 0),
+            promised=reconciled.promised,
+            grace_seconds=opts.audit.grace_seconds,
         ),
         "time_range": {"start": loaded.start, "end": loaded.end},
         "grace_seconds": opts.audit.grace_seconds,

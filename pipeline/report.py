@@ -42,6 +42,22 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], digits: int
     return "\n".join(lines)
 
 
+def verdict(*, lost: int, pending: int, promised: int, grace_seconds: float) -> str:
+    """The one line the audit ends with. It names the pending messages and the grace window:
+    a run shorter than the window is all pending, and "nothing lost" would prove nothing."""
+    window = f"acknowledged in the last {grace_seconds:g} s of the data, not delivered yet"
+    if lost:
+        more = f"; {pending} more pending ({window}: not judged)" if pending else ""
+        return f"{lost} acknowledged message(s) LOST{more}"
+    if pending and pending >= promised:
+        return (
+            f"NOTHING JUDGED: all {promised} acknowledged message(s) are pending ({window}); "
+            "for a finished run use --grace-seconds 0"
+        )
+    line = f"no acknowledged message was lost ({promised - pending} checked)"
+    return f"{line}; {pending} pending ({window}: not judged)" if pending else line
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The report as Markdown: verdict first, then the numbers behind it."""
     m = report["messages"]

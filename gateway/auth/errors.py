@@ -1,7 +1,8 @@
 """Authorization errors: request errors (`gateway.errors.RequestError`) that say how to answer.
 
 * `Unauthorized` (401): the caller did not prove who it is — the token is missing, malformed,
-  signed with an unknown or wrong key, expired, or made for another resource or host.
+  signed with an unknown or wrong key (one answer for both: `invalid_signature`), expired,
+  or made for another resource or host.
 * `Forbidden` (403): the token is genuine, but its rule does not grant the right, or does not
   apply to the entity.
 * `AuthConfigError`: the rules configuration is invalid (raised at start-up, never per request).
@@ -21,7 +22,6 @@ class ErrorCode(StrEnum):
 
     MISSING_TOKEN = "missing_token"  # noqa: S105  # nosec B105  # an error code, not a credential
     MALFORMED_TOKEN = "malformed_token"  # noqa: S105  # nosec B105  # an error code, not a credential
-    UNKNOWN_KEY_NAME = "unknown_key_name"
     INVALID_SIGNATURE = "invalid_signature"
     TOKEN_EXPIRED = "token_expired"  # noqa: S105  # nosec B105  # an error code, not a credential
     TOKEN_LIFETIME_TOO_LONG = "token_lifetime_too_long"  # noqa: S105  # nosec B105  # an error code, not a credential
@@ -32,13 +32,17 @@ class ErrorCode(StrEnum):
 
 
 class AuthError(RequestError):
-    """A per-request authorization failure; its `code` is one of `ErrorCode`."""
+    """A per-request authorization failure; its `code` is one of `ErrorCode`.
+
+    `key_name` is the token's ``skn`` (as claimed, when the token parsed), for the log line
+    only: no answer names a rule, so that nobody without a key can learn which names exist."""
 
     status = 401
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, key_name: str | None = None) -> None:
         super().__init__(message)
         self.code = str(code)
+        self.key_name = key_name
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"

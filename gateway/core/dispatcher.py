@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
+from gateway.core.closing import CANCEL_GRACE, stop
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender, Tracer
 from gateway.errors import (
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 # With tracing on, an admission wait at least this long is an event on the request's span.
 ADMISSION_WAIT_TRACED = 0.001
+# Our deadline on closing one sender; a stopped worker closes its own.
+SENDER_CLOSE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,10 +172,16 @@ class Dispatcher:
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self._spare: dict[tuple[str, str], list[Sender]] = {}
         self._closing = False
+        self._stopping = False  # the workers must end (seen even by one whose cancel was lost)
 
     @property
     def gate(self) -> AdmissionGate:
         return self._gate
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock a failure's `started` is on (the event loop's, by default)."""
+        return self._clock
 
     def pending_messages(self) -> int:
         return sum(len(g.messages) for lane in self._lanes.values() for g in lane.pending)
@@ -234,18 +243,22 @@ class Dispatcher:
         return {str(lane.dest): err for lane, err in zip(lanes, results, strict=True)}
 
     async def close(self, grace: float) -> None:
-        """Stop taking work, let pending sends finish for up to `grace` seconds, then cancel
-        and await every worker; whatever did not go out fails with a 503-class error."""
+        """Stop taking work, let pending sends finish for up to `grace` seconds, then stop
+        every worker; whatever did not go out fails with a 503-class error. Takes at most
+        `grace + 2 * SENDER_CLOSE_TIMEOUT + 2 * CANCEL_GRACE`, whatever the senders do: a
+        worker whose cancel the SDK lost ends at the top of its loop, or at a second cancel."""
         self._closing = True
         deadline = self._clock() + grace
         while any(lane.pending or lane.busy for lane in self._lanes.values()):
             if self._clock() >= deadline:
                 break
             await asyncio.sleep(0.01)
+        self._stopping = True
+        for lane in self._lanes.values():
+            lane.wakeup.set()
         workers = [t for lane in self._lanes.values() for t in lane.workers]
-        for t in workers:
-            t.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+        # A cancelled worker closes its sender (SENDER_CLOSE_TIMEOUT) before it ends.
+        await stop(workers, SENDER_CLOSE_TIMEOUT + CANCEL_GRACE, "dispatcher")
         for lane in self._lanes.values():
             if lane.expiry is not None:
                 lane.expiry.cancel()
@@ -289,6 +302,8 @@ class Dispatcher:
                     f"the gateway is saturated: no sender took this request within {waited}; "
                     "retry later"
                 )
+            if isinstance(error, SendFailure):  # it waited for the open from its arrival
+                error.started = group.deadline - self._limits.admission_timeout
             group.future.set_exception(error)
         if lane.pending:
             lane.expiry = loop.call_at(lane.pending[0].deadline, self._expire, lane)
@@ -332,12 +347,14 @@ class Dispatcher:
     async def _worker(self, lane: _Lane, index: int) -> None:
         sender: Sender | None = None
         try:
-            while True:
+            while not self._stopping:
                 lane.idle += 1
                 try:
                     await lane.wakeup.wait()
                 finally:
                     lane.idle -= 1
+                if self._stopping:
+                    break
                 # Open the sender before taking anything, and outside the send slots: while
                 # a namespace is away the open can take connect_timeout, and requests left
                 # pending meanwhile meet their admission deadline (503 at once) instead of
@@ -501,6 +518,7 @@ class Dispatcher:
                 if not g.future.done():
                     g.future.set_result(None)
         else:
+            failure.started = started  # failover weighs the report by when the send began
             self._fail(groups, self._with_retry_after(failure))
         self._observe(lane, groups, started, failure)
 
@@ -534,7 +552,7 @@ class Dispatcher:
 
 async def _close_quietly(sender: Sender) -> None:
     try:
-        async with asyncio.timeout(5.0):
+        async with asyncio.timeout(SENDER_CLOSE_TIMEOUT):
             await sender.close()
     except asyncio.CancelledError:
         raise

@@ -14,6 +14,11 @@ Per entity (docs/design.md#failover-rule, state shared through a `StateStore`):
   The first ping comes one interval after the failover began, so a failover an operator
   forces holds until they mark the entity healthy or a ping after the interval succeeds.
 * Server-busy and unauthorized errors never count (the error table says so).
+* Only the broker's failures count. A report from a send that began before the entity's
+  last success or recovery seen here is stale and never counts; nor does a timeout during
+  which this replica's event loop ran late by more than `loop_lag_tolerance` in all
+  (`LoopLag`: the answer may have been waiting in the socket). Such a failure is answered
+  as it is (503) while the entity is healthy, and goes to a backlog queue otherwise.
 
 Backlog queues: each replica picks a random healthy one per entity; a send failure takes
 that queue out of rotation for the whole cluster for `backlog_reprobe_interval` (then the
@@ -44,12 +49,14 @@ from typing import Any
 
 from gateway.config import FailoverSettings, LimitSettings
 from gateway.core.backlog import ping_message, rewrite, rewritten_size
+from gateway.core.closing import stop
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.entities import EntityRef
+from gateway.core.looplag import LoopLag
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient
 from gateway.core.router import Delivery
-from gateway.errors import GatewayError, PayloadTooLarge, SendFailure
+from gateway.errors import FailureKind, GatewayError, PayloadTooLarge, SendFailure
 from gateway.ledger import EventLedger, NullLedger
 from gateway.state.base import BacklogState, EntityState, StateStore, Status
 from gateway.supervision import supervised
@@ -57,6 +64,8 @@ from gateway.supervision import supervised
 log = logging.getLogger(__name__)
 
 MAX_BACKLOG_ATTEMPTS = 3
+# How long a cancelled pinger gets to release its lease (one store call, itself bounded).
+STOP_TIMEOUT = 5.0
 # Why an entity's state changed, as `GET /admin/entities` shows it ("reason").
 PING_DELIVERED = "ping delivered"
 MARKED_HEALTHY = "operator: marked healthy"
@@ -85,6 +94,9 @@ class FailoverObserver:
 
     def entity_state(self, entity: str, status: Status) -> None: ...
 
+    def entity_declared(self, entity: str) -> None:
+        """A declared entity with no state yet (healthy): its series exists from start-up."""
+
     def backlog_send(self, queue: str, ok: bool) -> None: ...
 
     def backlog_disabled(self, count: int) -> None: ...
@@ -110,8 +122,10 @@ class Failover:
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         ledger: EventLedger | None = None,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         self._dispatcher = dispatcher
+        self._loop_lag = loop_lag
         self._pairs = pairs
         self._store = store
         self._settings = settings
@@ -129,6 +143,9 @@ class Failover:
         # Backlog queues this replica wrote an entity's messages to while the entity was not
         # healthy here: announced to the syphons when it is (see the module docstring).
         self._unannounced: dict[str, set[str]] = {}
+        # Per entity, when (on the dispatcher's clock) this replica last saw a send to it
+        # succeed or the entity recover: a failure of a send that began before is stale.
+        self._fresh: dict[str, float] = {}
         self._closed = False
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -138,17 +155,19 @@ class Failover:
         for e in entities:
             self._entities[e.path.lower()] = e
         self._store.subscribe(self._on_entity, self._on_backlog)
-        for st in self._store.snapshot().values():
+        snapshot = self._store.snapshot()
+        for key in self._entities.keys() - snapshot.keys():
+            self._observer.entity_declared(key)
+        for st in snapshot.values():
             self._on_entity(st)
         if any(p.backlog_queues for p in self._pairs.values()):
             self._store.announce_backlog_write(None)
 
     async def close(self) -> None:
+        """Stop the pingers and timers: within `STOP_TIMEOUT + CANCEL_GRACE`."""
         self._closed = True
         tasks = list(self._pingers.values()) + list(self._timers.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop(tasks, STOP_TIMEOUT, "failover")
         self._pingers.clear()
         self._timers.clear()
 
@@ -165,12 +184,39 @@ class Failover:
         except SendFailure as failure:
             if not failure.classification.counts_toward_failover:
                 raise
-            self._record_failure(key, failure)
+            if self._counts(key, failure):
+                self._record_failure(key, failure)
+            elif self._store.get(key).status == "healthy":
+                raise  # not the broker's failure, as far as we know: the client retries
             if self._settings.strict_primary or not pair.backlog_queues:
                 raise
             return await self._to_backlog(entity, pair, messages, cause=failure)
         self._record_success(key)
         return Delivery("primary", entity.path)
+
+    def _counts(self, key: str, failure: SendFailure) -> bool:
+        """Whether a failure the error table counts is the broker's (the module docstring):
+        not stale, and not a timeout of ours."""
+        started = failure.started
+        if started is None:
+            return True
+        if started < self._fresh.get(key, float("-inf")):
+            log.info(
+                "entity %s: a stale failure report does not count (%s)", key, failure.kind.value
+            )
+            return False
+        if failure.kind is FailureKind.TIMEOUT and self._loop_lag is not None:
+            lag = self._loop_lag.lag_since(started)
+            if lag > self._settings.loop_lag_tolerance:
+                log.warning(
+                    "entity %s: a timeout while this replica's event loop ran %.3gs late "
+                    "does not count toward failover",
+                    key,
+                    lag,
+                    extra={"entity": key, "loop_lag": lag},
+                )
+                return False
+        return True
 
     def _record_failure(self, key: str, failure: SendFailure) -> None:
         now = self._clock()
@@ -185,6 +231,7 @@ class Failover:
             self._propose(st, "failed_over", reason)
 
     def _record_success(self, key: str) -> None:
+        self._fresh[key] = self._dispatcher.clock()
         st = self._store.get(key)
         if st.status == "failing":  # a success resets the timer, cluster-wide
             self._propose(st, "healthy", "send succeeded")
@@ -343,6 +390,8 @@ class Failover:
     def _on_entity(self, st: EntityState) -> None:
         self._observer.entity_state(st.entity, st.status)
         if st.status == "healthy":
+            if st.epoch > 0:  # a recovery: failures of sends that began before are stale
+                self._fresh[st.entity] = self._dispatcher.clock()
             for queue in sorted(self._unannounced.pop(st.entity, ())):
                 self._store.announce_backlog_write(queue)
         if st.status == "failing" and not self._closed and st.entity in self._entities:
@@ -416,6 +465,7 @@ class Failover:
         pair = self._pairs[entity.pair]
         last_ping: float | None = None
         holds_lease = False
+        ttl = max(3 * interval, 1.0)
         try:
             while True:
                 st = self._store.get(key)
@@ -428,6 +478,10 @@ class Failover:
                 due = max(st.since, last_ping or st.since) + interval
                 self._next_ping[key] = due
                 delay = due - self._clock()
+                if delay > 0 and last_ping is None and not holds_lease:
+                    # Take the lease at the failover, not at the first ping one interval
+                    # later: `GET /admin/entities` shows who will ping from the start.
+                    holds_lease = await self._store.acquire_lease(lease, ttl=ttl)
                 if delay > 0:
                     wake.clear()
                     with contextlib.suppress(TimeoutError):
@@ -435,7 +489,7 @@ class Failover:
                             await wake.wait()  # a state change ends the wait early
                     continue
                 last_ping = self._clock()
-                holds_lease = await self._store.acquire_lease(lease, ttl=max(3 * interval, 1.0))
+                holds_lease = await self._store.acquire_lease(lease, ttl=ttl)
                 if not holds_lease:
                     continue  # another replica pings; look again in one interval
                 ok = await self._ping(pair, entity)

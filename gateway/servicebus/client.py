@@ -19,6 +19,7 @@ from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader, AmqpM
 from azure.servicebus.exceptions import MessageSizeExceededError
 
 from gateway.config import NamespaceSettings, TimeoutSettings
+from gateway.core.closing import Closer
 from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, SendFailure
 from gateway.servicebus import encoding
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Our deadline on closing a sender or a client: a link that is half open, or a namespace that
-# went away, can leave the SDK's close waiting indefinitely.
+# went away, can leave the SDK's close waiting indefinitely. Enforced by `Closer`, which holds
+# whether or not the SDK honours the cancellation (gateway/core/closing.py says why it may not).
 CLOSE_TIMEOUT = 5.0
 
 T = TypeVar("T")
@@ -78,11 +80,15 @@ def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
 
 
 class SdkSender:
-    """A `Sender` over one open `ServiceBusSender`."""
+    """A `Sender` over one open `ServiceBusSender`. `closer` (its namespace client's, which
+    owns what outlives a close; default: its own) bounds its close."""
 
-    def __init__(self, namespace: str, path: str, sender: ServiceBusSender) -> None:
+    def __init__(
+        self, namespace: str, path: str, sender: ServiceBusSender, closer: Closer | None = None
+    ) -> None:
         self._where = f"{namespace}/{path}"
         self._sender = sender
+        self._closer = closer or Closer(f"sender {self._where}")
 
     async def send(self, messages: Sequence[OutboundMessage]) -> None:
         if len(messages) == 1 or not encoding.applies():
@@ -130,10 +136,9 @@ class SdkSender:
         return SendFailure(INVALID_MESSAGE, f"{self._where}: the message is invalid: {exc}")
 
     async def close(self) -> None:
-        try:
-            await self._sender.close()
-        except Exception:  # a broken link may fail to close; it is discarded anyway
-            log.debug("closing sender %s failed", self._where, exc_info=True)
+        """Within `CLOSE_TIMEOUT` (+ `CANCEL_GRACE`); never raises but CancelledError. A broken
+        link may fail to close, or hang: it is discarded either way."""
+        await self._closer.run(f"closing sender {self._where}", self._sender.close(), CLOSE_TIMEOUT)
 
 
 class SdkNamespaceClient:
@@ -168,6 +173,9 @@ class SdkNamespaceClient:
             self._client = ServiceBusClient(settings.fully_qualified_namespace, credential, **retry)
         self.credential = credential if settings.connection_string is None else None
         self._topics: set[str] = set()
+        # Owns the closes of this namespace's senders that outlive CLOSE_TIMEOUT, and the
+        # cleanups of cancelled opens, until `close`.
+        self._closer = Closer(f"namespace {settings.name}")
 
     @property
     def name(self) -> str:
@@ -183,28 +191,57 @@ class SdkNamespaceClient:
         self._topics.add(path.lower())
 
     async def open_sender(self, path: str) -> SdkSender:
+        """Open a sender. The open runs in a task of its own: cancelled (our deadline, or a
+        shutdown), this returns at once, and the open's end (the SDK's own cleanup close has
+        no deadline) and our close of the half-open sender go on, bounded, in the closer."""
         if path.lower() in self._topics:
             sender = self._client.get_topic_sender(path)
         else:
             sender = self._client.get_queue_sender(path)
+        where = f"{self.name}/{path}"
+        opening = asyncio.create_task(_enter(sender), name=f"opening sender {where}")
+        opening.add_done_callback(_retrieve)
         try:
-            await sender.__aenter__()
-        except BaseException as exc:
-            try:
-                # Our deadline here too: on cancellation (shutdown) a close that hangs on a
-                # half-open link would keep the worker, and the shutdown, waiting forever.
-                async with asyncio.timeout(CLOSE_TIMEOUT):
-                    await sender.close()
-            except Exception:  # the half-open sender is discarded either way
-                log.debug("closing a half-open sender failed", exc_info=True)
-            if isinstance(exc, Exception):
-                raise translate(exc, f"{self.name}/{path}") from exc
+            await asyncio.wait({opening})
+        except asyncio.CancelledError:
+            opening.cancel()
+            self._closer.spawn(f"abandoning the open of {where}", _abandon(opening, sender))
             raise
-        return SdkSender(self.name, path, sender)
+        exc = opening.exception()
+        if exc is not None:
+            # The half-open sender is discarded either way.
+            await self._closer.run(
+                f"closing half-open sender {where}", sender.close(), CLOSE_TIMEOUT
+            )
+            if isinstance(exc, Exception):
+                raise translate(exc, where) from exc
+            raise exc
+        return SdkSender(self.name, path, sender, self._closer)
 
     async def close(self) -> None:
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await self._client.close()
-        except Exception:  # shutting down (or a close that hung): nothing more to do
-            log.debug("closing namespace client %s failed", self.name, exc_info=True)
+        """Within `CLOSE_TIMEOUT` + 2 * `CANCEL_GRACE`, whatever the SDK does; never raises
+        but CancelledError."""
+        await self._closer.run(f"closing client {self.name}", self._client.close(), CLOSE_TIMEOUT)
+        await self._closer.aclose()
+
+
+async def _enter(sender: ServiceBusSender) -> None:
+    await sender.__aenter__()
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """An abandoned open's failure is no news: mark it retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _abandon(opening: asyncio.Task[None], sender: ServiceBusSender) -> None:
+    """After a cancelled open: let it end (a cancel it lost may even have let it open), then
+    close the sender, each within `CLOSE_TIMEOUT`; cancelled at the latest by its owner's
+    `Closer.aclose`."""
+    try:
+        await asyncio.wait({opening}, timeout=CLOSE_TIMEOUT)
+    finally:
+        opening.cancel()  # nothing when it ended; else its first cancel was lost
+    async with asyncio.timeout(CLOSE_TIMEOUT):
+        await sender.close()

@@ -17,6 +17,10 @@ from typing import Literal, Protocol
 Status = Literal["healthy", "failing", "failed_over"]
 SEVERITY: Mapping[Status, int] = {"healthy": 0, "failing": 1, "failed_over": 2}
 
+# Where a value read from the shared backend was found invalid (and skipped or repaired):
+# a hash read by a resync, a pub/sub event, a script's reply, a lease key.
+INVALID_VALUE_SOURCES = ("resync", "event", "reply", "lease")
+
 
 @dataclass(frozen=True, slots=True)
 class EntityState:

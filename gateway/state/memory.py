@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, TypeVar
 
 from gateway.state.base import (
@@ -48,9 +49,18 @@ class StoreStats:
     writes: int = 0  # transitions, restores and backlog changes Redis accepted
     write_conflicts: int = 0  # CAS rejections: the cluster had moved on first
     writes_dropped: int = 0  # pending writes dropped because the queue was full
+    # Values read from the backend that did not parse (skipped or repaired), by where they
+    # were read (`INVALID_VALUE_SOURCES`).
+    invalid_values: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The counters; `invalid_values` as its total."""
+        return {
+            f.name: sum(self.invalid_values.values())
+            if f.name == "invalid_values"
+            else getattr(self, f.name)
+            for f in fields(self)
+        }
 
 
 class LocalState:
@@ -123,7 +133,11 @@ class LocalState:
 
     def _disable_local(self, queue: str, until: float, reason: str) -> BacklogState | None:
         """Take `queue` out of rotation; None if it is already out for at least as long
-        (the later `until` wins everywhere, so every replica converges on the same one)."""
+        (the later `until` wins everywhere, so every replica converges on the same one), or
+        if `until` is not a finite time (it would keep the queue out forever)."""
+        if not math.isfinite(until):
+            log.warning("state: refusing to disable backlog %r until %r", queue, until)
+            return None
         held = self._backlogs.get(queue)
         if held is not None and held.until >= until:
             return None

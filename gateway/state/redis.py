@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.state.base import SEVERITY, BacklogState, EntityState, StateStore, Status
 from gateway.state.memory import LocalState
@@ -50,40 +51,93 @@ from gateway.supervision import TaskObserver, supervised
 log = logging.getLogger(__name__)
 K = TypeVar("K")
 V = TypeVar("V")
+T = TypeVar("T")
 
 # What a failed Redis call can raise (besides our own deadline's TimeoutError).
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
-_SEVERITY_LUA = "{" + ", ".join(f"{k}={v}" for k, v in SEVERITY.items()) + "}"
+# Values in Redis are input: anyone with write access (or an operator's typo) can put
+# anything under the prefix. A time is a decimal Unix time in [0, MAX_TIME] (no inf, nan or
+# year 33658), an epoch decimal digits below 2^53 (Lua numbers are doubles). The Lua checks
+# and the Python ones (`_time`, `_epoch`) accept exactly the same strings, so that a script
+# and every replica agree on what is valid.
+MAX_TIME = 4_102_444_800.0  # 2100-01-01
+_MAX_EPOCH = 2**53
+_MAX_TEXT = 1024  # `by`, `reason`, names: longer is not ours
+_TIME_TEXT = re.compile(r"[0-9]{1,20}(?:\.[0-9]{0,20})?(?:[eE][-+]?[0-9]{1,3})?")
+_EPOCH_TEXT = re.compile(r"[0-9]{1,16}")
+
+# Shared by the scripts: `sev`, `valid_time(s)`, `valid_entity(cur)` (cur = HMGET epoch,
+# status, since), and `repair(key, type)`: a key of another type than ours is deleted (it
+# cannot be read, and would make every write to it fail), so the write that follows
+# replaces it.
+_PRELUDE_LUA = (
+    "local sev = {"
+    + ", ".join(f"{k}={v}" for k, v in SEVERITY.items())
+    + "}\n"
+    + f"local MAX_TIME, MAX_EPOCH = {MAX_TIME!r}, {_MAX_EPOCH}\n"
+    + r"""
+local function valid_time(s)
+  if type(s) ~= 'string' or #s > 45 then return nil end
+  if not (string.match(s, '^%d+$') or string.match(s, '^%d+%.%d*$')
+          or string.match(s, '^%d+[eE][-+]?%d+$') or string.match(s, '^%d+%.%d*[eE][-+]?%d+$')) then
+    return nil
+  end
+  local t = tonumber(s)
+  if t == nil or not (t >= 0 and t <= MAX_TIME) then return nil end
+  return t
+end
+local function valid_entity(cur)
+  if type(cur[1]) ~= 'string' or #cur[1] > 16 or not string.match(cur[1], '^%d+$') then
+    return false
+  end
+  if tonumber(cur[1]) >= MAX_EPOCH then return false end
+  if cur[2] == nil or sev[cur[2]] == nil then return false end
+  return cur[3] == nil or valid_time(cur[3]) ~= nil
+end
+local function repair(key, want)
+  local t = redis.call('TYPE', key).ok
+  if t ~= want and t ~= 'none' then redis.call('DEL', key) end
+end
+"""
+)
 
 # KEYS[1] entity hash. ARGV: base epoch, epoch, status, since, by, reason, channel, event.
-# -> {1} applied, {0} absent, {0, epoch, status, since, by, reason} stored.
-_TRANSITION_LUA = """
+# -> {1} applied, {0} absent (or invalid: the caller restores over it), {0, epoch, status,
+# since, by, reason} stored.
+_TRANSITION_LUA = (
+    _PRELUDE_LUA
+    + """
+repair(KEYS[1], 'hash')
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'since', 'by', 'reason')
-if (tonumber(cur[1]) or 0) == tonumber(ARGV[1]) then
+local valid = cur[1] and valid_entity(cur)
+if (valid and tonumber(cur[1]) or 0) == tonumber(ARGV[1]) then
   redis.call('HSET', KEYS[1], 'status', ARGV[3], 'epoch', ARGV[2], 'since', ARGV[4],
              'by', ARGV[5], 'reason', ARGV[6])
   redis.call('PUBLISH', ARGV[7], ARGV[8])
   return {1}
 end
-if not cur[1] then return {0} end
+if not valid then return {0} end
 return {0, cur[1], cur[2] or '', cur[3] or '0', cur[4] or '', cur[5] or ''}
 """
+)
 
-# Restore-if-absent-or-older (what a resync writes back). Same ARGV as the transition minus
-# the base epoch; "older" is `EntityState.newer_than`: lower epoch, or same epoch and less
-# severe.
+# Restore-if-absent-or-older (what a resync writes back; an invalid hash counts as absent).
+# Same ARGV as the transition minus the base epoch; "older" is `EntityState.newer_than`:
+# lower epoch, or same epoch and less severe.
 _RESTORE_LUA = (
-    "local sev = "
-    + _SEVERITY_LUA
+    _PRELUDE_LUA
     + """
+repair(KEYS[1], 'hash')
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'since', 'by', 'reason')
 local apply = false
-if not cur[1] then
+if not cur[1] or not valid_entity(cur) then
   apply = true
 else
-  local e, ne = tonumber(cur[1]) or 0, tonumber(ARGV[1])
-  if ne > e or (ne == e and (sev[ARGV[2]] or 0) > (sev[cur[2]] or 0)) then apply = true end
+  local e, ne = tonumber(cur[1]), tonumber(ARGV[1])
+  if ne > e or (ne == e and (sev[ARGV[2]] or 0) > (sev[cur[2]] or 0)) then
+    apply = true
+  end
 end
 if apply then
   redis.call('HSET', KEYS[1], 'status', ARGV[2], 'epoch', ARGV[1], 'since', ARGV[3],
@@ -95,11 +149,15 @@ return {0, cur[1], cur[2] or '', cur[3] or '0', cur[4] or '', cur[5] or ''}
 """
 )
 
-# KEYS[1] backlog hash. ARGV: until, px, by, reason, channel, event. The later `until` wins.
-# -> {1} applied, {0, until, by, reason} stored (already out at least as long).
-_DISABLE_LUA = """
+# KEYS[1] backlog hash. ARGV: until, px, by, reason, channel, event. The later `until` wins
+# (an invalid one loses). -> {1} applied, {0, until, by, reason} stored (out at least as long).
+_DISABLE_LUA = (
+    _PRELUDE_LUA
+    + """
+repair(KEYS[1], 'hash')
 local cur = redis.call('HMGET', KEYS[1], 'until', 'by', 'reason')
-if cur[1] and tonumber(cur[1]) >= tonumber(ARGV[1]) then
+local u = valid_time(cur[1])
+if u and u >= tonumber(ARGV[1]) then
   return {0, cur[1], cur[2] or '', cur[3] or ''}
 end
 redis.call('HSET', KEYS[1], 'until', ARGV[1], 'by', ARGV[3], 'reason', ARGV[4])
@@ -107,9 +165,10 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return {1}
 """
+)
 
 # KEYS[1] backlog hash. ARGV: channel, event. Published even if absent, so a replica that
-# missed the disable's expiry still drops it.
+# missed the disable's expiry still drops it. DEL takes a key of any type.
 _ENABLE_LUA = """
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[1], ARGV[2])
@@ -117,7 +176,10 @@ return 1
 """
 
 # KEYS[1] lease. ARGV: replica, ttl ms. Take it if free, renew it only if we hold it.
-_ACQUIRE_LUA = """
+_ACQUIRE_LUA = (
+    _PRELUDE_LUA
+    + """
+repair(KEYS[1], 'string')
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -125,8 +187,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+)
 
 _RELEASE_LUA = """
+if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
@@ -190,53 +254,105 @@ def _written_event(queue: str | None, by: str) -> bytes:
     return orjson.dumps({"kind": "written", "queue": queue, "by": by})
 
 
-def _status(value: str) -> Status:
-    if value not in SEVERITY:
-        raise ValueError(f"unknown status {value!r}")
+class _Invalid(ValueError):
+    """A value read from Redis or the channel that is not one we could have written."""
+
+
+def _time(value: object) -> float:
+    """A Unix time as stored or published: a number or the decimal text `_TIME_TEXT`, in
+    [0, `MAX_TIME`] (never inf or nan)."""
+    if isinstance(value, str):
+        if len(value) > 45 or _TIME_TEXT.fullmatch(value) is None:
+            raise _Invalid(f"time {value[:50]!r} is not a decimal number")
+        number = float(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            raise _Invalid("time out of range") from None
+    else:
+        raise _Invalid(f"time of type {type(value).__name__}")
+    if not 0.0 <= number <= MAX_TIME:  # also False for nan
+        raise _Invalid(f"time {value!r} is not a Unix time in [0, {MAX_TIME:.0f}]")
+    return number
+
+
+def _epoch(value: object) -> int:
+    if isinstance(value, str) and _EPOCH_TEXT.fullmatch(value):
+        number = int(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        raise _Invalid(f"epoch {str(value)[:50]!r} is not decimal digits")
+    if not 0 <= number < _MAX_EPOCH:
+        raise _Invalid(f"epoch {number} out of range")
+    return number
+
+
+def _text(value: object, what: str, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or len(value) > _MAX_TEXT or (not empty and not value):
+        raise _Invalid(f"{what} is not a string of 0-{_MAX_TEXT} characters")
+    return value
+
+
+def _status(value: object) -> Status:
+    if not isinstance(value, str) or value not in SEVERITY:
+        raise _Invalid(f"unknown status {str(value)[:50]!r}")
     return cast(Status, value)
 
 
 def _entity_from_hash(entity: str, h: Mapping[str, str]) -> EntityState:
+    if "epoch" not in h or "status" not in h:
+        raise _Invalid("no epoch or no status")
     return EntityState(
         entity=entity,
-        status=_status(h.get("status", "healthy")),
-        epoch=int(h.get("epoch", "0")),
-        since=float(h.get("since", "0")),
-        by=h.get("by", ""),
-        reason=h.get("reason", ""),
+        status=_status(h["status"]),
+        epoch=_epoch(h["epoch"]),
+        since=_time(h.get("since", "0")),
+        by=_text(h.get("by", ""), "by"),
+        reason=_text(h.get("reason", ""), "reason"),
     )
 
 
-def _entity_from_reply(entity: str, reply: list[Any]) -> EntityState | None:
-    """The stored state a script returned with {0, ...}, or None if Redis had none."""
-    if len(reply) < 6:
-        return None
-    _, epoch, status, since, by, reason = reply[:6]
-    return _entity_from_hash(
-        entity,
-        {"epoch": str(epoch), "status": status, "since": since, "by": by, "reason": reason},
+def _backlog_from_hash(queue: str, h: Mapping[str, str]) -> BacklogState:
+    if "until" not in h:
+        raise _Invalid("no until")
+    return BacklogState(
+        queue, _time(h["until"]), _text(h.get("by", ""), "by"), _text(h.get("reason", ""), "reason")
     )
 
 
-def _parse_or_none(entity: str, h: Mapping[str, str] | None) -> EntityState | None:
-    if not h:
-        return None
+def _event_state(ev: object) -> EntityState | BacklogState | tuple[str | None, str]:
+    """A pub/sub event, validated: an entity state, a backlog state, or a backlog write
+    announcement (queue, by). Raises `_Invalid` (a ValueError) for anything else."""
+    if not isinstance(ev, dict):
+        raise _Invalid("not a JSON object")
+    kind = ev.get("kind")
     try:
-        return _entity_from_hash(entity, h)
-    except ValueError as exc:
-        # Treated as absent: memory (if any) is written back over it.
-        log.warning("state: ignoring malformed entity hash %r %r: %s", entity, h, exc)
-        return None
-
-
-def _backlog_or_none(queue: str, h: Mapping[str, str] | None) -> BacklogState | None:
-    if not h:
-        return None
-    try:
-        return BacklogState(queue, float(h["until"]), h.get("by", ""), h.get("reason", ""))
-    except (KeyError, ValueError) as exc:
-        log.warning("state: ignoring malformed backlog hash %r %r: %s", queue, h, exc)
-        return None
+        if kind == "entity":
+            return EntityState(
+                entity=_text(ev["entity"], "entity", empty=False),
+                status=_status(ev["status"]),
+                epoch=_epoch(ev["epoch"]),
+                since=_time(ev["since"]),
+                by=_text(ev["by"], "by"),
+                reason=_text(ev["reason"], "reason"),
+            )
+        if kind == "backlog":
+            return BacklogState(
+                queue=_text(ev["queue"], "queue", empty=False),
+                until=_time(ev["until"]),
+                by=_text(ev["by"], "by"),
+                reason=_text(ev["reason"], "reason"),
+            )
+        if kind == "written":
+            queue = ev["queue"]
+            return (None if queue is None else _text(queue, "queue", empty=False)), _text(
+                ev["by"], "by"
+            )
+    except KeyError as exc:
+        raise _Invalid(f"no {exc}") from None
+    raise _Invalid(f"unknown kind {str(kind)[:50]!r}")
 
 
 class RedisStateStore(LocalState):
@@ -409,9 +525,13 @@ class RedisStateStore(LocalState):
         sess = self._sess
         if sess is None:
             return None
+        key = self._key("lease", name)
         try:
             async with asyncio.timeout(self._op_timeout):
-                holder = await sess.client.get(self._key("lease", name))
+                holder = await sess.client.get(key)
+        except ResponseError as exc:  # a key of another type: the next acquire repairs it
+            self._invalid("lease", key, exc)
+            return None
         except _REDIS_ERRORS as exc:
             self._call_failed(sess, "lease_holder", exc)
             return None
@@ -425,35 +545,65 @@ class RedisStateStore(LocalState):
         super()._adopt_entity(state)
 
     def _on_event(self, data: str | bytes) -> None:
-        """Apply one pub/sub event to memory if it is newer (sync: no await in between)."""
+        """Apply one pub/sub event to memory if it is newer (sync: no await in between).
+        An event that is not one we could have published is counted and ignored."""
         try:
-            ev = orjson.loads(data)
-            if ev["kind"] == "entity":
-                self._on_entity_event(
-                    EntityState(
-                        entity=str(ev["entity"]),
-                        status=_status(ev["status"]),
-                        epoch=int(ev["epoch"]),
-                        since=float(ev["since"]),
-                        by=str(ev["by"]),
-                        reason=str(ev["reason"]),
-                    )
-                )
-            elif ev["kind"] == "written":
-                if ev["by"] != self.replica_id:  # our own listeners heard it already
-                    queue = ev["queue"]
-                    self._notify_write(None if queue is None else str(queue))
-            elif ev["kind"] == "backlog":
-                self._on_backlog_event(
-                    BacklogState(
-                        queue=str(ev["queue"]),
-                        until=float(ev["until"]),
-                        by=str(ev["by"]),
-                        reason=str(ev["reason"]),
-                    )
-                )
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring a malformed state event %r: %s", data, exc)
+            event = _event_state(orjson.loads(data))
+        except ValueError as exc:  # orjson's errors and `_Invalid` are ValueErrors
+            self._invalid("event", self._channel, f"{str(data)[:200]!r}: {exc}")
+            return
+        if isinstance(event, EntityState):
+            self._on_entity_event(event)
+        elif isinstance(event, BacklogState):
+            self._on_backlog_event(event)
+        else:
+            queue, by = event
+            if by != self.replica_id:  # our own listeners heard it already
+                self._notify_write(queue)
+
+    def _invalid(self, source: str, key: str, problem: object) -> None:
+        """Count and log a value read from Redis that does not parse (`source` is one of
+        `INVALID_VALUE_SOURCES`); the caller skips it, or writes over it."""
+        counts = self.stats.invalid_values
+        counts[source] = counts.get(source, 0) + 1
+        log.warning(
+            "state: ignoring an invalid value in redis at %s (%s): %s", key, source, problem
+        )
+
+    def _parsed_or_none(
+        self,
+        kind: str,
+        name: str,
+        h: Mapping[str, str] | BaseException | None,
+        parse: Callable[[str, Mapping[str, str]], T],
+    ) -> T | None:
+        """A hash a resync read (`kind` entity or backlog), parsed; None if absent, or if
+        invalid (logged and counted): then treated as absent, so that memory, if it holds
+        the entity or queue, is written back over it."""
+        if not h:
+            return None
+        key = self._key(kind, name)
+        if isinstance(h, BaseException):  # the key is of another type
+            self._invalid("resync", key, h)
+            return None
+        try:
+            return parse(name, h)
+        except _Invalid as exc:
+            self._invalid("resync", key, exc)
+            return None
+
+    def _entity_from_reply(self, entity: str, reply: list[Any]) -> EntityState | None:
+        """The stored state a script returned with {0, ...}, or None if Redis had none (or
+        an invalid one, which the scripts report as none)."""
+        if len(reply) < 6:
+            return None
+        _, epoch, status, since, by, reason = reply[:6]
+        h = {"epoch": epoch, "status": status, "since": since, "by": by, "reason": reason}
+        try:
+            return _entity_from_hash(entity, h)
+        except _Invalid as exc:
+            self._invalid("reply", self._key("entity", entity), exc)
+            return None
 
     def _on_entity_event(self, s: EntityState) -> None:
         held = self._entities.get(s.entity)
@@ -591,7 +741,7 @@ class RedisStateStore(LocalState):
             self.stats.writes += 1
             return
         self.stats.write_conflicts += 1
-        stored = _entity_from_reply(entity, reply)
+        stored = self._entity_from_reply(entity, reply)
         if stored is None or stored.epoch < base:
             # Redis lost what our chain was built on (restarted empty, flushed): put ours back.
             await self._restore(sess, self.get(entity))
@@ -624,7 +774,7 @@ class RedisStateStore(LocalState):
             if self._entities.get(state.entity) == state:
                 self._pending_entities.pop(state.entity, None)
             return
-        stored = _entity_from_reply(state.entity, reply)
+        stored = self._entity_from_reply(state.entity, reply)
         held = self.get(state.entity)
         if stored is not None and stored != held and not held.newer_than(stored):
             self._adopt_entity(stored)
@@ -650,7 +800,13 @@ class RedisStateStore(LocalState):
         if reply[0] == 1:
             self.stats.writes += 1
             return
-        stored = BacklogState(queue, float(reply[1]), str(reply[2]), str(reply[3]))
+        try:
+            stored = _backlog_from_hash(
+                queue, {"until": reply[1], "by": reply[2], "reason": reply[3]}
+            )
+        except (_Invalid, IndexError) as exc:
+            self._invalid("reply", key, exc)
+            return
         if stored.until > held.until:
             self._adopt_backlog(stored)
 
@@ -711,6 +867,9 @@ class RedisStateStore(LocalState):
             # No retries inside redis-py: a failure must surface here, so that we resync.
             retry=Retry(NoBackoff(), 0),
             client_name=f"sbgate-state-{self.replica_id}",
+            # Bytes that are not UTF-8 (anyone may write them) must not fail a whole read:
+            # they are replaced, and the value then fails validation alone.
+            encoding_errors="replace",
         )
         pubsub = client.pubsub()
         try:
@@ -796,7 +955,7 @@ class RedisStateStore(LocalState):
             restore: list[EntityState] = []
             for entity in set(entities) | set(self._entities):
                 h = entities.get(entity)
-                stored = _parse_or_none(entity, h)
+                stored = self._parsed_or_none("entity", entity, h, _entity_from_hash)
                 held = self._entities.get(entity)
                 if held is None:
                     if stored is not None:
@@ -812,7 +971,9 @@ class RedisStateStore(LocalState):
             for queue in set(backlogs) | set(self._backlogs):
                 if queue in self._pending_backlogs:
                     continue  # our later change is queued and will be written after this
-                stored_b = _backlog_or_none(queue, backlogs.get(queue))
+                stored_b = self._parsed_or_none(
+                    "backlog", queue, backlogs.get(queue), _backlog_from_hash
+                )
                 held_b = self._backlogs.get(queue)
                 if held_b is not None and held_b.until <= now:
                     del self._backlogs[queue]  # expired: forget it quietly
@@ -828,8 +989,12 @@ class RedisStateStore(LocalState):
                 await self._write_backlog(sess, queue, True)
         self.stats.resyncs += 1
 
-    async def _read_all(self, sess: _Session, kind: str) -> dict[str, dict[str, str]]:
-        """Every `<prefix>:<kind>:*` hash, keyed by the name after the prefix."""
+    async def _read_all(
+        self, sess: _Session, kind: str
+    ) -> dict[str, dict[str, str] | BaseException]:
+        """Every `<prefix>:<kind>:*` hash, keyed by the name after the prefix; the error
+        instead for a key that could not be read (of another type: one bad key never fails
+        the whole read)."""
         head = self._key(kind, "")
         keys = [k async for k in sess.client.scan_iter(match=_glob_escape(head) + "*", count=500)]
         if not keys:
@@ -837,7 +1002,7 @@ class RedisStateStore(LocalState):
         pipe = sess.client.pipeline(transaction=False)
         for k in keys:
             pipe.hgetall(k)
-        values = await pipe.execute()
+        values = await pipe.execute(raise_on_error=False)
         return {k[len(head) :]: v for k, v in zip(keys, values, strict=True) if v}
 
     # -- helpers ----------------------------------------------------------------------------

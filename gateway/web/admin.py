@@ -8,6 +8,7 @@ right once authorization is configured.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from aiohttp import web
 
@@ -15,6 +16,7 @@ from gateway.auth import Right
 from gateway.core.entities import validate_entity_path
 from gateway.core.failover import Failover
 from gateway.errors import GatewayError
+from gateway.state.base import EntityState
 from gateway.web.auth import authorize
 from gateway.web.handlers import EDGE, json_response
 
@@ -60,16 +62,20 @@ async def mark_healthy(request: web.Request) -> web.StreamResponse:
     path = _entity_path(request)
     failover = _failover(request)
     entity = request.app[EDGE].catalog.resolve(path)
-    st = failover.mark_healthy(entity)
-    return json_response(200, dataclasses.asdict(st))
+    return json_response(200, _answer(failover.mark_healthy(entity)))
 
 
 async def force_failover(request: web.Request) -> web.StreamResponse:
     path = _entity_path(request)
     failover = _failover(request)
     entity = request.app[EDGE].catalog.resolve(path)
-    st = failover.force_failover(entity)
-    return json_response(200, dataclasses.asdict(st))
+    return json_response(200, _answer(failover.force_failover(entity)))
+
+
+def _answer(st: EntityState) -> dict[str, Any]:
+    """The entity's new state, named `state` as in `GET /admin/entities` (`status`, the
+    same value, stays for scripts written against earlier versions)."""
+    return {"state": st.status, **dataclasses.asdict(st)}
 
 
 def add_admin_routes(app: web.Application) -> None:

@@ -33,6 +33,7 @@ def build_authorizer(settings: Settings) -> Authorizer | None:
         clock_skew=settings.auth_clock_skew,
         max_token_lifetime=settings.auth_max_token_lifetime or None,
         token_cache_size=settings.auth_token_cache_size,
+        token_cache_bytes=settings.auth_token_cache_bytes,
     )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from gateway.auth import Right
+from gateway.auth import AuthError, Right
 from gateway.config import EntityKind, LimitSettings
 from gateway.core.entities import EntityCatalog, EntityRef, validate_entity_path
 from gateway.core.message import OutboundMessage
@@ -368,6 +368,8 @@ def _log_outcome(
     principal = request.get(PRINCIPAL)
     if principal is not None:
         extra["key_name"] = principal.key_name
+    elif isinstance(error, AuthError) and error.key_name is not None:
+        extra["key_name"] = error.key_name  # the log may say which rule; the answer never does
     if error is not None:
         extra["error"] = error.code
         extra["error_message"] = error.message

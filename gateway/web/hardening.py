@@ -21,6 +21,11 @@ those three, in a `RequestHandler` subclass built by `HardenedAppRunner`:
   before its handler runs. One header line over the limit is aiohttp's own ``max_field_size``
   and gets the same 431.
 
+In open mode (no authorization rules, listening on loopback), `host_check_middleware` also
+answers 421 to a request whose ``Host`` is neither a loopback name nor one of
+``public_hosts``: a web page the operator opens could otherwise reach the gateway (its admin
+API included) through a name its own DNS points at 127.0.0.1 (DNS rebinding).
+
 Idle keep-alive connections are closed after ``http.keepalive_timeout`` (aiohttp's own
 timer, also covering the rare pipelined head that started while a request was in progress).
 Requests aiohttp cannot parse are answered with the gateway's JSON error body and an
@@ -39,8 +44,11 @@ exercises every path over real sockets, passes on the new minor release.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +60,17 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_request import BaseRequest
 
+from gateway.auth import AuthConfigError
+from gateway.auth.sas import parse_host_entry
 from gateway.config import Settings
 from gateway.errors import RequestError
+from gateway.web.overload import (
+    EXEMPT_PREFIXES,
+    OverloadLimits,
+    Shedder,
+    ShedReason,
+    overloaded_body,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +97,51 @@ class Deadlines:
             body_timeout=settings.http.body_timeout,
             max_head_bytes=settings.limits.max_header_bytes,
         )
+
+
+class MisdirectedRequest(RequestError):
+    """Open mode: the request's ``Host`` is neither a loopback name nor a public host (421)."""
+
+    status = 421
+    code = "misdirected_request"
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost``, a name under ``.localhost`` (RFC 6761), or a loopback IP literal."""
+    host = host.lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def host_check_middleware(public_hosts: Iterable[str]) -> Callable[..., Awaitable[Any]]:
+    """The open mode's ``Host`` check (see the module docstring): place it after the edge
+    middleware, which turns its 421 into the JSON answer. A request without ``Host`` (HTTP/1.0;
+    no browser sends one) passes. Raises `AuthConfigError` for a bad *public_hosts* entry."""
+    hosts = frozenset(parse_host_entry(entry) for entry in public_hosts)
+
+    @web.middleware
+    async def host_check(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        header = request.headers.get("Host")
+        if header is not None:
+            try:
+                host, port = parse_host_entry(header)
+            except AuthConfigError:
+                host, port = "", None
+            if not (is_loopback(host) or (host, None) in hosts or (host, port) in hosts):
+                raise MisdirectedRequest(
+                    "without authorization rules the gateway answers only requests for "
+                    "a loopback name or one of public_hosts (the Host header)"
+                )
+        return await handler(request)
+
+    return host_check
 
 
 # The request line (method, target, version) may be at most this long; the entity path is at
@@ -148,11 +210,31 @@ _PARSE_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
 class HardenedRequestHandler(RequestHandler):
     """aiohttp's HTTP/1.1 protocol with a head deadline, a body deadline and a head-size cap."""
 
-    __slots__ = ("_deadlines", "_head_bytes", "_head_deadline", "_head_timer", "_open_bodies")
+    __slots__ = (
+        "_counted",
+        "_deadlines",
+        "_head_bytes",
+        "_head_deadline",
+        "_head_timer",
+        "_heads",
+        "_open_bodies",
+        "_shedder",
+    )
 
-    def __init__(self, manager: web.Server, *, deadlines: Deadlines, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        deadlines: Deadlines,
+        shedder: Shedder | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(manager, **kwargs)
         self._deadlines = deadlines
+        self._shedder = shedder
+        self._counted = False  # this connection is counted in the shedder's connections
+        # When each complete head not yet handled was parsed (loop time), oldest first.
+        self._heads: deque[float] = deque()
         # When the head now arriving must be complete (loop time), None between heads. One
         # timer per connection checks it: it is not re-armed per request (a kept-alive
         # connection arms it about once per header_timeout), only moved on when it fires.
@@ -166,9 +248,22 @@ class HardenedRequestHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        shedder = self._shedder
+        if shedder is not None:
+            self._counted = shedder.connection_opened()
+            if not self._counted:
+                # Over the connection cap: the cheapest refusal that still tells the client.
+                if isinstance(transport, asyncio.WriteTransport):
+                    transport.write(shedder.raw_503())
+                self.force_close()
+                return
         self._head_started()
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._counted and self._shedder is not None:
+            self._shedder.connection_closed()
+            self._counted = False
+        self._heads.clear()
         self._head_deadline = None
         if self._head_timer is not None:
             self._head_timer.cancel()
@@ -191,6 +286,7 @@ class HardenedRequestHandler(RequestHandler):
         super().data_received(data)
         completed = self._request_count - before
         if completed:
+            self._heads.extend([self._loop.time()] * completed)
             self._head_deadline = None
             self._head_bytes = 0
             # The new requests are the last ones queued; start() runs only after we return,
@@ -208,6 +304,32 @@ class HardenedRequestHandler(RequestHandler):
             self._head_bytes += len(data)
             if self._head_bytes > self._deadlines.max_head_bytes:
                 self._refuse_large_head()
+
+    # -- shedding overload (gateway.web.overload) -----------------------------------------
+
+    async def _handle_request(
+        self,
+        request: BaseRequest,
+        start_time: float | None,
+        request_handler: Callable[[BaseRequest], Awaitable[web.StreamResponse]],
+    ) -> tuple[web.StreamResponse, bool]:
+        head_done = self._heads.popleft() if self._heads else None
+        shedder = self._shedder
+        if (
+            shedder is None
+            or head_done is None
+            or request_handler is not self._request_handler  # aiohttp answering a bad request
+            or request.path.startswith(EXEMPT_PREFIXES)
+        ):
+            return await super()._handle_request(request, start_time, request_handler)
+        reason = shedder.admit(self._loop.time() - head_done)
+        if reason is not None:
+            self._lingering_time = 0.0  # the body is not read: close right after the answer
+            return await super()._handle_request(request, start_time, _shed(reason, shedder))
+        try:
+            return await super()._handle_request(request, start_time, request_handler)
+        finally:
+            shedder.done()
 
     # -- errors aiohttp answers itself --------------------------------------------------
 
@@ -325,10 +447,29 @@ class HardenedRequestHandler(RequestHandler):
             self.force_close()
 
 
+def _shed(
+    reason: ShedReason, shedder: Shedder
+) -> Callable[[BaseRequest], Awaitable[web.StreamResponse]]:
+    """The handler that answers a shed request: 503 before its body is read or its token
+    checked, closing the connection (its body is not worth reading)."""
+
+    async def answer(request: BaseRequest) -> web.StreamResponse:
+        resp = web.Response(
+            status=503,
+            body=overloaded_body(reason),
+            content_type="application/json",
+            headers={"Retry-After": shedder.retry_after, "X-Request-Id": os.urandom(16).hex()},
+        )
+        resp.force_close()
+        return resp
+
+    return answer
+
+
 class _HardenedServer(web.Server):
     """aiohttp's low-level server, building `HardenedRequestHandler` connections."""
 
-    def __init__(self, base: web.Server, deadlines: Deadlines) -> None:
+    def __init__(self, base: web.Server, deadlines: Deadlines, shedder: Shedder | None) -> None:
         # Same handler, request factory and RequestHandler kwargs (the app's handler_args
         # included) as the server the app built for itself.
         super().__init__(
@@ -339,10 +480,11 @@ class _HardenedServer(web.Server):
             **base._kwargs,
         )
         self._deadlines = deadlines
+        self._shedder = shedder
 
     def __call__(self) -> RequestHandler:
         return HardenedRequestHandler(
-            self, loop=self._loop, deadlines=self._deadlines, **self._kwargs
+            self, loop=self._loop, deadlines=self._deadlines, shedder=self._shedder, **self._kwargs
         )
 
 
@@ -352,11 +494,24 @@ class HardenedAppRunner(web.AppRunner):
     Use it wherever the app is served (``gateway serve``, and tests over real sockets);
     extra keyword arguments go to `web.AppRunner` and win over `handler_kwargs`."""
 
-    __slots__ = ("_deadlines",)
+    __slots__ = ("_deadlines", "_limits", "shedder")
 
     def __init__(self, app: web.Application, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(app, **{**handler_kwargs(settings), **kwargs})
         self._deadlines = Deadlines.from_settings(settings)
+        self._limits = OverloadLimits(
+            max_connections=settings.http.max_connections,
+            max_requests_in_progress=settings.http.max_requests_in_progress,
+            max_head_wait=settings.http.max_head_wait,
+            retry_after=settings.timeouts.retry_after,
+        )
+        self.shedder: Shedder | None = None
 
     async def _make_server(self) -> web.Server:
-        return _HardenedServer(await super()._make_server(), self._deadlines)
+        from gateway.web.handlers import EDGE  # the app's metrics; handlers import much
+
+        edge = self.app.get(EDGE) if isinstance(self.app, web.Application) else None
+        self.shedder = Shedder(self._limits, edge.metrics.shed if edge is not None else None)
+        if edge is not None:
+            edge.metrics.watch_http(self.shedder)
+        return _HardenedServer(await super()._make_server(), self._deadlines, self.shedder)

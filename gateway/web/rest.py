@@ -13,6 +13,7 @@ import base64
 import binascii
 import datetime as dt
 import email.utils
+import json
 import math
 import os
 import re
@@ -370,6 +371,11 @@ def parse_batch(
     body's shape first (`_prescan`), before any item is built."""
     _prescan(raw, max_messages)
     items = _parse_json(raw, "the batch body")
+    if _LONG_DIGITS.search(raw):
+        # orjson reads an integer beyond 64 bits as a float, which would be sent as a double;
+        # the standard parser keeps it exact, so that `_user_properties` refuses it. Only for
+        # a body with a run of 19 digits somewhere (orjson has already checked the syntax).
+        items = json.loads(raw)
     if not isinstance(items, list):
         raise RequestError("a batch body must be a JSON array of messages")
     if not items:
@@ -446,6 +452,7 @@ def _space(raw: bytes, pos: int) -> int:
     return pos if m is None else m.end()
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 _BATCH_ITEM_FIELDS = frozenset({"Body", "IsBodyBase64", "BrokerProperties", "UserProperties"})
 
 

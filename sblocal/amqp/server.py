@@ -37,12 +37,27 @@ from proton import (
 from proton._reactor import Acceptor
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
-from sblocal import codec
+from sblocal import codec, sas
 from sblocal.amqp import cbs, operations
 from sblocal.faults import FaultRule, FaultTable
 from sblocal.store import BrokerError, Entity, Namespace, StoredMessage, now_ms
 
 _log = logging.getLogger(__name__)
+
+
+def _not_a_peer_gone(record: logging.LogRecord) -> bool:
+    """proton logs "Couldn't send: BrokenPipeError(...)" (or recv, or a reset) at ERROR when a
+    peer went away mid-write: for a broker that is a client closing its connection, which
+    fault injection and every client shutdown do on purpose, and proton closes the transport
+    either way. Such lines are dropped; any other proton line still comes through."""
+    message = record.getMessage()
+    return not (
+        message.startswith("Couldn't")
+        and any(e in message for e in ("BrokenPipeError", "ConnectionResetError"))
+    )
+
+
+logging.getLogger("proton").addFilter(_not_a_peer_gone)
 
 _T = TypeVar("_T")
 
@@ -162,7 +177,7 @@ class _NamespaceHandler(Handler):
         conn_id = self._rt.next_conn_id()
         conn._sb_id = conn_id
         conn._sb_replies = {}  # reply address (lower) -> sender link
-        conn._sb_authorized = False
+        conn._sb_scopes = set()  # entity paths granted by $cbs tokens ('' = namespace)
         self._rt.connections[conn_id] = conn
         with self._ns.lock:
             self._ns.counters.connections += 1
@@ -266,12 +281,17 @@ class _NamespaceHandler(Handler):
         self._rt.receivers.setdefault(id(entity), []).append(link)
 
     def _authorized(self, link: Any) -> bool:
-        if not self._ns.config.keys or link.connection._sb_authorized:
+        """Whether a token put on this connection's `$cbs` covers the link's entity."""
+        if not self._ns.config.keys:
+            return True
+        path = Namespace.normalize(link._sb_address)
+        if any(sas.covers(granted, path) for granted in link.connection._sb_scopes):
             return True
         self._close_link(
             link,
             "amqp:unauthorized-access",
-            "Unauthorized access: no valid token was put on the $cbs node of this connection.",
+            f"Unauthorized access: no valid token for '{path}' was put on the $cbs node of "
+            "this connection.",
         )
         return False
 
@@ -534,9 +554,9 @@ class _NamespaceHandler(Handler):
         request = Message()
         request.decode(data)
         self._accept(delivery)
-        reply, authorized = cbs.put_token(self._ns, request)
-        if authorized:
-            link.connection._sb_authorized = True
+        reply, granted = cbs.put_token(self._ns, request)
+        if granted is not None:
+            link.connection._sb_scopes.add(granted)
         self._reply(link.connection, request.reply_to or "$cbs", reply)
 
     def _reply(self, conn: Any, address: str, reply: Message) -> None:

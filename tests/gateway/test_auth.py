@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, quote_plus, unquote_plus
 
 import pytest
@@ -238,7 +239,7 @@ SCENARIOS = [
     Scenario(
         "unknown_key_name",
         lambda r, e: _token(r, e, skn="nobody", key=KEYS[("admin", "primary")]),
-        _fixed("unknown_key_name"),
+        _fixed("invalid_signature"),
     ),
     Scenario("missing_header", lambda r, e: None, _fixed("missing_token")),
     Scenario("empty_header", lambda r, e: "  ", _fixed("missing_token")),
@@ -1048,6 +1049,23 @@ if HAVE_HYPOTHESIS:
             assert principal.expires_at == original.expires_at
             assert parse_token(header).target == parse_token(token).target
 
+    @settings(max_examples=2000, deadline=None)
+    @given(
+        value=st.text(st.sampled_from("%%%+0123456789abcdefABCDEFxyz:/.-_~=$!*'(),;@"), max_size=30)
+    )
+    def test_property_the_fast_unquote_is_unquote_plus(value: str) -> None:
+        from gateway.auth.sas import _unquote
+
+        try:
+            expected: str | None = unquote_plus(value, errors="strict")
+        except UnicodeDecodeError:
+            expected = None
+        try:
+            got: str | None = _unquote(value)
+        except UnicodeDecodeError:
+            got = None
+        assert got == expected
+
     @settings(max_examples=200, deadline=None)
     @given(
         segments=st.lists(_SEGMENT, min_size=1, max_size=4),
@@ -1090,3 +1108,60 @@ def test_principal_is_a_plain_value() -> None:
         expires_at=NOW + TTL,
         entity_path="orders",
     )
+
+
+# --- no answer tells which rule names exist --------------------------------------------------
+
+
+def test_an_unknown_key_name_and_a_wrong_signature_get_the_same_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a key nobody can tell a rule name that exists from one that does not: the
+    same status, code, message and headers; and both paths compute the same HMACs."""
+    from gateway.auth import sas
+
+    authorizer = _authorizer()
+    wrong_key = _key("w")
+    headers = {
+        "unknown": _token("nobody", "orders", key=wrong_key),
+        "known": _token("sender", "orders", key=wrong_key),
+        "known_secondary_slot": _token("listener", "orders", key=wrong_key),
+    }
+    answers = {}
+    hmacs = {}
+    real = sas._signature
+    for name, header in headers.items():
+        count = 0
+
+        def counting(key: Any, text: str) -> bytes:
+            nonlocal count
+            count += 1
+            return real(key, text)
+
+        monkeypatch.setattr(sas, "_signature", counting)
+        with pytest.raises(Unauthorized) as err:
+            authorizer.authorize(header, entity_path="orders", right=Right.SEND)
+        answers[name] = (err.value.status, err.value.body(), err.value.headers())
+        hmacs[name] = count
+    assert len(set(map(repr, answers.values()))) == 1, answers
+    assert answers["known"][1]["error"] == "invalid_signature"
+    assert len(set(hmacs.values())) == 1 and hmacs["unknown"] >= 1, hmacs
+
+
+def test_no_401_or_403_names_a_rule() -> None:
+    authorizer = _authorizer()
+    cases = [
+        (_token("nobody", "orders"), "orders", Right.SEND),
+        (_flip_sig_char(_token("sender", "orders")), "orders", Right.SEND),
+        (_token("sender", "orders"), "orders", Right.MANAGE),  # missing_right
+        (_token("sender", ""), "billing", Right.SEND),  # entity_not_allowed
+        (_token("listener", "orders"), "events", Right.LISTEN),  # resource_mismatch
+    ]
+    for header, entity, right in cases:
+        with pytest.raises((Unauthorized, Forbidden)) as err:
+            authorizer.authorize(header, entity_path=entity, right=right)
+        text = str(err.value.body())
+        for name in (*RULE_NAMES, "nobody"):
+            assert name not in text, (name, text)
+        # The log line may say which rule: the error keeps the claimed key name for it.
+        assert err.value.key_name in (*RULE_NAMES, "nobody")

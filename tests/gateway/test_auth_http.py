@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import orjson
 import pytest
 
 from gateway.auth import mint_token, resource_uri
+from gateway.logs import ACCESS_LOGGER
 from tests.conftest import GatewayFactory
+from tests.support.waiting import eventually
 
 SEND_KEY = "c2VuZGVyLWtleS1mb3ItdGVzdHMtb25seS0wMDAwMDAwMDA="
 ADMIN_KEY = "YWRtaW4ta2V5LWZvci10ZXN0cy1vbmx5LTAwMDAwMDAwMDA="
@@ -148,3 +151,36 @@ async def test_a_reused_token_is_still_checked_against_each_entity(gw, control):
     resp = await gw.post("/orders/messages", data=b"x", headers={"Authorization": tampered})
     assert resp.status == 401
     assert (await control.entity("primary", "orders"))["active"] == 4
+
+
+async def test_no_answer_tells_which_key_names_exist(gw):
+    """An unknown skn and a wrong key get the same answer; a 403 does not name the rule."""
+    answers = []
+    for name in ("sender", "no-such-rule"):
+        wrong = mint_token(resource_uri("gw.example.com", "orders"), name, ADMIN_KEY, 600)
+        resp = await gw.post("/orders/messages", data=b"x", headers={"Authorization": wrong})
+        answers.append((resp.status, await resp.json(), resp.headers["WWW-Authenticate"]))
+    assert answers[0] == answers[1]
+    assert answers[0][1]["error"] == "invalid_signature"
+    resp = await gw.post(
+        "/topics/events/messages", data=b"x", headers={"Authorization": token("events")}
+    )
+    body = await resp.json()
+    assert resp.status == 403 and "sender" not in body["message"], body
+
+
+async def test_the_access_line_names_the_rule_the_answer_does_not(
+    gateway: GatewayFactory, capsys, caplog
+):
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    gw = await gateway({**ENV, "SBGATE_LOG_FORMAT": "json"})
+    wrong = mint_token(resource_uri("gw.example.com", "orders"), "sender", ADMIN_KEY, 600)
+    resp = await gw.post("/orders/messages", data=b"x", headers={"Authorization": wrong})
+    assert resp.status == 401 and "sender" not in await resp.text()
+    err: list[str] = []
+
+    def logged() -> bool:
+        err.append(capsys.readouterr().err)
+        return any('"key_name":"sender"' in line for line in "".join(err).splitlines())
+
+    await eventually(logged, what="the access line with key_name")

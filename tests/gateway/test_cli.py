@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from typing import Any
 
 import pytest
 
@@ -103,3 +105,80 @@ async def test_gateway_syphon_stops_on_the_first_fault_or_signal_leaving_no_wait
     stop.set()
     assert await _first_fault([asyncio.Event()], stop) is False
     assert asyncio.all_tasks() == before
+
+
+@pytest.mark.parametrize(("rule", "warned"), [("demo", False), ("demo-admin", False)])
+def test_a_namespace_token_for_a_send_rule_gets_no_warning(
+    rule: str, warned: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A namespace token is what the load test sends with (every entity): a Send rule is
+    the right one for it, and a Manage rule for the admin API; neither gets a warning."""
+    assert main(["token", "--rules", "dev/demo-rules.toml", "--rule", rule, "--namespace"]) == 0
+    assert ("warning" in capsys.readouterr().err) is warned
+
+
+def test_a_namespace_token_for_a_rule_with_neither_right_is_warned(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text(
+        f'[[rules]]\nname = "listen"\nprimary_key = "{KEY}"\nrights = ["Listen"]\n'
+        'entities = ["*"]\n'
+    )
+    assert main(["token", "--rules", str(rules), "--rule", "listen", "--namespace"]) == 0
+    err = capsys.readouterr().err
+    assert "does not grant Send or Manage" in err
+
+
+def test_the_development_profile_fills_in_only_what_the_environment_leaves_unset() -> None:
+    """`gateway serve --dev` (make run): quick pings, no drain delay, text logs, the demo
+    keys; a variable the user set wins, and production (no --dev) keeps its defaults."""
+    import argparse
+
+    from gateway.cli import _load
+
+    def load(dev: bool, **env: str) -> Any:
+        args = argparse.Namespace(config=None, dev=dev)
+        with pytest.MonkeyPatch.context() as mp:
+            for name in [n for n in os.environ if n.startswith("SBGATE_")]:
+                mp.delenv(name)
+            for name, value in env.items():
+                mp.setenv(name, value)
+            return _load(args)
+
+    dev = load(True)
+    assert dev.failover.ping_primary_interval == 5 and dev.shutdown.drain_delay == 0
+    assert dev.log_format == "text" and dev.auth_rules_file == "dev/demo-rules.toml"
+    mine = load(True, SBGATE_PING_PRIMARY_INTERVAL="60", SBGATE_LOG_FORMAT="json")
+    assert mine.failover.ping_primary_interval == 60 and mine.log_format == "json"
+    production = load(False)
+    assert production.failover.ping_primary_interval == 60
+    assert production.shutdown.drain_delay == 5 and production.log_format == "json"
+    assert production.auth_rules_file is None
+
+
+def test_the_development_banner_says_the_ping_interval_and_exports_the_demo_variables() -> None:
+    import shlex
+
+    from gateway.cli import _banner
+    from gateway.config import load_settings
+
+    settings = load_settings(
+        {
+            "SBGATE_PRIMARY_CONNECTION_STRING": "Endpoint=sb://p.example/;SharedAccessKeyName=k;"
+            "SharedAccessKey=a2V5",
+            "SBGATE_ENTITIES": "queue:orders",
+            "SBGATE_AUTH_RULES_FILE": "dev/demo-rules.toml",
+            "SBGATE_PING_PRIMARY_INTERVAL": "5",
+        }
+    )
+    info = {
+        "namespaces": {"primary": {"connection_string": "Endpoint=sb://localhost:1;X=y"}},
+        "control": "http://127.0.0.1:2",
+    }
+    lines = _banner(settings, info, dev=True).splitlines()
+    assert "pinged every 5 s (production default: 60 s)" in lines[1]
+    [export] = [x for x in lines if x.strip().startswith("export SEND=")]
+    names = {w.partition("=")[0] for w in shlex.split(export)[1:]}
+    assert names == {"SEND", "ADMIN", "CTRL", "PRIMARY"}
+    assert "development profile" not in _banner(settings, info)

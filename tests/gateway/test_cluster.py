@@ -136,3 +136,38 @@ async def test_redis_killed_mid_failover_then_restarted_empty_no_5xx_no_flapping
     await eventually(reconnected, within=15, every=0.1)
     assert await all_in(gws, "failed_over"), "restored from memory: no flapping"
     assert redis_server.command("KEYS", "*"), "the replicas wrote their state back"
+
+
+async def test_a_key_of_the_wrong_type_cuts_no_replica_off(
+    gateway: GatewayFactory, control: ControlClient, redis_server: RedisServer
+):
+    """`redis-cli SET sbgate:entity:orders failed_over` (a typo) and a backlog disabled
+    until inf: every replica stays connected, counts and skips them, and a failover decided
+    on one still reaches the other (writing over the bad key)."""
+    gws = await replicas(gateway, redis_server, 2, SBGATE_PING_PRIMARY_INTERVAL="60")
+    redis_server.command("SET", "sbgate:entity:orders", "failed_over")
+    redis_server.command("HSET", "sbgate:backlog:orders.backlog.0", "until", "inf")
+    redis_server.command(
+        "PUBLISH",
+        "sbgate:events",
+        '{"kind": "backlog", "queue": "orders.backlog.0", "until": "inf", "by": "x",'
+        ' "reason": "r"}',
+    )
+    redis_server.command("CLIENT", "KILL", "TYPE", "pubsub")  # every replica resyncs
+
+    async def counted_and_connected(gw: Any) -> bool:
+        text = await (await gw.get("/metrics")).text()
+        return (
+            "sbgate_redis_connected 1.0" in text
+            and 'sbgate_state_invalid_values_total{source="resync"} 0.0' not in text
+        )
+
+    for gw in gws:
+        await eventually(lambda gw=gw: counted_and_connected(gw), within=10, every=0.1)
+    assert await all_in(gws, "healthy")
+    await control.add_fault("primary", "amqp:internal-error", operation="send", entity="orders")
+    assert (await gws[0].post("/orders/messages", data=b"x")).status == 202
+    await eventually(lambda: all_in(gws, "failed_over"), within=5)
+    assert redis_server.command("TYPE", "sbgate:entity:orders") == b"+hash"  # written over
+    for gw in gws:
+        assert "sbgate_redis_connected 1.0" in await (await gw.get("/metrics")).text()

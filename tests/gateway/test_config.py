@@ -218,3 +218,64 @@ def test_a_choice_given_a_list_is_a_clear_error(tmp_path):
     toml.write_text('log_format = ["json"]\n')
     with pytest.raises(ConfigError, match="log_format: must be one of"):
         load_settings({}, toml)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"SBGATE_PING_PRIMARY_INTERVAL": "0"},
+            "SBGATE_PING_PRIMARY_INTERVAL (failover.ping_primary_interval): must be",
+        ),
+        ({"SBGATE_LOG_FORMAT": "xml"}, "SBGATE_LOG_FORMAT (log_format): must be one of"),
+        (
+            {"SBGATE_PRIMARY_CONNECTION_STRING": "Endpoint=sb://x/;SharedAccessKeyName=a"},
+            "SBGATE_PRIMARY_CONNECTION_STRING (pairs.default.primary.connection_string):",
+        ),
+    ],
+)
+def test_an_error_names_the_variable_the_user_set(env, message):
+    with pytest.raises(ConfigError) as info:
+        load_settings(env)
+    assert str(info.value).startswith(message), info.value
+
+
+def test_an_error_in_the_file_names_the_key(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("[failover]\nping_primary_interval = 0\n")
+    with pytest.raises(ConfigError, match=r"^failover\.ping_primary_interval: must be"):
+        load_settings({}, toml)
+
+
+@pytest.mark.parametrize(
+    ("env", "suggestion"),
+    [
+        ("SBGATE_FAILOVER_INTERVALL", "SBGATE_FAILOVER_INTERVAL"),
+        ("SBGATE_PING_INTERVAL", "SBGATE_PING_PRIMARY_INTERVAL"),
+        ("SBGATE_PRIMARY_CONECTION_STRING", "SBGATE_PRIMARY_CONNECTION_STRING"),
+        ("SBGATE_ENTITY", "SBGATE_ENTITIES"),
+    ],
+)
+def test_an_unknown_variable_gets_the_nearest_known_name(env, suggestion):
+    with pytest.raises(ConfigError, match=f"{env}: unknown setting; did you mean {suggestion}?"):
+        load_settings({env: "1"})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[failover]\nping_intervall = 5\n", "did you mean 'ping_primary_interval'?"),
+        ("log_formt = 'text'\n", "did you mean 'log_format'?"),
+        ("[failovr]\nenabled = true\n", "did you mean 'failover'?"),
+        (
+            "[pairs.p.primary]\nconection_string = 'x'\n",
+            "did you mean 'connection_string'?",
+        ),
+        ("[pairs.p]\nprimry = 'x'\n", "did you mean 'primary'?"),
+    ],
+)
+def test_an_unknown_key_in_the_file_gets_the_nearest_known_key(tmp_path, text, message):
+    toml = tmp_path / "c.toml"
+    toml.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("?", r"\?")):
+        load_settings({}, toml)

@@ -268,3 +268,32 @@ def test_delivered_record_decodes_bytes_properties() -> None:
     record = delivered_record(Msg(), target)  # type: ignore[arg-type]
     assert record["entity"] == "events" and record["source"] == "backlog"
     assert record["enqueued_time"] == "2025-01-02T03:04:05.600000Z"
+
+
+async def test_gateway_drain_writes_no_sdk_info_lines(broker: LocalBroker, tmp_path: Path) -> None:
+    """`gateway drain` as a user runs it: stderr has our few lines, not the Azure SDK's INFO
+    lines (dozens per entity), so the summary stands out."""
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "drain",
+        "--connection-string",
+        broker.connection_string("primary"),
+        "--entity",
+        "orders",
+        "--out",
+        str(tmp_path / "d.jsonl"),
+        "--idle-timeout",
+        "0.3",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    sdk_lines = [line for line in err.decode().splitlines() if " azure." in line]
+    assert sdk_lines == []
+    assert orjson.loads(out.decode().splitlines()[-1])["total"] == 0

@@ -233,10 +233,16 @@ async def test_a_message_that_fits_the_primary_but_not_the_backlog_is_413(
 async def test_operator_can_fail_over_and_mark_healthy(gateway: GatewayFactory, control):
     gw = await gateway({**FAILOVER, "SBGATE_PING_PRIMARY_INTERVAL": "60"})
     resp = await gw.post("/admin/entities/orders/failover")
-    assert resp.status == 200 and (await resp.json())["status"] == "failed_over"
+    answer = await resp.json()
+    # `state`, as GET /admin/entities says it (`status` kept for existing scripts)
+    assert resp.status == 200 and answer["state"] == answer["status"] == "failed_over"
+    # who will ping is known from the failover on, not only from the first ping (60 s on)
+    row = await entity_state(gw)
+    assert row["pinger"] is not None and row["nextPing"] > time.time() + 30, row
     assert (await gw.post("/orders/messages", data=b"x")).status == 202
     resp = await gw.post("/admin/entities/orders/healthy")
-    assert (await resp.json())["status"] == "healthy"
+    answer = await resp.json()
+    assert answer["state"] == answer["status"] == "healthy"
     await eventually(lambda: _state_is(gw, "healthy"))
     assert (await gw.post("/orders/messages", data=b"y")).status == 201
     assert (await gw.post("/admin/entities/nope/healthy")).status == 404
@@ -273,3 +279,13 @@ async def test_failover_engages_on_a_timer_without_further_traffic(
     assert (await entity_state(gw))["state"] == "failing"
     await eventually(lambda: _state_is(gw, "failed_over"), within=5, every=0.05)
     assert time.monotonic() - started >= 1.0  # not before the interval
+
+
+async def test_every_declared_entity_has_a_failover_state_series_from_start_up(
+    gateway: GatewayFactory,
+):
+    """A dashboard shows healthy entities as 0, not "No data" until their first transition."""
+    gw = await gateway(FAILOVER)
+    metrics = await (await gw.get("/metrics")).text()
+    for entity in ("orders", "events"):
+        assert f'sbgate_failover_state{{entity="{entity}"}} 0.0' in metrics, metrics

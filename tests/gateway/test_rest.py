@@ -252,3 +252,36 @@ def test_strings_holding_brackets_and_commas_do_not_count_as_items():
     items = [{"Body": body, "UserProperties": {"k": "[{,}]"}}] * 10
     msgs = rest.parse_batch(orjson.dumps(items), None, max_messages=10)
     assert len(msgs) == 10 and msgs[0].body == body.encode()
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [
+        "9223372036854775808",  # 2^63
+        "-9223372036854775809",  # -2^63 - 1
+        "18446744073709551616",  # 2^64: orjson would read it as a float
+        "-18446744073709551617",
+        "123456789012345678901234567890",
+    ],
+)
+def test_user_property_integers_outside_64_bits_are_refused(literal: str) -> None:
+    raw = b'[{"Body": "a", "UserProperties": {"n": ' + literal.encode() + b"}}]"
+    with pytest.raises(RequestError, match="64-bit"):
+        rest.parse_batch(raw, None, max_messages=10)
+
+
+@pytest.mark.parametrize(
+    ("literal", "value"),
+    [
+        ("9223372036854775807", 2**63 - 1),
+        ("-9223372036854775808", -(2**63)),
+        ("1.8446744073709552e19", 1.8446744073709552e19),  # a float, written as one
+        ("1e300", 1e300),
+    ],
+)
+def test_user_property_numbers_within_range_are_kept_exactly(literal: str, value: object) -> None:
+    body = b'"text with 123456789012345678901234 digits"'
+    raw = b'[{"Body": ' + body + b', "UserProperties": {"n": ' + literal.encode() + b"}}]"
+    (msg,) = rest.parse_batch(raw, None, max_messages=10)
+    assert msg.application_properties["n"] == value
+    assert type(msg.application_properties["n"]) is type(value)

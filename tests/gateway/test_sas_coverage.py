@@ -57,6 +57,9 @@ def covers(header: str, entity: str) -> bool:
         f"sb://{HOST}/",
         f"https://{HOST}",
         "https://gw.example.com:8443/orders/messages",  # a host:port public host
+        f"http://{HOST}:80/queues/orders/messages",  # the gateway's own routes (make run's banner)
+        f"https://{HOST}/topics/orders/messages",
+        f"https://{HOST}/Queues/Orders/Messages/Head",
     ],
 )
 def test_the_forms_clients_sign_cover_the_entity(url: str):
@@ -86,6 +89,18 @@ def test_the_forms_clients_sign_cover_the_entity(url: str):
         (f"https://{HOST}/x/%2e%2e/orders", "orders"),
         (f"https://{HOST}/orders/messages#frag", "orders"),
         (f"https://{HOST}/orders?/../events", "events"),  # the query is never a path
+        # /queues/<e>/messages and /topics/<e>/messages name <e> and nothing else
+        (f"https://{HOST}/queues/orders/messages", "orders2"),
+        (f"https://{HOST}/queues/orders/messages", "orders/sub"),
+        (f"https://{HOST}/queues/orders/messages", "queues"),
+        (f"https://{HOST}/queues/orders/messages", "events"),
+        (f"https://{HOST}/queues/orders/messages", "x/orders"),
+        (f"https://{HOST}/queues/messages", "orders"),  # no entity: never the root
+        (f"https://{HOST}/queues/messages", "messages"),
+        (f"https://{HOST}/queues/orders", "orders"),  # not the endpoint
+        (f"https://{HOST}/topics/events/messages", "orders"),
+        (f"https://{HOST}/x/queues/orders/messages", "orders"),
+        (f"https://{HOST}/queuesx/orders/messages", "orders"),
     ],
 )
 def test_nothing_widens_coverage(url: str, entity: str):
@@ -93,20 +108,28 @@ def test_nothing_widens_coverage(url: str, entity: str):
     assert not covers(signed(quote(url, safe="")), entity)  # upper-case hex
 
 
-SEGMENTS = st.sampled_from(["orders", "Orders", "messages", "Messages", "head", "o2", "x"])
+SEGMENTS = st.sampled_from(
+    ["orders", "Orders", "messages", "Messages", "head", "o2", "x", "queues", "Topics"]
+)
 
 
 def _expected(sr_path: list[str], entity: list[str]) -> bool:
     """The rule, spelled out: the root covers all; a path covers itself and what is below it;
-    a path ending /messages or /messages/head also covers exactly the entity before it."""
+    a path ending /messages or /messages/head also covers exactly the entity before it, and
+    when that path starts with queues/ or topics/ (the gateway's routes), the entity after it."""
     p, e = [s.lower() for s in sr_path], [s.lower() for s in entity]
     if not p or e[: len(p)] == p:
         return True
+    before = None
     if len(p) > 1 and p[-1] == "messages":
-        return e == p[:-1]
+        before = p[:-1]
     if len(p) > 2 and p[-2:] == ["messages", "head"]:
-        return e == p[:-2]
-    return False
+        before = p[:-2]
+    if before is None:
+        return False
+    if len(before) > 1 and before[0] in ("queues", "topics") and e == before[1:]:
+        return True
+    return e == before
 
 
 @settings(max_examples=400, deadline=None)

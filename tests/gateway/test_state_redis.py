@@ -15,9 +15,12 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from gateway.state import BacklogState, EntityState, RedisStateStore, StateStore
+from gateway.state.redis import _entity_from_hash
 from tests.support.processes import free_port
 from tests.support.redis import RedisServer, TcpProxy
 
@@ -512,3 +515,271 @@ def test_the_redis_server_helper_restarts_on_the_same_port(redis_server: RedisSe
     assert redis_server.command("PING", check=False) is None  # stalled: no answer
     redis_server.resume()
     assert redis_server.command("PING") == b"+PONG"
+
+
+# -- values in Redis are input (issue 23) ----------------------------------------------------
+
+
+def _all_agree(stores: list[RedisStateStore]) -> bool:
+    """Every replica connected, holding the same state for every entity and the same backlog
+    queues out of rotation."""
+    if not all(s.connected for s in stores):
+        return False
+    entities = set().union(*(s.snapshot() for s in stores))
+    now = time.time()
+    return all(agree(stores, e) for e in entities) and (
+        len({s.backlogs_disabled(now) for s in stores}) == 1
+    )
+
+
+async def _resynced(raw: Redis, stores: list[RedisStateStore]) -> None:
+    """Cut every replica's subscriber connection: each reconnects and resyncs; wait for it."""
+    before = [s.stats.resyncs for s in stores]
+    await raw.client_kill_filter(_type="pubsub")
+    await eventually(
+        lambda: all(
+            s.stats.resyncs > b and s.connected for s, b in zip(stores, before, strict=True)
+        ),
+        what="every replica resynced",
+    )
+
+
+async def test_keys_of_the_wrong_type_cut_no_replica_off(
+    redis_server: RedisServer, raw: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with replicas(redis_server.url, n=2) as (stores, _):
+        await raw.set("sbgate:entity:orders", "failed_over")  # an operator's typo
+        await raw.rpush("sbgate:entity:events", "a", "b")
+        await raw.set("sbgate:backlog:q1", "300")
+        await raw.hset("sbgate:lease:pinger", mapping={"a": "b"})
+        await raw.set("sbgate:entity:bytes", b"\xff\xfe not utf-8")
+        await raw.hset("sbgate:entity:utf", mapping={"status": b"\xff\xfe", "epoch": b"\xff"})
+        with caplog.at_level(logging.WARNING, logger="gateway.state.redis"):
+            await _resynced(raw, stores)
+        assert "sbgate:entity:orders" in caplog.text
+        assert all(s.stats.invalid_values.get("resync", 0) >= 5 for s in stores)
+        assert _all_agree(stores)
+
+        # Writing over a key of the wrong type repairs it, and everyone hears of it.
+        one = stores[0].propose(stores[0].get("orders"), "failing", "timeout")
+        assert one is not None
+        await eventually(lambda: agree(stores, "orders", one), what="the change spread")
+        assert await stored(raw, "orders") == one
+        stores[1].disable_backlog("q1", time.time() + 300, "send failed")
+        await eventually(lambda: stores[0].backlogs_disabled(time.time()) == {"q1"})
+        assert await raw.hget("sbgate:backlog:q1", "by") == "r1"
+        # A lease key of the wrong type: taken over, not a broken session.
+        assert await stores[0].acquire_lease("pinger", 5.0)
+        assert await stores[1].lease_holder("pinger") == "r0"
+        await _resynced(raw, stores)
+        assert _all_agree(stores)
+        assert all(s.stats.reconnects == 2 for s in stores)  # the two cuts, nothing more
+
+
+@pytest.mark.parametrize(
+    ("key", "fields"),
+    [
+        ("sbgate:backlog:q2", {"until": "inf", "by": "x", "reason": "r"}),
+        ("sbgate:backlog:q2", {"until": "nan", "by": "x", "reason": "r"}),
+        ("sbgate:backlog:q2", {"until": "1e300", "by": "x", "reason": "r"}),
+        ("sbgate:backlog:q2", {"until": "-inf"}),
+        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "5", "since": "nan"}),
+        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "5", "since": "inf"}),
+        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "1e300", "since": "1"}),
+        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "99999999999999999999"}),
+        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "-3"}),
+        ("sbgate:entity:e1", {"status": "bogus", "epoch": "2"}),
+    ],
+)
+async def test_bad_numbers_in_redis_are_skipped_then_repaired(
+    redis_server: RedisServer, raw: Redis, key: str, fields: dict[str, str]
+) -> None:
+    async with replicas(redis_server.url, n=2) as (stores, _):
+        await raw.hset(key, mapping=fields)
+        await _resynced(raw, stores)
+        assert _all_agree(stores)
+        now = time.time()
+        assert all(not s.backlogs_disabled(now) for s in stores)
+        assert all(s.get("e1").epoch == 0 for s in stores)
+        assert all(sum(s.stats.invalid_values.values()) >= 1 for s in stores)
+        # A real change over the bad value wins everywhere, and Redis holds it.
+        if "entity" in key:
+            one = stores[1].propose(stores[1].get("e1"), "failing", "timeout")
+            await eventually(lambda: agree(stores, "e1", one))
+            assert await stored(raw, "e1") == one
+        else:
+            stores[1].disable_backlog("q2", now + 60, "send failed")
+            await eventually(lambda: stores[0].backlogs_disabled(now) == {"q2"})
+            assert float(await raw.hget(key, "until")) == stores[1].backlog_states()["q2"].until
+        await _resynced(raw, stores)
+        assert _all_agree(stores)
+
+
+JUNK_EVENTS = [
+    b"not json",
+    b"\xff\xfe",
+    b"[1, 2]",
+    b'"a string"',
+    b"null",
+    b"{}",
+    b'{"kind": "backlog"}',
+    b'{"kind": "backlog", "queue": "q4", "until": "inf", "by": "x", "reason": "r"}',
+    b'{"kind": "backlog", "queue": "q4", "until": "nan", "by": "x", "reason": "r"}',
+    b'{"kind": "backlog", "queue": "q4", "until": 1e300, "by": "x", "reason": "r"}',
+    b'{"kind": "backlog", "queue": {"a": 1}, "until": 1, "by": "x", "reason": "r"}',
+    b'{"kind": "entity", "entity": "e2", "status": "failed_over", "epoch": 1e300,'
+    b' "since": 1, "by": "x", "reason": "r"}',
+    b'{"kind": "entity", "entity": "e2", "status": "failed_over", "epoch": "inf",'
+    b' "since": 1, "by": "x", "reason": "r"}',
+    b'{"kind": "entity", "entity": "e2", "status": "failed_over", "epoch": 3,'
+    b' "since": "inf", "by": "x", "reason": "r"}',
+    b'{"kind": "entity", "entity": "e2", "status": "failed_over", "epoch": true,'
+    b' "since": 1, "by": "x", "reason": "r"}',
+    b'{"kind": "entity", "entity": ["e2"], "status": "failed_over", "epoch": 3,'
+    b' "since": 1, "by": "x", "reason": "r"}',
+    b'{"kind": "entity", "entity": "e2", "status": "failed_over", "epoch": 3,'
+    b' "since": 1, "by": {"x": 1}, "reason": "r"}',
+    b'{"kind": "written", "queue": {"x": 1}, "by": "x"}',
+    b'{"kind": "written"}',
+    b'{"kind": 7}',
+]
+
+
+async def test_junk_on_the_channel_changes_nothing_and_breaks_nothing(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    async with replicas(redis_server.url, n=2) as (stores, recs):
+        for event in JUNK_EVENTS:
+            await raw.publish("sbgate:events", event)
+        # A good event after the junk is still applied: the subscriber is alive.
+        marker = stores[0].propose(stores[0].get("marker"), "failing", "timeout")
+        await eventually(lambda: agree(stores, "marker", marker))
+        assert all(s.get("e2").epoch == 0 for s in stores)
+        assert all(not s.backlogs_disabled(time.time()) for s in stores)
+        assert all(s.stats.invalid_values.get("event", 0) >= len(JUNK_EVENTS) - 2 for s in stores)
+        assert all(r.written.count({"x": 1}) == 0 for r in recs)  # type: ignore[arg-type]
+        assert all(s.stats.reconnects == 0 for s in stores)
+        assert _all_agree(stores)
+
+
+async def test_a_key_deleted_after_a_bad_value_does_not_break_the_next_resync(
+    redis_server: RedisServer, raw: Redis
+) -> None:
+    """`until=inf`, published once, then the key deleted: no replica keeps the queue out of
+    rotation, and the next resync (which writes memory back) does not fail."""
+    async with replicas(redis_server.url, n=2) as (stores, _):
+        await raw.hset("sbgate:backlog:q5", mapping={"until": "inf", "by": "x", "reason": "r"})
+        await raw.publish(
+            "sbgate:events",
+            b'{"kind": "backlog", "queue": "q5", "until": "inf", "by": "x", "reason": "r"}',
+        )
+        await raw.publish(
+            "sbgate:events",
+            b'{"kind": "backlog", "queue": "q5", "until": 1e300, "by": "x", "reason": "r"}',
+        )
+        marker = stores[0].propose(stores[0].get("marker"), "failing", "timeout")
+        await eventually(lambda: agree(stores, "marker", marker))
+        assert all(not s.backlogs_disabled(time.time()) for s in stores)
+        await raw.delete("sbgate:backlog:q5")
+        await _resynced(raw, stores)
+        await _resynced(raw, stores)
+        assert _all_agree(stores)
+        assert all(s.stats.reconnects == 2 for s in stores)
+
+
+_JUNK_VALUES = st.sampled_from(
+    ["inf", "-inf", "nan", "1e300", "-1", "", "x", "1_000", "0x10", " 5", "99999999999999999"]
+)
+_GOOD_TIME = st.integers(1, 4_000_000_000).map(str)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("junk_entity"),
+            st.sampled_from(["a", "b"]),
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "status": st.sampled_from(["healthy", "failing", "failed_over", "bogus"]),
+                    "epoch": st.one_of(_JUNK_VALUES, st.integers(0, 9).map(str)),
+                    "since": st.one_of(_JUNK_VALUES, _GOOD_TIME),
+                },
+            ),
+        ),
+        st.tuples(
+            st.just("junk_backlog"),
+            st.sampled_from(["q1", "q2"]),
+            st.fixed_dictionaries({"until": st.one_of(_JUNK_VALUES, _GOOD_TIME)}),
+        ),
+        st.tuples(st.just("wrong_type"), st.sampled_from(["entity:a", "backlog:q1", "lease:p"])),
+        st.tuples(st.just("junk_event"), st.sampled_from(JUNK_EVENTS)),
+        st.tuples(
+            st.just("propose"),
+            st.integers(0, 1),
+            st.sampled_from(["a", "b"]),
+            st.sampled_from(["healthy", "failing", "failed_over"]),
+        ),
+        st.tuples(st.just("disable"), st.integers(0, 1), st.sampled_from(["q1", "q2"])),
+        st.tuples(st.just("lease"), st.integers(0, 1)),
+        st.tuples(st.just("resync")),
+    ),
+    max_size=12,
+)
+
+
+@pytest.mark.timeout(300)
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=_OPS)
+def test_property_junk_among_good_values_never_splits_the_replicas(
+    redis_server: RedisServer, ops: list[tuple[Any, ...]]
+) -> None:
+    """Whatever mix of junk keys, junk events and real changes: the two replicas end
+    connected, agreeing on every entity and backlog, and Redis holds what they hold."""
+
+    async def scenario() -> None:
+        raw = Redis.from_url(redis_server.url, decode_responses=True)
+        try:
+            await raw.flushall()
+            async with replicas(redis_server.url, n=2) as (stores, _):
+                for op in ops:
+                    kind = op[0]
+                    # Each junk write replaces the key in one transaction (a replica may
+                    # write to it at any moment).
+                    if kind in ("junk_entity", "junk_backlog"):
+                        key = f"sbgate:{kind[5:]}:{op[1]}"
+                        async with raw.pipeline(transaction=True) as pipe:
+                            pipe.delete(key)
+                            if op[2]:
+                                pipe.hset(key, mapping=op[2])
+                            await pipe.execute()
+                    elif kind == "wrong_type":
+                        async with raw.pipeline(transaction=True) as pipe:
+                            pipe.delete(f"sbgate:{op[1]}")
+                            pipe.rpush(f"sbgate:{op[1]}", "x")
+                            await pipe.execute()
+                    elif kind == "junk_event":
+                        await raw.publish("sbgate:events", op[1])
+                    elif kind == "propose":
+                        store = stores[op[1]]
+                        store.propose(store.get(op[2]), op[3], "test")
+                    elif kind == "disable":
+                        stores[op[1]].disable_backlog(op[2], time.time() + 600, "test")
+                    elif kind == "lease":
+                        await stores[op[1]].acquire_lease("p", 5.0)
+                        await stores[op[1]].lease_holder("p")
+                    else:
+                        await _resynced(raw, stores)
+                # Settle: a last resync reads whatever junk is left, then they must agree.
+                await _resynced(raw, stores)
+                await eventually(lambda: _all_agree(stores), what="the replicas agree")
+                for entity, state in stores[0].snapshot().items():
+                    held = await raw.hgetall(f"sbgate:entity:{entity}")
+                    assert _entity_from_hash(entity, held) == state
+                assert all(s.stats.reconnects == s.stats.resyncs - 1 for s in stores)
+        finally:
+            await raw.aclose()
+
+    asyncio.run(scenario())

@@ -828,3 +828,44 @@ def test_the_alerts_fire_when_they_should_and_only_then(
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- the README's examples -----------------------------------------------------------------
+
+
+def readme_examples() -> list[str]:
+    """The YAML blocks of the README's "Deploy on Kubernetes" section (chart values)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Deploy on Kubernetes\n")
+    section = readme[start : readme.index("\n## ", start + 1)]
+    return re.findall(r"^```yaml\n(.*?)^```", section, re.M | re.S)
+
+
+def test_the_readme_has_chart_examples() -> None:
+    assert readme_examples()
+
+
+@pytest.mark.parametrize("index", range(len(readme_examples())))
+def test_each_readme_chart_example_installs_and_its_audit_can_run(index: int) -> None:
+    """As written: the chart renders, the gateway accepts its settings, and every local path
+    the audit CronJob reads or writes is on a mounted volume (the root filesystem is
+    read-only)."""
+    import yaml
+
+    values = yaml.safe_load(readme_examples()[index])
+    result = render(values)
+    deployments = objects(result, "Deployment")
+    assert deployments, result
+    for name in deployments:
+        settings_of(result, name)
+    for job in objects(result, "CronJob").values():
+        (c,) = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        mounts = [m["mountPath"].rstrip("/") + "/" for m in c["volumeMounts"]]
+        paths = [a for a in c["args"] if a.startswith("/") or a.startswith("file:///")]
+        assert paths, c["args"]
+        for path in paths:
+            local = path.removeprefix("file://")
+            assert any(local.startswith(m) for m in mounts), (path, mounts)

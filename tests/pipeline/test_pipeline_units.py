@@ -334,3 +334,37 @@ def test_failed_may_be_stored_makes_a_delivered_5xx_unexpected(spark: Any) -> No
     assert [r["classification"] for r in lenient.collect()] == ["unexpected"]
     assert message_anomalies(lenient).count() == 0  # allowed, like after a timeout
     assert [r["kind"] for r in message_anomalies(strict).collect()] == ["failed-but-delivered"]
+
+
+@pytest.mark.parametrize(
+    ("lost", "pending", "promised", "expected"),
+    [
+        (0, 0, 10, "no acknowledged message was lost (10 checked)"),
+        (
+            5,
+            2,
+            10,
+            "5 acknowledged message(s) LOST; 2 more pending (acknowledged in the last 60 s of "
+            "the data, not delivered yet: not judged)",
+        ),
+        (
+            0,
+            10,
+            10,
+            "NOTHING JUDGED: all 10 acknowledged message(s) are pending (acknowledged in the "
+            "last 60 s of the data, not delivered yet); for a finished run use "
+            "--grace-seconds 0",
+        ),
+        (
+            0,
+            3,
+            10,
+            "no acknowledged message was lost (7 checked); 3 pending (acknowledged in the last "
+            "60 s of the data, not delivered yet: not judged)",
+        ),
+    ],
+)
+def test_the_verdict_names_the_pending_count_and_the_window(lost, pending, promised, expected):
+    from pipeline.report import verdict
+
+    assert verdict(lost=lost, pending=pending, promised=promised, grace_seconds=60) == expected

@@ -36,6 +36,10 @@ async def nothing_sent(control: ControlClient) -> None:
         ("GET", "/orders?api-version=2017-04", "get-entity", ""),
         ("DELETE", "/orders", "delete-entity", ""),
         ("GET", "/orders/messages", "unsupported", "POST"),
+        ("GET", "/queues/orders/messages", "unsupported", "POST"),
+        ("PUT", "/topics/events/messages", "unsupported", "POST"),
+        ("POST", "/metrics", "unsupported", "GET, HEAD"),
+        ("GET", "/admin/entities/orders/healthy", "get-entity", "POST"),
     ],
 )
 async def test_other_rest_operations_get_405_with_allow_and_a_json_reason(
@@ -259,3 +263,58 @@ async def test_after_a_431_the_connection_is_closed(gateway: GatewayFactory):
     writer.close()
     # One answer (aiohttp writes its parse-error answers as HTTP/1.0: closed after it).
     assert data.startswith((b"HTTP/1.0 431", b"HTTP/1.1 431")) and data.count(b"HTTP/1.") == 1
+
+
+# -- open mode: only loopback names and public hosts (DNS rebinding) ---------------------------
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:8080",
+        "10.0.0.1",
+        "localhost.evil.example",
+        "[::2]",
+        "bad host",
+    ],
+)
+async def test_open_mode_answers_421_to_a_foreign_host(
+    gateway: GatewayFactory, control: ControlClient, host: str
+) -> None:
+    gw = await gateway()
+    for method, path in (("GET", "/admin/entities"), ("POST", "/orders/messages")):
+        resp = await gw.request(method, path, data=b"x", headers={"Host": host})
+        body = await resp.json()
+        assert resp.status == 421, body
+        assert body["error"] == "misdirected_request" and resp.headers["X-Request-Id"]
+    await nothing_sent(control)
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "localhost",
+        "LocalHost:8080",
+        "127.0.0.1",
+        "127.1.2.3:9",
+        "[::1]:80",
+        "app.localhost",
+        "gw.internal:8080",
+    ],
+)
+async def test_open_mode_serves_loopback_names_and_public_hosts(
+    gateway: GatewayFactory, host: str
+) -> None:
+    gw = await gateway({"SBGATE_PUBLIC_HOSTS": "gw.internal"})
+    resp = await gw.post("/orders/messages", data=b"x", headers={"Host": host})
+    assert resp.status == 201, await resp.text()
+
+
+async def test_with_rules_the_token_decides_not_the_host(gateway: GatewayFactory) -> None:
+    rules = orjson.dumps(
+        {"rules": [{"name": "s", "primary_key": "k" * 44, "rights": ["Send"], "entities": ["*"]}]}
+    ).decode()
+    gw = await gateway({"SBGATE_AUTH_RULES": rules})
+    resp = await gw.post("/orders/messages", data=b"x", headers={"Host": "evil.example"})
+    assert resp.status == 401

@@ -20,7 +20,7 @@ async def test_invalid_utf8_in_headers_is_400(gateway: GatewayFactory, control, 
     gw = await gateway()
     reader, writer = await open_raw(gw.server.port)
     writer.write(
-        b"POST /queues/orders/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+        b"POST /queues/orders/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\n"
         + header
         + b"\r\n\r\nx"
     )

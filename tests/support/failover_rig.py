@@ -16,6 +16,7 @@ from gateway.core.backlog import backlog_path
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.entities import EntityRef
 from gateway.core.failover import Failover, PairClients
+from gateway.core.looplag import LoopLag
 from gateway.core.message import OutboundMessage
 from gateway.metrics import Metrics
 from gateway.syphon.ports import RealClock
@@ -67,6 +68,7 @@ class Replica:
         failover: FailoverSettings = FAILOVER,
         store: ClusterStore | None = None,
         metrics: Metrics | None = None,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         loop_time = asyncio.get_running_loop().time
         self.store = store or ClusterStore(redis, name)
@@ -81,6 +83,7 @@ class Replica:
             clock=loop_time,
             rng=random.Random(name),  # reproducible backlog choice
             observer=metrics,
+            loop_lag=loop_lag,
         )
         self.syphon = (
             Syphon(

@@ -1,0 +1,66 @@
+"""The shedder's counts and decisions (pure logic; the protocol is tested over sockets in
+tests/security/test_shedding.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.web.overload import OverloadLimits, Shedder, ShedReason
+
+
+def _shedder(
+    connections: int = 0, in_progress: int = 0, wait: float = 0.0
+) -> tuple[Shedder, list[ShedReason]]:
+    shed: list[ShedReason] = []
+    limits = OverloadLimits(connections, in_progress, wait, retry_after=3.0)
+    return Shedder(limits, shed.append), shed
+
+
+@given(
+    st.lists(st.sampled_from(["open", "close", "admit", "done"]), max_size=200), st.integers(0, 5)
+)
+def test_counts_never_pass_the_caps_and_every_refusal_is_counted(ops: list[str], cap: int) -> None:
+    shedder, shed = _shedder(connections=cap, in_progress=cap)
+    open_, running, refused = 0, 0, 0
+    for op in ops:
+        if op == "open":
+            if shedder.connection_opened():
+                open_ += 1
+            else:
+                refused += 1
+        elif op == "close" and open_:
+            shedder.connection_closed()
+            open_ -= 1
+        elif op == "admit":
+            if shedder.admit(0.0) is None:
+                running += 1
+            else:
+                refused += 1
+        elif op == "done" and running:
+            shedder.done()
+            running -= 1
+        assert (shedder.connections, shedder.in_progress) == (open_, running)
+        if cap:
+            assert open_ <= cap and running <= cap
+    assert len(shed) == refused
+    if not cap:
+        assert refused == 0
+
+
+def test_a_head_that_waited_too_long_is_refused_and_not_counted() -> None:
+    shedder, shed = _shedder(wait=0.5)
+    assert shedder.admit(0.5) is None
+    assert shedder.admit(0.51) == "head_wait"
+    assert (shedder.in_progress, shed) == (1, ["head_wait"])
+
+
+def test_the_raw_answer_is_a_complete_503_with_a_fresh_request_id() -> None:
+    shedder, _ = _shedder(connections=1)
+    first, second = shedder.raw_503(), shedder.raw_503()
+    head, _, body = first.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ")
+    assert b"Retry-After: 3\r\n" in head and b"Connection: close" in head
+    assert f"Content-Length: {len(body)}".encode() in head
+    assert b'"error":"overloaded"' in body
+    assert first != second  # X-Request-Id

@@ -1,0 +1,147 @@
+"""Shedding overload before any work (`gateway.web.overload`), over real sockets.
+
+Every refusal here is `503` + `Retry-After` with the error code `overloaded`, sent before
+the request's body is read or its token checked, and nothing reaches the broker. None of
+these tests times anything: a request is held in progress by a body the client has not
+finished, and a head is made to wait by a broker latency (both the client's or the fault's
+behaviour), and every answer is awaited under a liveness deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from gateway.web.hardening import HardenedAppRunner
+from gateway.web.overload import Shedder
+from sblocal.testing import ControlClient
+from tests.conftest import GatewayFactory
+from tests.gateway.test_auth_http import ENV as AUTH_ENV
+from tests.gateway.test_auth_http import token
+from tests.support.waiting import eventually
+
+from .test_slow_clients import open_raw, read_response, read_until_closed, request_head
+
+pytestmark = pytest.mark.integration
+
+
+def _overloaded(status: int, body: bytes) -> None:
+    assert status == 503, body
+    assert orjson.loads(body)["error"] == "overloaded"
+
+
+async def _stored(control: ControlClient) -> int:
+    return len(await control.messages("primary", "orders"))
+
+
+def _shedder(client) -> Shedder:  # type: ignore[no-untyped-def]
+    runner = client.server.runner
+    assert isinstance(runner, HardenedAppRunner) and runner.shedder is not None
+    return runner.shedder
+
+
+async def _shed_total(client, reason: str) -> float:  # type: ignore[no-untyped-def]
+    text = await (await client.get("/metrics")).text()
+    for line in text.splitlines():
+        if line.startswith(f'sbgate_http_shed_total{{reason="{reason}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sbgate_http_shed_total series for {reason}")
+
+
+async def test_a_connection_over_the_cap_is_answered_503_and_closed(
+    hardened_gateway: GatewayFactory, control: ControlClient
+) -> None:
+    client = await hardened_gateway({"SBGATE_MAX_CONNECTIONS": "2"})
+    port = client.port
+    held = [await open_raw(port) for _ in range(2)]
+    reader, writer = await open_raw(port)
+    writer.write(request_head() + b"x")
+    reply = await read_until_closed(reader, within=10)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), reply[:200]
+    assert b"Retry-After: " in head and b"Connection: close" in head
+    _overloaded(503, body)
+    writer.close()
+    # A freed slot is usable again: the refusal was the cap's, and the count follows closes.
+    for _, w in held:
+        w.close()
+    shedder = _shedder(client)
+    await eventually(lambda: shedder.connections == 0, what="closed connections uncounted")
+    ok_reader, ok_writer = await open_raw(port)
+    ok_writer.write(request_head() + b"x")
+    status, _ = await read_response(ok_reader)
+    assert status == 201
+    ok_writer.close()
+    assert await _stored(control) == 1
+
+
+async def test_a_request_over_the_in_progress_cap_is_503_unread_and_unauthorized_checks_skipped(
+    hardened_gateway: GatewayFactory, control: ControlClient
+) -> None:
+    client = await hardened_gateway({**AUTH_ENV, "SBGATE_MAX_REQUESTS_IN_PROGRESS": "1"})
+    port = client.port
+    good = f"Authorization: {token('orders')}"
+    # One request in progress: its handler waits for a body the client has not finished.
+    slow_reader, slow_writer = await open_raw(port)
+    slow_writer.write(request_head("/queues/orders/messages", good, length=10) + b"12345")
+    await slow_writer.drain()
+    shedder = _shedder(client)
+    await eventually(lambda: shedder.in_progress == 1, what="the slow request in progress")
+    # A second request: a body it never finishes and a token that is garbage. It is answered
+    # at once, so its body was not awaited and its token not checked (that would be a 401).
+    reader, writer = await open_raw(port)
+    bad = "Authorization: SharedAccessSignature garbage"
+    writer.write(request_head("/queues/orders/messages", bad, length=1000) + b"abc")
+    status, body = await read_response(reader, within=10)
+    _overloaded(status, body)
+    assert await read_until_closed(reader, within=10) == b""  # the connection is closed
+    assert await _shed_total(client, "in_progress") >= 1
+    # The first request completes normally; then room is back.
+    slow_writer.write(b"67890")
+    status, _ = await read_response(slow_reader)
+    assert status == 201
+    resp = await client.post(
+        "/queues/orders/messages", data=b"again", headers={"Authorization": token("orders")}
+    )
+    assert resp.status == 201
+    assert await _stored(control) == 2
+    slow_writer.close()
+    writer.close()
+
+
+async def test_a_head_that_waited_too_long_for_its_handler_is_503(
+    hardened_gateway: GatewayFactory, control: ControlClient
+) -> None:
+    client = await hardened_gateway({"SBGATE_MAX_HEAD_WAIT": "0.2", "SBGATE_SEND_TIMEOUT": "10"})
+    await control.set_latency("primary", round_trip_ms=600)
+    reader, writer = await open_raw(client.port)
+    # Two pipelined requests: the second head is parsed with the first, and waits while the
+    # first is sent (>= 600 ms of broker latency), longer than max_head_wait.
+    writer.write(request_head() + b"1" + request_head() + b"2")
+    first, _ = await read_response(reader, within=20)
+    second, body = await read_response(reader, within=20)
+    assert first == 201
+    _overloaded(second, body)
+    assert await _shed_total(client, "head_wait") == 1
+    writer.close()
+    assert [m["body_text"] for m in await control.messages("primary", "orders")] == ["1"]
+
+
+async def test_without_caps_nothing_is_shed(
+    hardened_gateway: GatewayFactory, control: ControlClient
+) -> None:
+    client = await hardened_gateway(
+        {
+            "SBGATE_MAX_CONNECTIONS": "0",
+            "SBGATE_MAX_REQUESTS_IN_PROGRESS": "0",
+            "SBGATE_MAX_HEAD_WAIT": "0",
+        }
+    )
+    answers = await asyncio.gather(
+        *(client.post("/queues/orders/messages", data=b"m") for _ in range(20))
+    )
+    assert [a.status for a in answers] == [201] * 20
+    for reason in ("connections", "in_progress", "head_wait"):
+        assert await _shed_total(client, reason) == 0

@@ -1,0 +1,216 @@
+"""The README's Quick start and failover demo, command for command, against `gateway serve`
+started as `make run` starts it (the Makefile's own recipe, on a free port).
+
+The commands come from the README itself, so it cannot drift:
+
+* a ```` ```sh ```` block is run in bash, after the banner's ``export`` line (as the README
+  tells the reader to paste it); the one that says ``make run`` starts the gateway instead;
+* a ```` ```text ```` block right after it is that command's output (for ``make run``: the
+  banner), matched line by line: a line ``...`` skips any lines, ``...`` inside a line matches
+  anything;
+* a ```` ```log ```` block is what the gateway's terminal shows (each line, in order, among
+  the others);
+* where the prose before a block says "within N s", the block is run again until its output
+  matches, for at most N s: the documented bound, as a liveness deadline.
+
+Every ``127.0.0.1:8080`` (the README's port) becomes the free port the gateway listens on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parent.parent
+README_PORT = "8080"
+_FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
+_WITHIN = re.compile(r"within (\d+) s\b")
+
+
+@dataclass
+class Block:
+    kind: str  # sh, text, log
+    body: str
+    prose: str  # the text between the previous block and this one
+
+
+def quick_start(readme: str) -> str:
+    start = readme.index("## Quick start\n")
+    return readme[start : readme.index("\n## ", start + 1)]
+
+
+def blocks(section: str) -> list[Block]:
+    out: list[Block] = []
+    last = 0
+    for m in _FENCE.finditer(section):
+        out.append(Block(m[1], m[2].rstrip("\n"), section[last : m.start()]))
+        last = m.end()
+    return out
+
+
+def _pattern(line: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in line.split("...")))
+
+
+def matches(expected: str, actual: str, *, among_others: bool = False) -> bool:
+    """`actual`'s lines as `expected` shows them (see the module docstring)."""
+    lines = [a.rstrip("\r") for a in actual.splitlines()]
+    i, gap = 0, among_others
+    for e in expected.splitlines():
+        if e == "...":
+            gap = True
+            continue
+        pattern = _pattern(e)
+        while i < len(lines) and not pattern.fullmatch(lines[i]):
+            if not gap:
+                return False
+            i += 1
+        if i == len(lines):
+            return False
+        i, gap = i + 1, among_others
+    return gap or i == len(lines)
+
+
+def test_the_matcher() -> None:
+    assert matches("a\n...\nc...", "a\nb\ncd")
+    assert not matches("a\nc", "a\nb\nc")
+    assert not matches("a", "a\nb")
+    assert matches("x\nz", "w\nx\ny\nz\n", among_others=True)
+
+
+def make_run_command(banner_file: Path) -> list[str]:
+    """The Makefile's `run` recipe, with `$(BIN)` this venv's and the banner file `banner_file`."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^run:[^\n]*\n\t([^\n]+)", makefile, re.M)
+    assert recipe is not None, "the Makefile has no run target"
+    words = shlex.split(recipe[1])
+    assert words[0] == "$(BIN)/gateway", words
+    words = [str(banner_file) if w == ".run/banner.txt" else w for w in words[1:]]
+    return [sys.executable, "-m", "gateway", *words]
+
+
+class Gateway:
+    """`make run`'s process: its stdout (the banner) and stderr (the logs) collected."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.out = ""
+        self.err = ""
+        self._readers = [
+            asyncio.create_task(self._read(proc.stdout, "out")),
+            asyncio.create_task(self._read(proc.stderr, "err")),
+        ]
+
+    async def _read(self, stream: asyncio.StreamReader | None, name: str) -> None:
+        assert stream is not None
+        while line := await stream.readline():
+            setattr(self, name, getattr(self, name) + line.decode(errors="replace"))
+
+    async def wait_for(self, what: str, text: str, within: float) -> None:
+        deadline = time.monotonic() + within
+        while not matches(text, getattr(self, what), among_others=what == "err"):
+            if self.proc.returncode is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the gateway's {what} does not show, within {within} s:\n{text}\n"
+                    f"--- stdout:\n{self.out}\n--- stderr:\n{self.err}"
+                )
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> float:
+        """Ctrl-C; how long it took to exit."""
+        started = time.monotonic()
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            async with asyncio.timeout(30):
+                await self.proc.wait()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+            await asyncio.gather(*self._readers, return_exceptions=True)
+        return time.monotonic() - started
+
+
+async def shell(script: str) -> tuple[int | None, str]:
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        "-euo",
+        "pipefail",
+        "-c",
+        script,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,  # curl's progress meter (a terminal shows none)
+    )
+    async with asyncio.timeout(30):
+        out, err = await proc.communicate()
+    return proc.returncode, out.decode() + ("" if proc.returncode == 0 else err.decode())
+
+
+async def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
+    port = str(free_port())
+    section = quick_start((ROOT / "README.md").read_text()).replace(README_PORT, port)
+    steps = blocks(section)
+    assert [b.kind for b in steps].count("sh") >= 5, "the Quick start lost its commands"
+    assert steps[0].kind == "sh" and steps[0].body.split("#")[0].strip() == "make run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBGATE_")}
+    proc = await asyncio.create_subprocess_exec(
+        *make_run_command(tmp_path / "banner.txt"),
+        cwd=ROOT,
+        env={**env, "SBGATE_LISTEN_PORT": port, "PYTHONUNBUFFERED": "1"},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    gw = Gateway(proc)
+    try:
+        banner = steps[1]
+        assert banner.kind == "text"
+        await gw.wait_for("out", banner.body, within=60)  # a cold start imports the SDK
+        assert (tmp_path / "banner.txt").read_text() == gw.out
+        [export] = [line.strip() for line in gw.out.splitlines() if "export SEND=" in line]
+        ran = 1
+        for i, step in enumerate(steps[2:], start=2):
+            if step.kind == "log":
+                await gw.wait_for("err", step.body, within=10)
+            if step.kind != "sh":
+                continue
+            expected = (
+                steps[i + 1].body if i + 1 < len(steps) and steps[i + 1].kind == "text" else None
+            )
+            bound = _WITHIN.search(step.prose)
+            deadline = time.monotonic() + (float(bound[1]) if bound else 0)
+            while True:
+                code, output = await shell(f"{export}\n{step.body}")
+                if code == 0 and (expected is None or matches(expected, output)):
+                    break
+                assert time.monotonic() < deadline, (
+                    f"{step.body}\n--- printed:\n{output}\n--- the README shows:\n{expected}"
+                    f"\n--- gateway:\n{gw.err}"
+                )
+                await asyncio.sleep(0.5)
+            ran += 1
+        assert ran == [b.kind for b in steps].count("sh")
+        # No noise: nothing at ERROR (the embedded broker's included) during the demo.
+        assert not [line for line in gw.err.splitlines() if " ERROR " in line], gw.err
+    finally:
+        took = await gw.stop()
+    stop = re.search(r"Ctrl-C stops it within (\d+) s", section)
+    assert stop is not None, "the README no longer says how long Ctrl-C takes"
+    assert took < float(stop[1]), f"Ctrl-C took {took:.1f} s"
+    assert gw.proc.returncode == 0, gw.err
