@@ -358,7 +358,8 @@ class Syphon:
                 triaged = await self._triage(path, r, now)
             except Exception as exc:
                 log.exception("syphon: a message in %s could not be read back", path)
-                await self._dead_letter(path, r, RESTORE_FAILED, f"{type(exc).__name__}: {exc}")
+                reason = f"{type(exc).__name__}: {exc}"[:1000]
+                await self._dead_letter(path, r, RESTORE_FAILED, reason)
                 continue
             if triaged == "blocked":
                 blocked = True
