@@ -465,9 +465,13 @@ def default_client_factory(
 def default_store_factory(settings: Settings) -> StateStore:
     """Redis when ``redis_url`` is set, else the in-process store (single replica)."""
     if settings.redis_url is not None:
+        from gateway.state.connect import RedisTarget
         from gateway.state.redis import RedisStateStore
 
-        return RedisStateStore(settings.redis_url.get(), settings.replica_id)
+        target = RedisTarget(
+            settings.redis_url.get(), mode=settings.redis_mode, ca_file=settings.redis_ca_file
+        )
+        return RedisStateStore(target, settings.replica_id)
     from gateway.state.memory import MemoryStateStore
 
     return MemoryStateStore(settings.replica_id)

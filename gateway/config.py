@@ -30,6 +30,7 @@ ENV_PREFIX = "SBGATE_"
 EntityKind = Literal["queue", "topic"]
 LogFormat = Literal["json", "text"]
 CredentialKind = Literal["workload", "managed", "default"]
+RedisMode = Literal["standalone", "cluster"]
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -550,6 +551,18 @@ class Settings:
         None,
         parse=_Text(secret=True),
         doc="shared failover state; without it, in-process (one replica)",
+    )
+    redis_mode: RedisMode = setting(
+        "standalone",
+        parse=_Choice(get_args(RedisMode)),
+        doc="`standalone`: one endpoint (a server, Azure Cache for Redis non-clustered, Azure "
+        "Managed Redis Enterprise policy); `cluster`: the Redis Cluster protocol (Premium "
+        "clustered, Azure Managed Redis OSS policy, a self-hosted cluster)",
+    )
+    redis_ca_file: str | None = setting(
+        None,
+        parse=_Text(),
+        doc="PEM CA bundle trusted for `rediss://` in addition to the system store",
     )
     log_format: LogFormat = setting(
         "json", parse=_Choice(get_args(LogFormat)), doc="log lines as JSON, or text to read"

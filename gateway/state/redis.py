@@ -1,12 +1,15 @@
 """Failover state shared by every replica through Redis, with memory as the source of reads.
 
-Layout under `<prefix>:` (default `sbgate:`):
+Layout under `{<prefix>}:` (default `{sbgate}:`; the braces make the prefix a Redis Cluster
+hash tag, so every key and the events channel live in one slot and every script is
+single-slot — on a cluster, under both Azure Managed Redis policies, and on one server):
 
 * `entity:<entity>` — a hash per entity: `status`, `epoch`, `since`, `by`, `reason`;
 * `backlog:<queue>` — a hash (`until`, `by`, `reason`) that expires when the disable ends;
 * `lease:<name>` — the holder's replica id, set `NX PX ttl`;
 * `events` — the pub/sub channel every applied change is published on (JSON), and the
-  announcements that a backlog queue holds messages the syphon may move now.
+  announcements that a backlog queue holds messages the syphon may move now (a sharded
+  channel in cluster mode: see `gateway.state.connect`).
 
 Every change is one Lua script, so "check, write, publish" is atomic: a transition applies
 only if the stored epoch is still the one the proposal was built on (compare-and-set); a
@@ -36,14 +39,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
-from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from gateway.state.base import SEVERITY, BacklogState, EntityState, StateStore, Status
+from gateway.state.connect import Client, RedisTarget, Subscriber
 from gateway.state.memory import LocalState
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,8 @@ class _SessionBroken(Exception):
 class _Session:
     """One connection generation: the command client and its registered scripts."""
 
-    client: Redis
+    client: Client
+    publish: str  # PUBLISH, or SPUBLISH when the subscribers listen on a sharded channel
     transition: AsyncScript
     restore: AsyncScript
     disable: AsyncScript
@@ -148,10 +149,13 @@ class _Session:
     release: AsyncScript
 
     @classmethod
-    def open(cls, client: Redis) -> _Session:
-        reg = client.register_script
+    def open(cls, client: Client, publish: str) -> _Session:
+        def reg(lua: str) -> AsyncScript:
+            return client.register_script(lua.replace("'PUBLISH'", f"'{publish}'"))
+
         return cls(
             client,
+            publish,
             reg(_TRANSITION_LUA),
             reg(_RESTORE_LUA),
             reg(_DISABLE_LUA),
@@ -251,7 +255,7 @@ class RedisStateStore(LocalState):
 
     def __init__(
         self,
-        url: str,
+        url: str | RedisTarget,
         replica_id: str,
         *,
         prefix: str = "sbgate",
@@ -265,9 +269,11 @@ class RedisStateStore(LocalState):
         super().__init__(replica_id, clock)
         if op_timeout <= 0 or health_interval <= 0 or max_pending < 1:
             raise ValueError("op_timeout, health_interval and max_pending must be positive")
-        self._url = url
+        self._target = url if isinstance(url, RedisTarget) else RedisTarget(url)
         self._prefix = prefix
-        self._channel = f"{prefix}:events"
+        self._channel = f"{{{prefix}}}:events"
+        # The untagged layout, read once (a cluster never held it: its writes met MOVED).
+        self._legacy_head: str | None = f"{prefix}:" if self._target.mode == "standalone" else None
         self._op_timeout = op_timeout
         self._backoff = reconnect_backoff
         self._health_interval = health_interval
@@ -551,7 +557,9 @@ class RedisStateStore(LocalState):
             queue = key or None
             event = _written_event(queue, self.replica_id)
             await self._write_pending(
-                self._pending_writes, queue, lambda _: sess.client.publish(self._channel, event)
+                self._pending_writes,
+                queue,
+                lambda _: sess.client.execute_command(sess.publish, self._channel, event),
             )
 
     async def _write_pending(
@@ -692,29 +700,17 @@ class RedisStateStore(LocalState):
     async def _session(self) -> None:
         """Connect, subscribe, resync, go online, then listen until something breaks.
         Always raises; always closes what it opened (bounded)."""
-        client = Redis.from_url(
-            self._url,
-            decode_responses=True,
-            socket_connect_timeout=self._op_timeout,
-            socket_timeout=self._op_timeout,
-            # No retries inside redis-py: a failure must surface here, so that we resync.
-            retry=Retry(NoBackoff(), 0),
-            client_name=f"sbgate-state-{self.replica_id}",
+        # No retries inside redis-py: a failure must surface here, so that we resync.
+        client = self._target.client(
+            op_timeout=self._op_timeout, name=f"sbgate-state-{self.replica_id}"
         )
-        pubsub = client.pubsub()
+        pubsub: Subscriber | None = None
         try:
             self._broken.clear()
-            async with asyncio.timeout(self._op_timeout):
-                await client.ping()
             # Subscribe before reading the snapshot: a change made while we read is then
             # either in what we read or in an event we will get (both are idempotent).
-            async with asyncio.timeout(self._op_timeout):
-                await pubsub.subscribe(self._channel)
-                while True:
-                    msg = await pubsub.get_message(timeout=self._op_timeout)
-                    if msg is not None and msg["type"] == "subscribe":
-                        break
-            sess = _Session.open(client)
+            pubsub = await self._target.subscriber(client, self._channel, self._op_timeout)
+            sess = _Session.open(client, pubsub.publish)
             await self._resync(sess)
             if self._broken.is_set():
                 raise _SessionBroken
@@ -737,7 +733,7 @@ class RedisStateStore(LocalState):
             self._sess = None
             await self._dispose(pubsub, client)
 
-    async def _listen(self, pubsub: PubSub) -> None:
+    async def _listen(self, pubsub: Subscriber) -> None:
         """Apply events until the connection dies, goes silent (no PONG within
         `op_timeout` of a ping), or another call breaks the session."""
         loop = asyncio.get_running_loop()
@@ -747,7 +743,7 @@ class RedisStateStore(LocalState):
             if self._broken.is_set():
                 raise _SessionBroken
             async with asyncio.timeout(self._tick + self._op_timeout):
-                msg = await pubsub.get_message(timeout=self._tick)
+                msg = await pubsub.get_message(wait=self._tick)
             now = loop.time()
             if msg is not None:
                 last_heard, ping_sent = now, None
@@ -762,9 +758,10 @@ class RedisStateStore(LocalState):
                     await pubsub.ping()
                 ping_sent = now
 
-    async def _dispose(self, pubsub: PubSub, client: Redis) -> None:
+    async def _dispose(self, pubsub: Subscriber | None, client: Client) -> None:
         # Best effort and bounded: a stalled server must not hold up a reconnect or close.
-        for closer in (pubsub.aclose, client.aclose):
+        closers = [client.aclose] if pubsub is None else [pubsub.aclose, client.aclose]
+        for closer in closers:
             try:
                 async with asyncio.timeout(self._op_timeout):
                     await closer()
@@ -778,8 +775,8 @@ class RedisStateStore(LocalState):
         holds unless memory is newer; write back (restore) what memory has newer or Redis
         lacks. Bounded by `resync_timeout`; raises the Redis error if it fails."""
         async with asyncio.timeout(self._resync_timeout):
-            entities = await self._read_all(sess, "entity")
-            backlogs = await self._read_all(sess, "backlog")
+            entities = await self._read_layouts(sess, "entity")
+            backlogs = await self._read_layouts(sess, "backlog")
             now = self._clock()
             # Decide in one synchronous step against memory as it is now.
             restore: list[EntityState] = []
@@ -816,10 +813,23 @@ class RedisStateStore(LocalState):
             for queue in disable:
                 await self._write_backlog(sess, queue, True)
         self.stats.resyncs += 1
+        self._legacy_head = None  # imported once: from now on only the tagged layout
 
-    async def _read_all(self, sess: _Session, kind: str) -> dict[str, dict[str, str]]:
-        """Every `<prefix>:<kind>:*` hash, keyed by the name after the prefix."""
-        head = self._key(kind, "")
+    async def _read_layouts(self, sess: _Session, kind: str) -> dict[str, dict[str, str]]:
+        """`_read_all`, plus — on this process's first resync, on one endpoint — the hashes of
+        the untagged layout that releases before the hash tag wrote (`<prefix>:<kind>:`),
+        where the tagged layout lacks them: state decided before an upgrade carries over."""
+        found = await self._read_all(sess, kind)
+        if self._legacy_head is None:
+            return found
+        old = await self._read_all(sess, kind, f"{self._legacy_head}{kind}:")
+        return {**old, **found}
+
+    async def _read_all(
+        self, sess: _Session, kind: str, head: str | None = None
+    ) -> dict[str, dict[str, str]]:
+        """Every `{<prefix>}:<kind>:*` hash (or `<head>*`), keyed by the name after it."""
+        head = head if head is not None else self._key(kind, "")
         keys = [k async for k in sess.client.scan_iter(match=_glob_escape(head) + "*", count=500)]
         if not keys:
             return {}
@@ -832,7 +842,7 @@ class RedisStateStore(LocalState):
     # -- helpers ----------------------------------------------------------------------------
 
     def _key(self, kind: str, name: str) -> str:
-        return f"{self._prefix}:{kind}:{name}"
+        return f"{{{self._prefix}}}:{kind}:{name}"
 
     def _entity_args(self, s: EntityState) -> list[str | int]:
         event = _entity_event(s).decode()

@@ -3,11 +3,15 @@ one replica is known to all of them; recovery, pinger lease, Redis faults."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from sblocal.testing import ControlClient
 from tests.conftest import GatewayFactory
-from tests.support.redis import RedisServer
+from tests.support.redis import RedisServer, redis_server_in
+from tests.support.redis import redis_cluster as redis_cluster  # the fixture
 from tests.support.waiting import eventually
 
 CLUSTER = {
@@ -20,12 +24,16 @@ CLUSTER = {
 }
 
 
+@pytest.fixture(params=["standalone", "cluster"])
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """One server, and a 3-master Redis Cluster (the node serving the state's slot)."""
+    yield from redis_server_in(request, request.param)
+
+
 async def replicas(gateway: GatewayFactory, redis: RedisServer, n: int, **extra: str) -> list[Any]:
+    where = {"SBGATE_REDIS_URL": redis.client_url, "SBGATE_REDIS_MODE": redis.mode}
     return [
-        await gateway(
-            {**CLUSTER, "SBGATE_REDIS_URL": redis.url, "SBGATE_REPLICA_ID": f"r{i}", **extra}
-        )
-        for i in range(n)
+        await gateway({**CLUSTER, **where, "SBGATE_REPLICA_ID": f"r{i}", **extra}) for i in range(n)
     ]
 
 

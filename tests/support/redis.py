@@ -21,20 +21,25 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from redis import Redis as SyncRedis
+from redis.exceptions import RedisError
 
 from tests.support.processes import free_port
 
 REDIS_SERVER = os.environ.get("SBGATE_TEST_REDIS_SERVER") or shutil.which("redis-server")
+REDIS_CLI = shutil.which("redis-cli")
 
 
 class RedisServer:
     """One redis-server process we own. Blocking methods; each bounded by `timeout`."""
 
-    def __init__(self, port: int | None = None, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, port: int | None = None, *, timeout: float = 10.0, args: Sequence[str] = ()
+    ) -> None:
         if REDIS_SERVER is None:
             raise RuntimeError("redis-server not found (apt-get install redis-server)")
         self.port = port if port is not None else free_port()
@@ -42,6 +47,9 @@ class RedisServer:
         self._dir = Path(tempfile.mkdtemp(prefix="sbgate-redis-"))
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
+        self._args = tuple(args)  # more redis-server options (cluster, TLS, ACL...)
+        self.mode = "standalone"  # how a client must talk to it (`RedisTarget.mode`)
+        self.client_url = self.url  # what a client is given (a cluster: another node's)
 
     @property
     def url(self) -> str:
@@ -71,6 +79,7 @@ class RedisServer:
             "--daemonize", "no",
             "--loglevel", "warning",
             "--logfile", str(self._dir / "redis.log"),
+            *self._args,
         ]  # fmt: skip
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
         self._paused = False
@@ -172,6 +181,128 @@ class RedisServer:
         self.close()
 
 
+class RedisClusterServers:
+    """A Redis Cluster of `masters` redis-server processes we own (no replicas), created with
+    `redis-cli --cluster create`, as a self-hosted cluster or Azure Managed Redis under the
+    OSS clustering policy presents itself. Each node is a `RedisServer` (kill, pause,
+    restart keep its `nodes.conf`, so a restarted node rejoins with its slots, empty)."""
+
+    def __init__(self, masters: int = 3, *, timeout: float = 20.0) -> None:
+        args = (
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", "1000",
+        )  # fmt: skip
+        # The bus port is our own free port too (the default, port + 10000, may not exist).
+        self.nodes = [
+            RedisServer(timeout=timeout, args=(*args, "--cluster-port", str(free_port())))
+            for _ in range(masters)
+        ]
+        for node in self.nodes:
+            node.mode = "cluster"
+        self.timeout = timeout
+
+    @property
+    def url(self) -> str:
+        """A seed: the cluster client learns every other node from it."""
+        return self.nodes[0].url
+
+    def admin(self, node: RedisServer) -> SyncRedis:
+        return SyncRedis(port=node.port, decode_responses=True, socket_timeout=self.timeout)
+
+    def start(self) -> RedisClusterServers:
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [
+                str(REDIS_CLI), "--cluster", "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas", "0", "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=self.timeout,
+        )  # fmt: skip
+        self.wait_ok()
+        return self
+
+    def wait_ok(self) -> None:
+        """Until every node says `cluster_state:ok` and agrees on the slot map."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                states = set()
+                maps = set()
+                for node in self.nodes:
+                    with self.admin(node) as r:
+                        states.add(r.cluster("INFO")["cluster_state"])
+                        maps.add(repr(sorted(r.execute_command("CLUSTER", "SLOTS"))))
+                if states == {"ok"} and len(maps) == 1:
+                    return
+            except (OSError, RedisError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("the redis cluster did not become ok")
+            time.sleep(0.05)  # polling processes we own, with a deadline
+
+    def slot(self, key: str) -> int:
+        with self.admin(self.nodes[0]) as r:
+            return int(r.execute_command("CLUSTER", "KEYSLOT", key))
+
+    def node_id(self, node: RedisServer) -> str:
+        with self.admin(node) as r:
+            return str(r.execute_command("CLUSTER", "MYID"))
+
+    def owner(self, key: str) -> RedisServer:
+        """The node that serves `key`'s slot."""
+        slot = self.slot(key)
+        with self.admin(self.nodes[0]) as r:
+            for start, end, master, *_ in r.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return next(n for n in self.nodes if n.port == int(master[1]))
+        raise LookupError(f"no node serves slot {slot}")
+
+    def migrate(self, key: str, to: RedisServer) -> None:
+        """Move `key`'s slot, with its keys, to `to` — the steps `redis-cli --cluster
+        reshard` takes: importing/migrating, MIGRATE in batches, then SETSLOT NODE."""
+        slot, source = self.slot(key), self.owner(key)
+        if source is to:
+            return
+        src_id, dst_id = self.node_id(source), self.node_id(to)
+        with self.admin(source) as src, self.admin(to) as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                src.execute_command(
+                    "MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "REPLACE", "KEYS", *keys
+                )
+            for node in (to, source, *(n for n in self.nodes if n not in (to, source))):
+                with self.admin(node) as r:
+                    r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        self.wait_ok()
+
+    def heal(self) -> None:
+        """Every node running and unpaused, the cluster ok, and no data: between tests."""
+        for node in self.nodes:
+            if node._paused:
+                node.resume()
+            if not node.running:
+                node.start()
+        self.wait_ok()
+        for node in self.nodes:
+            node.command("FLUSHALL")
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class TcpProxy:
     """A loopback TCP forwarder to `127.0.0.1:target_port` that a test can cut and heal:
     one client loses Redis while the others keep it. Runs on the test's event loop."""
@@ -260,3 +391,34 @@ def redis_server_factory() -> Iterator[type[RedisServer]]:
     yield _Tracked
     for server in started:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """One 3-master cluster for the session; `redis_server_in` heals and empties it per test."""
+    if REDIS_SERVER is None or REDIS_CLI is None:
+        pytest.skip("redis-server or redis-cli is not installed")
+    with RedisClusterServers() as cluster:
+        yield cluster
+
+
+# The one hash tag of the default key prefix (`gateway.state.redis`).
+STATE_TAG = "{sbgate}"
+
+
+def redis_server_in(request: pytest.FixtureRequest, mode: str) -> Iterator[RedisServer]:
+    """For a fixture parametrized over modes: a fresh server (`standalone`), or the node of
+    the session's cluster that serves the state's slot (`cluster`: faults on it are faults
+    of the state's shard; `url` seeds the cluster client)."""
+    if mode == "cluster":
+        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+        cluster.heal()
+        owner = cluster.owner(STATE_TAG)
+        # Seeded with a node that does not serve the slot: the first write meets MOVED.
+        owner.client_url = next(n for n in cluster.nodes if n is not owner).url
+        yield owner
+        return
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        yield server

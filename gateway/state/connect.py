@@ -1,0 +1,171 @@
+"""How the shared state reaches Redis: the command client and the events subscriber, built
+from one `RedisTarget` for each deployment shape.
+
+* `standalone` — one endpoint: a single server, Azure Cache for Redis (non-clustered), or
+  Azure Managed Redis under the Enterprise clustering policy (its proxy hides the shards).
+  Events use classic `SUBSCRIBE`/`PUBLISH`.
+* `cluster` — the Redis Cluster protocol: a self-hosted cluster, Azure Cache for Redis
+  Premium clustered, Azure Managed Redis under the OSS clustering policy. Commands go through
+  redis-py's `RedisCluster`, which follows MOVED/ASK and refreshes the slot map. Every key
+  carries the one hash tag of the prefix (see `gateway.state.redis`), so every script touches
+  one slot and the events use sharded pub/sub (`SSUBSCRIBE`/`SPUBLISH`) on that slot's owner;
+  a server without sharded pub/sub (Redis 6) gets classic pub/sub, which the cluster bus
+  broadcasts to every node.
+
+A session is one client plus one subscriber. Anything that disturbs either (a dropped
+connection, our slot moving to another node: the server then sends `sunsubscribe`) raises,
+and the store opens a new session — a fresh client that reads the topology again — and
+resyncs. No retries inside redis-py: a failure must surface so that the resync runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.credentials import CredentialProvider
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from gateway.config import RedisMode
+
+REDIS_MODES: tuple[str, ...] = get_args(RedisMode)
+
+Client = Redis | RedisCluster
+
+
+class SlotMoved(RedisConnectionError):
+    """The server dropped our sharded subscription: the events slot moved (a resharding or a
+    failed-over shard). The session ends and the next one subscribes on the new owner."""
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """Where and how to connect. `url` is `redis://` or `rediss://` (TLS) with the password
+    (access key) if any; `ca_file` is a PEM bundle trusted in addition to the system store
+    (TLS only); `credential_provider` supplies user name and password (token) for each new
+    connection instead of the URL's."""
+
+    url: str
+    mode: RedisMode = "standalone"
+    ca_file: str | None = None
+    credential_provider: CredentialProvider | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in REDIS_MODES:
+            raise ValueError(f"redis mode must be one of {REDIS_MODES}, got {self.mode!r}")
+
+    def _options(self, op_timeout: float, name: str) -> dict[str, Any]:
+        opts: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_connect_timeout": op_timeout,
+            "socket_timeout": op_timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "client_name": name,
+        }
+        if self.ca_file is not None:
+            opts["ssl_ca_certs"] = self.ca_file
+        if self.credential_provider is not None:
+            opts["credential_provider"] = self.credential_provider
+        return opts
+
+    def client(self, *, op_timeout: float, name: str) -> Client:
+        """A new command client (no connection made yet)."""
+        opts = self._options(op_timeout, name)
+        if self.mode == "cluster":
+            return RedisCluster.from_url(self.url, **opts)
+        return Redis.from_url(self.url, **opts)
+
+    async def subscriber(self, client: Client, channel: str, op_timeout: float) -> Subscriber:
+        """Check the server answers, then subscribe to `channel` on the connection that
+        receives its events; returns once the subscription is confirmed. Bounded by
+        `op_timeout` per step; raises the Redis error (the caller closes `client`)."""
+        if isinstance(client, Redis):
+            async with asyncio.timeout(op_timeout):
+                await client.ping()
+            sub = Subscriber(client.pubsub(), sharded=False, own=None)
+        else:
+            async with asyncio.timeout(op_timeout):
+                await client.initialize()
+            node = client.get_node_from_key(channel)
+            if node is None:
+                raise SlotMoved(f"no node serves the slot of {channel!r}")
+            node_client = _node_client(node)
+            try:
+                async with asyncio.timeout(op_timeout):
+                    await node_client.ping()
+                    reply = await node_client.execute_command(  # type: ignore[no-untyped-call]
+                        "COMMAND", "INFO", "SPUBLISH"
+                    )
+            except BaseException:
+                await node_client.aclose()
+                raise
+            # Redis 7 knows SPUBLISH; Redis 6 (Azure Cache for Redis) answers nil for it.
+            sharded = any(reply.values()) if isinstance(reply, dict) else bool(reply and reply[0])
+            sub = Subscriber(node_client.pubsub(), sharded=sharded, own=node_client)
+        try:
+            await sub.subscribe(channel, op_timeout)
+        except BaseException:
+            await sub.aclose()
+            raise
+        return sub
+
+
+def _node_client(node: ClusterNode) -> Redis:
+    """A plain client to one cluster node, with the cluster client's connection options."""
+    kwargs = dict(node.connection_kwargs)
+    pool = ConnectionPool(connection_class=node.connection_class, **kwargs)
+    return Redis.from_pool(pool)
+
+
+class Subscriber:
+    """The events subscription on one dedicated connection. `publish` is the command a
+    publisher must use for this subscriber to hear it (`PUBLISH` or `SPUBLISH`)."""
+
+    def __init__(self, pubsub: PubSub, *, sharded: bool, own: Redis | None) -> None:
+        self._pubsub = pubsub
+        self._own = own  # a node client we opened (cluster), closed with the subscription
+        self.sharded = sharded
+        self.publish = "SPUBLISH" if sharded else "PUBLISH"
+
+    async def subscribe(self, channel: str, op_timeout: float) -> None:
+        want = "ssubscribe" if self.sharded else "subscribe"
+        async with asyncio.timeout(op_timeout):
+            if self.sharded:
+                await self._pubsub.ssubscribe(channel)
+            else:
+                await self._pubsub.subscribe(channel)
+            while True:
+                msg = await self._pubsub.get_message(timeout=op_timeout)
+                if msg is not None and msg["type"] == want:
+                    return
+
+    async def get_message(self, wait: float) -> dict[str, Any] | None:
+        """The next message (an event is `{"type": "message", "data": ...}`, whichever
+        pub/sub carries it), a PONG, or None after `wait` seconds. Raises `SlotMoved` when
+        the server drops a sharded subscription."""
+        msg: dict[str, Any] | None = await self._pubsub.get_message(timeout=wait)
+        if msg is None:
+            return None
+        kind = msg["type"]
+        if kind == "smessage":
+            return {**msg, "type": "message"}
+        if kind == "sunsubscribe":
+            raise SlotMoved(f"the server dropped the subscription to {msg['channel']!r}")
+        return msg
+
+    async def ping(self) -> None:
+        await self._pubsub.ping()
+
+    async def aclose(self) -> None:
+        try:
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        finally:
+            if self._own is not None:
+                await self._own.aclose()
