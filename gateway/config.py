@@ -31,6 +31,7 @@ EntityKind = Literal["queue", "topic"]
 LogFormat = Literal["json", "text"]
 CredentialKind = Literal["workload", "managed", "default"]
 RedisMode = Literal["standalone", "cluster"]
+RedisCredential = Literal["none", "workload", "managed", "default"]
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -563,6 +564,13 @@ class Settings:
         None,
         parse=_Text(),
         doc="PEM CA bundle trusted for `rediss://` in addition to the system store",
+    )
+    redis_credential: RedisCredential = setting(
+        "none",
+        parse=_Choice(get_args(RedisCredential)),
+        doc="`none`: the URL's password (access key), if any; `workload`, `managed`, "
+        "`default`: a Microsoft Entra ID token (as `azure_credential`, with "
+        "`azure_client_id`), user name = the identity's object id, renewed before expiry",
     )
     log_format: LogFormat = setting(
         "json", parse=_Choice(get_args(LogFormat)), doc="log lines as JSON, or text to read"

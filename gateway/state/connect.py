@@ -21,6 +21,7 @@ resyncs. No retries inside redis-py: a failure must surface so that the resync r
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -38,6 +39,29 @@ from gateway.config import RedisMode
 REDIS_MODES: tuple[str, ...] = get_args(RedisMode)
 
 Client = Redis | RedisCluster
+
+
+class ExpiringCredentialProvider(CredentialProvider):
+    """Credentials that stop working at some point (an Entra ID token): a connection opened
+    with them must be replaced before then. The store calls `prepare()` (under the
+    provider's own deadline) before it opens connections, so that each connection's
+    `get_credentials_async` returns at once; `renew_in()` is how many seconds from now it
+    must open a new session with fresh credentials and close the old one (None: never)."""
+
+    def get_credentials(self) -> tuple[str] | tuple[str, str]:
+        raise NotImplementedError("async only: use get_credentials_async")
+
+    async def get_credentials_async(self) -> tuple[str] | tuple[str, str]:
+        raise NotImplementedError
+
+    async def prepare(self) -> None:
+        """Have current credentials ready (fetch new ones if these are due); may raise."""
+
+    def renew_in(self) -> float | None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Release what the provider holds (an azure-identity credential's sessions)."""
 
 
 class SlotMoved(RedisConnectionError):
@@ -60,6 +84,24 @@ class RedisTarget:
     def __post_init__(self) -> None:
         if self.mode not in REDIS_MODES:
             raise ValueError(f"redis mode must be one of {REDIS_MODES}, got {self.mode!r}")
+
+    def _expiring(self) -> ExpiringCredentialProvider | None:
+        provider = self.credential_provider
+        return provider if isinstance(provider, ExpiringCredentialProvider) else None
+
+    async def prepare(self) -> None:
+        """Before opening connections: have their credentials ready (may raise)."""
+        if (provider := self._expiring()) is not None:
+            await provider.prepare()
+
+    def renew_in(self) -> float | None:
+        """Seconds until the current credentials must be replaced (None: never)."""
+        provider = self._expiring()
+        return None if provider is None else provider.renew_in()
+
+    async def aclose(self) -> None:
+        if (provider := self._expiring()) is not None:
+            await provider.aclose()
 
     def _options(self, op_timeout: float, name: str) -> dict[str, Any]:
         opts: dict[str, Any] = {
@@ -160,7 +202,28 @@ class Subscriber:
             raise SlotMoved(f"the server dropped the subscription to {msg['channel']!r}")
         return msg
 
+    async def drain(self, barrier: str, on_event: Callable[[Any], None]) -> None:
+        """Hand every event still queued on this subscription to `on_event`, in order.
+        Subscribes to `barrier` (a channel in the same slot that nobody publishes on) and
+        reads up to its confirmation, which the server sends after everything it queued
+        for us before. (Not a PING: redis-py mangles a decoded RESP3 PING reply on a
+        subscribed connection.) The caller bounds it."""
+        want = "ssubscribe" if self.sharded else "subscribe"
+        if self.sharded:
+            await self._pubsub.ssubscribe(barrier)
+        else:
+            await self._pubsub.subscribe(barrier)
+        while True:
+            msg = await self.get_message(wait=1.0)
+            if msg is None:
+                continue
+            if msg["type"] == "message":
+                on_event(msg["data"])
+            elif msg["type"] == want and msg["channel"] == barrier:
+                return
+
     async def ping(self) -> None:
+        # Any reply counts as "heard" (redis-py mangles RESP3's decoded PONG here).
         await self._pubsub.ping()
 
     async def aclose(self) -> None:

@@ -131,6 +131,10 @@ return 0
 """
 
 
+# How soon to try again when fetching fresh credentials failed (the old ones still work).
+_RENEW_RETRY = 10.0
+
+
 class _SessionBroken(Exception):
     """A call on this session failed elsewhere (writer, lease): reconnect and resync."""
 
@@ -294,6 +298,9 @@ class RedisStateStore(LocalState):
         self._drained = asyncio.Event()  # the writer found nothing left to write
         self._first_attempt = asyncio.Event()
         self._sessions = 0
+        # Sessions replaced before their credentials expired (`_renew`), not counted as
+        # reconnects: the replica stayed online.
+        self.renewals = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- StateStore: lifecycle --------------------------------------------------------------
@@ -339,6 +346,11 @@ class RedisStateStore(LocalState):
             log.error("state task %s did not stop in time", task.get_name())
         self._online.clear()
         self._sess = None
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await self._target.aclose()
+        except Exception as exc:  # an identity library's close; nothing left to protect
+            log.debug("state: closing the redis credentials: %r", exc)
 
     # -- StateStore: hot path (memory only) -------------------------------------------------
 
@@ -700,6 +712,11 @@ class RedisStateStore(LocalState):
     async def _session(self) -> None:
         """Connect, subscribe, resync, go online, then listen until something breaks.
         Always raises; always closes what it opened (bounded)."""
+        try:
+            await self._target.prepare()
+        except Exception as exc:  # no credentials (Entra ID unreachable, no oid claim, ...)
+            self._session_failed("credentials", exc)
+            raise _SessionBroken from exc
         # No retries inside redis-py: a failure must surface here, so that we resync.
         client = self._target.client(
             op_timeout=self._op_timeout, name=f"sbgate-state-{self.replica_id}"
@@ -724,7 +741,16 @@ class RedisStateStore(LocalState):
             # Announcements published while this replica was not subscribed are lost to it:
             # its syphon looks at every backlog queue instead.
             self._notify_write(None)
-            await self._listen(pubsub)
+            while True:
+                await self._listen(pubsub, self._renew_in())
+                # Only now does listen return: the credentials are about to expire.
+                try:
+                    await self._target.prepare()
+                except Exception as exc:  # the current credentials still work for a while
+                    log.warning("state: renewing the redis credentials failed: %r", exc)
+                    await self._listen(pubsub, _RENEW_RETRY)
+                    continue
+                client, pubsub = await self._renew(client, pubsub)
         except _REDIS_ERRORS as exc:
             self._session_failed("session", exc)
             raise _SessionBroken from exc
@@ -733,15 +759,63 @@ class RedisStateStore(LocalState):
             self._sess = None
             await self._dispose(pubsub, client)
 
-    async def _listen(self, pubsub: Subscriber) -> None:
+    def _renew_in(self) -> float | None:
+        renew_in = self._target.renew_in()
+        # Never sooner than one op_timeout: a provider that keeps answering "now" must not
+        # make us spin through sessions.
+        return None if renew_in is None else max(renew_in, self._op_timeout)
+
+    async def _renew(self, client: Client, pubsub: Subscriber) -> tuple[Client, Subscriber]:
+        """Make before break: open a new client and subscription (the connections fetch
+        fresh credentials), switch every caller to them, keep listening on the new one for
+        `op_timeout` — the bound on any call still running on the old connections — and
+        only then close the old ones. Nothing is missed (both subscriptions overlap), so no
+        resync is needed, and the replica never goes offline. On failure the new
+        connections are closed and the error propagates (the session ends, as on any
+        failure); the old ones are closed in every case."""
+        new_client = self._target.client(
+            op_timeout=self._op_timeout, name=f"sbgate-state-{self.replica_id}"
+        )
+        new_pubsub: Subscriber | None = None
+        try:
+            new_pubsub = await self._target.subscriber(new_client, self._channel, self._op_timeout)
+            await self._drain(pubsub)
+            self._sess = _Session.open(new_client, new_pubsub.publish)
+            self.renewals += 1
+            log.debug("state: replica %s renewed its redis connections", self.replica_id)
+            await self._listen(new_pubsub, self._op_timeout)
+        except BaseException:
+            await self._dispose(new_pubsub, new_client)
+            raise
+        finally:
+            await self._dispose(pubsub, client)
+        return new_client, new_pubsub
+
+    async def _drain(self, pubsub: Subscriber) -> None:
+        """Apply what the old subscription still holds. Called once the new one is
+        confirmed: an event published before that went to the old one only. If the old
+        connection fails instead, a resync on the new session recovers what it held."""
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await pubsub.drain(f"{{{self._prefix}}}:barrier", self._on_event)
+        except _REDIS_ERRORS as exc:
+            log.info("state: draining the old subscription failed (%r); resyncing", exc)
+            self._resync_needed = True
+            self._wake_writer()
+
+    async def _listen(self, pubsub: Subscriber, duration: float | None = None) -> None:
         """Apply events until the connection dies, goes silent (no PONG within
-        `op_timeout` of a ping), or another call breaks the session."""
+        `op_timeout` of a ping), or another call breaks the session (raises) — or, given a
+        `duration`, until that many seconds have passed (returns)."""
         loop = asyncio.get_running_loop()
         last_heard = loop.time()
+        until = None if duration is None else last_heard + duration
         ping_sent: float | None = None
         while True:
             if self._broken.is_set():
                 raise _SessionBroken
+            if until is not None and loop.time() >= until:
+                return
             async with asyncio.timeout(self._tick + self._op_timeout):
                 msg = await pubsub.get_message(wait=self._tick)
             now = loop.time()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -28,6 +29,7 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.exceptions import RedisError
 
+from gateway.state.connect import ExpiringCredentialProvider
 from tests.support.processes import free_port
 
 REDIS_SERVER = os.environ.get("SBGATE_TEST_REDIS_SERVER") or shutil.which("redis-server")
@@ -38,7 +40,12 @@ class RedisServer:
     """One redis-server process we own. Blocking methods; each bounded by `timeout`."""
 
     def __init__(
-        self, port: int | None = None, *, timeout: float = 10.0, args: Sequence[str] = ()
+        self,
+        port: int | None = None,
+        *,
+        timeout: float = 10.0,
+        args: Sequence[str] = (),
+        tls: bool = False,
     ) -> None:
         if REDIS_SERVER is None:
             raise RuntimeError("redis-server not found (apt-get install redis-server)")
@@ -50,10 +57,32 @@ class RedisServer:
         self._args = tuple(args)  # more redis-server options (cluster, TLS, ACL...)
         self.mode = "standalone"  # how a client must talk to it (`RedisTarget.mode`)
         self.client_url = self.url  # what a client is given (a cluster: another node's)
+        # TLS on a second port (the plain one stays for `command`), with a self-signed
+        # certificate for 127.0.0.1 that is its own CA: clients trust it with `ca_file`.
+        self.tls_port: int | None = None
+        self.ca_file: Path | None = None
+        if tls:
+            from sblocal.certs import ensure_dev_cert
+
+            cert, key = ensure_dev_cert(self._dir / "tls")
+            self.tls_port, self.ca_file = free_port(), cert
+            self._args += (
+                "--tls-port", str(self.tls_port),
+                "--tls-cert-file", str(cert),
+                "--tls-key-file", str(key),
+                "--tls-ca-cert-file", str(cert),
+                "--tls-auth-clients", "no",
+            )  # fmt: skip
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def tls_url(self) -> str:
+        """`rediss://` on the TLS port, as Azure Cache for Redis is reached on 6380."""
+        assert self.tls_port is not None, "started without tls=True"
+        return f"rediss://127.0.0.1:{self.tls_port}/0"
 
     @property
     def running(self) -> bool:
@@ -422,3 +451,54 @@ def redis_server_in(request: pytest.FixtureRequest, mode: str) -> Iterator[Redis
         pytest.skip("redis-server is not installed")
     with RedisServer() as server:
         yield server
+
+
+class RotatingAclUsers(ExpiringCredentialProvider):
+    """An Entra ID stand-in on a real server: each credential is a fresh ACL user with a
+    random password, valid for `lifetime` seconds and to be renewed `margin` seconds before
+    that. `expire()` deletes every user past its lifetime, and `ACL DELUSER` closes every
+    connection still authenticated as it — what the service does to a connection whose token
+    expired. (A new user per credential, because changing a password leaves connections
+    authenticated with the old one open.)"""
+
+    def __init__(self, server: RedisServer, lifetime: float = 2.0, margin: float = 1.0) -> None:
+        self.server, self.lifetime, self.margin = server, lifetime, margin
+        self._current: tuple[str, str, float] | None = None  # user, password, issued (mono)
+        self._users: dict[str, float] = {}  # user -> when it expires (monotonic)
+        self.issued = 0
+        self.deleted = 0
+
+    def _issue(self) -> tuple[str, str, float]:
+        self.issued += 1
+        user, password = f"sbgate-{self.issued}", secrets.token_hex(16)
+        self.server.command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all")
+        now = time.monotonic()
+        self._users[user] = now + self.lifetime
+        return user, password, now
+
+    async def prepare(self) -> None:
+        if self._current is None or time.monotonic() >= self._current[2] + self.lifetime - (
+            self.margin
+        ):
+            self._current = self._issue()
+
+    async def get_credentials_async(self) -> tuple[str, str]:
+        if self._current is None:
+            await self.prepare()
+        assert self._current is not None
+        return self._current[0], self._current[1]
+
+    def renew_in(self) -> float | None:
+        if self._current is None:
+            return 0.0
+        return self._current[2] + self.lifetime - self.margin - time.monotonic()
+
+    def expire(self) -> int:
+        """Delete the users whose lifetime is over; how many."""
+        now = time.monotonic()
+        gone = [u for u, until in self._users.items() if until <= now]
+        for user in gone:
+            self.server.command("ACL", "DELUSER", user)
+            del self._users[user]
+        self.deleted += len(gone)
+        return len(gone)
