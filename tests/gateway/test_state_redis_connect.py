@@ -21,7 +21,8 @@ from gateway.state import RedisStateStore
 from gateway.state.connect import RedisTarget
 from gateway.state.entra import EntraIdCredentials, TokenError, object_id
 from tests.support.identity import AZURE_ENV, TokenEndpoint
-from tests.support.redis import REDIS_SERVER, RedisServer, RotatingAclUsers
+from tests.support.redis import REDIS_SERVER, RedisClusterServers, RedisServer, RotatingAclUsers
+from tests.support.redis import redis_cluster as redis_cluster  # the fixture
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,17 +79,26 @@ async def test_tls_refuses_a_server_the_system_store_does_not_trust(
         assert not store.connected
 
 
+@pytest.mark.integration  # the servers come through `request`
+@pytest.mark.parametrize("mode", ["standalone", "cluster"])
 async def test_expiring_credentials_are_renewed_before_expiry_without_a_disconnect(
-    tls_server: RedisServer,
+    mode: str, request: pytest.FixtureRequest
 ) -> None:
-    """Entra ID's contract, on ACL users over TLS: every credential is deleted when its
-    lifetime ends, which closes every connection still using it. Each replica opens its
-    next session with fresh credentials before that and closes the old one, so over several
-    rotations both keep exchanging decisions with no error and no reconnect."""
-    assert tls_server.ca_file is not None
-    providers = [RotatingAclUsers(tls_server, lifetime=1.5, margin=0.7) for _ in range(2)]
+    """Entra ID's contract, on ACL users (over TLS on one server; on every node of a
+    cluster): every credential is deleted when its lifetime ends, which closes every
+    connection still using it. Each replica opens its next session with fresh credentials
+    before that and closes the old one, so over several rotations both keep exchanging
+    decisions with no error and no reconnect."""
+    if mode == "cluster":
+        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+        cluster.heal()
+        servers, url, ca = cluster.nodes, cluster.url, None
+    else:
+        server: RedisServer = request.getfixturevalue("tls_server")
+        servers, url, ca = [server], server.tls_url, str(server.ca_file)
+    providers = [RotatingAclUsers(servers, lifetime=1.5, margin=0.7) for _ in range(2)]
     targets = [
-        RedisTarget(tls_server.tls_url, ca_file=str(tls_server.ca_file), credential_provider=p)
+        RedisTarget(url, mode=mode, ca_file=ca, credential_provider=p)  # type: ignore[arg-type]
         for p in providers
     ]
     async with two(targets) as stores:

@@ -461,8 +461,11 @@ class RotatingAclUsers(ExpiringCredentialProvider):
     expired. (A new user per credential, because changing a password leaves connections
     authenticated with the old one open.)"""
 
-    def __init__(self, server: RedisServer, lifetime: float = 2.0, margin: float = 1.0) -> None:
-        self.server, self.lifetime, self.margin = server, lifetime, margin
+    def __init__(
+        self, servers: Sequence[RedisServer], lifetime: float = 2.0, margin: float = 1.0
+    ) -> None:
+        # Every node of a cluster keeps its own ACL: a user exists on all of them.
+        self.servers, self.lifetime, self.margin = list(servers), lifetime, margin
         self._current: tuple[str, str, float] | None = None  # user, password, issued (mono)
         self._users: dict[str, float] = {}  # user -> when it expires (monotonic)
         self.issued = 0
@@ -471,7 +474,8 @@ class RotatingAclUsers(ExpiringCredentialProvider):
     def _issue(self) -> tuple[str, str, float]:
         self.issued += 1
         user, password = f"sbgate-{self.issued}", secrets.token_hex(16)
-        self.server.command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all")
+        for server in self.servers:
+            server.command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all")
         now = time.monotonic()
         self._users[user] = now + self.lifetime
         return user, password, now
@@ -498,7 +502,8 @@ class RotatingAclUsers(ExpiringCredentialProvider):
         now = time.monotonic()
         gone = [u for u, until in self._users.items() if until <= now]
         for user in gone:
-            self.server.command("ACL", "DELUSER", user)
+            for server in self.servers:
+                server.command("ACL", "DELUSER", user)
             del self._users[user]
         self.deleted += len(gone)
         return len(gone)
