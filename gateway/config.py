@@ -30,7 +30,7 @@ ENV_PREFIX = "SBGATE_"
 EntityKind = Literal["queue", "topic"]
 LogFormat = Literal["json", "text"]
 CredentialKind = Literal["workload", "managed", "default"]
-RedisMode = Literal["standalone", "cluster"]
+RedisMode = Literal["standalone", "cluster", "sentinel"]
 RedisCredential = Literal["none", "workload", "managed", "default"]
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -558,7 +558,8 @@ class Settings:
         parse=_Choice(get_args(RedisMode)),
         doc="`standalone`: one endpoint (a server, Azure Cache for Redis non-clustered, Azure "
         "Managed Redis Enterprise policy); `cluster`: the Redis Cluster protocol (Premium "
-        "clustered, Azure Managed Redis OSS policy, a self-hosted cluster)",
+        "clustered, Azure Managed Redis OSS policy, a self-hosted cluster); `sentinel`: the "
+        "master that Sentinel names (`redis+sentinel://h1:26379,h2:26379/<master>/0`)",
     )
     redis_ca_file: str | None = setting(
         None,

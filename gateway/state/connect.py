@@ -11,6 +11,12 @@ from one `RedisTarget` for each deployment shape.
   one slot and the events use sharded pub/sub (`SSUBSCRIBE`/`SPUBLISH`) on that slot's owner;
   a server without sharded pub/sub (Redis 6) gets classic pub/sub, which the cluster bus
   broadcasts to every node.
+* `sentinel` — self-hosted high availability: the URL names the sentinels and the master
+  (`redis+sentinel://[[user]:password@]h1:26379,h2:26379/<master>[/db]`, `rediss+sentinel`
+  for TLS; the credentials are the data nodes', the sentinels are asked without them).
+  Each session asks the sentinels where the master is and talks to it as one server; a
+  failover drops our connections (Sentinel kills the old master's clients), and the next
+  session finds the promoted one.
 
 A session is one client plus one subscriber. Anything that disturbs either (a dropped
 connection, our slot moving to another node: the server then sends `sunsubscribe`) raises,
@@ -24,12 +30,14 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, get_args
+from urllib.parse import unquote
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.credentials import CredentialProvider
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -84,6 +92,13 @@ class RedisTarget:
     def __post_init__(self) -> None:
         if self.mode not in REDIS_MODES:
             raise ValueError(f"redis mode must be one of {REDIS_MODES}, got {self.mode!r}")
+        if (self.mode == "sentinel") != self.url.split("://", 1)[0].endswith("+sentinel"):
+            raise ValueError(
+                "a redis+sentinel:// (or rediss+sentinel://) URL goes with redis_mode "
+                "sentinel, and only with it"
+            )
+        if self.mode == "sentinel":
+            parse_sentinel_url(self.url)  # refuse a malformed one now, not at each session
 
     def _expiring(self) -> ExpiringCredentialProvider | None:
         provider = self.credential_provider
@@ -117,9 +132,36 @@ class RedisTarget:
             opts["credential_provider"] = self.credential_provider
         return opts
 
-    def client(self, *, op_timeout: float, name: str) -> Client:
-        """A new command client (no connection made yet)."""
+    async def open_client(self, *, op_timeout: float, name: str) -> Client:
+        """A new command client. In sentinel mode, the sentinels are asked (each bounded
+        by `op_timeout`) where the master is; raises the Redis error if none knows."""
+        if self.mode != "sentinel":
+            return self.client(op_timeout=op_timeout, name=name)
+        where = parse_sentinel_url(self.url)
         opts = self._options(op_timeout, name)
+        ask = {k: v for k, v in opts.items() if k not in ("client_name", "credential_provider")}
+        if where.tls:
+            ask["ssl"] = True
+        sentinel = Sentinel(where.sentinels, sentinel_kwargs=ask)  # type: ignore[no-untyped-call]
+        try:
+            async with asyncio.timeout(op_timeout * len(where.sentinels)):
+                host, port = await sentinel.discover_master(where.master)
+        finally:
+            for s in sentinel.sentinels:
+                await s.aclose()
+        if where.username is not None:
+            opts["username"] = where.username
+        if where.password is not None and self.credential_provider is None:
+            opts["password"] = where.password
+        if where.tls:
+            opts["ssl"] = True
+        return Redis(host=host, port=int(port), db=where.db, **opts)
+
+    def client(self, *, op_timeout: float, name: str) -> Client:
+        """A new command client (no connection made yet); not for sentinel mode."""
+        opts = self._options(op_timeout, name)
+        if self.mode == "sentinel":
+            raise ValueError("sentinel mode: use open_client")
         if self.mode == "cluster":
             return RedisCluster.from_url(self.url, **opts)
         return Redis.from_url(self.url, **opts)
@@ -131,6 +173,11 @@ class RedisTarget:
         if isinstance(client, Redis):
             async with asyncio.timeout(op_timeout):
                 await client.ping()
+                if self.mode == "sentinel":
+                    # A sentinel that has not heard of a failover yet names the old master.
+                    role = await client.execute_command("ROLE")  # type: ignore[no-untyped-call]
+                    if str(role[0]) != "master":
+                        raise RedisConnectionError("the sentinel named a node that is no master")
             sub = Subscriber(client.pubsub(), sharded=False, own=None)
         else:
             async with asyncio.timeout(op_timeout):
@@ -157,6 +204,51 @@ class RedisTarget:
             await sub.aclose()
             raise
         return sub
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelUrl:
+    sentinels: list[tuple[str, int]]
+    master: str
+    db: int
+    username: str | None
+    password: str | None
+    tls: bool
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """`redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master[/db]`; the
+    port defaults to 26379. Raises ValueError naming what is wrong."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("redis+sentinel", "rediss+sentinel"):
+        raise ValueError("a sentinel URL starts with redis+sentinel:// or rediss+sentinel://")
+    userinfo, _, rest = rest.rpartition("@")
+    hosts, _, path = rest.partition("/")
+    path = path.partition("?")[0]
+    master, _, db = path.partition("/")
+    if not hosts or not master:
+        raise ValueError("a sentinel URL names the sentinels and the master: h1:26379,h2/name")
+    sentinels = []
+    for host in hosts.split(","):
+        name, colon, port = host.rpartition(":")
+        if not colon:
+            name, port = host, "26379"
+        try:
+            sentinels.append((name, int(port)))
+        except ValueError:
+            raise ValueError(f"a sentinel URL has a bad port in {host!r}") from None
+    username = password = None
+    if userinfo:
+        user, colon, pw = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(pw) if colon else None
+    try:
+        db_number = int(db or 0)
+    except ValueError:
+        raise ValueError(f"a sentinel URL has a bad database number {db!r}") from None
+    return SentinelUrl(
+        sentinels, unquote(master), db_number, username, password, scheme.startswith("rediss")
+    )
 
 
 def _node_client(node: ClusterNode) -> Redis:

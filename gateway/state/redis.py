@@ -277,7 +277,7 @@ class RedisStateStore(LocalState):
         self._prefix = prefix
         self._channel = f"{{{prefix}}}:events"
         # The untagged layout, read once (a cluster never held it: its writes met MOVED).
-        self._legacy_head: str | None = f"{prefix}:" if self._target.mode == "standalone" else None
+        self._legacy_head: str | None = f"{prefix}:" if self._target.mode != "cluster" else None
         self._op_timeout = op_timeout
         self._backoff = reconnect_backoff
         self._health_interval = health_interval
@@ -717,13 +717,14 @@ class RedisStateStore(LocalState):
         except Exception as exc:  # no credentials (Entra ID unreachable, no oid claim, ...)
             self._session_failed("credentials", exc)
             raise _SessionBroken from exc
-        # No retries inside redis-py: a failure must surface here, so that we resync.
-        client = self._target.client(
-            op_timeout=self._op_timeout, name=f"sbgate-state-{self.replica_id}"
-        )
+        client: Client | None = None
         pubsub: Subscriber | None = None
         try:
             self._broken.clear()
+            # No retries inside redis-py: a failure must surface here, so that we resync.
+            client = await self._target.open_client(
+                op_timeout=self._op_timeout, name=f"sbgate-state-{self.replica_id}"
+            )
             # Subscribe before reading the snapshot: a change made while we read is then
             # either in what we read or in an event we will get (both are idempotent).
             pubsub = await self._target.subscriber(client, self._channel, self._op_timeout)
@@ -757,7 +758,8 @@ class RedisStateStore(LocalState):
         finally:
             self._online.clear()
             self._sess = None
-            await self._dispose(pubsub, client)
+            if client is not None:
+                await self._dispose(pubsub, client)
 
     def _renew_in(self) -> float | None:
         renew_in = self._target.renew_in()
@@ -773,11 +775,12 @@ class RedisStateStore(LocalState):
         resync is needed, and the replica never goes offline. On failure the new
         connections are closed and the error propagates (the session ends, as on any
         failure); the old ones are closed in every case."""
-        new_client = self._target.client(
-            op_timeout=self._op_timeout, name=f"sbgate-state-{self.replica_id}"
-        )
+        new_client: Client | None = None
         new_pubsub: Subscriber | None = None
         try:
+            new_client = await self._target.open_client(
+                op_timeout=self._op_timeout, name=f"sbgate-state-{self.replica_id}"
+            )
             new_pubsub = await self._target.subscriber(new_client, self._channel, self._op_timeout)
             await self._drain(pubsub)
             self._sess = _Session.open(new_client, new_pubsub.publish)
@@ -785,7 +788,8 @@ class RedisStateStore(LocalState):
             log.debug("state: replica %s renewed its redis connections", self.replica_id)
             await self._listen(new_pubsub, self._op_timeout)
         except BaseException:
-            await self._dispose(new_pubsub, new_client)
+            if new_client is not None:
+                await self._dispose(new_pubsub, new_client)
             raise
         finally:
             await self._dispose(pubsub, client)

@@ -18,10 +18,16 @@ from redis import Redis as SyncRedis
 from gateway.app import redis_target
 from gateway.config import load_settings
 from gateway.state import RedisStateStore
-from gateway.state.connect import RedisTarget
+from gateway.state.connect import RedisTarget, parse_sentinel_url
 from gateway.state.entra import EntraIdCredentials, TokenError, object_id
 from tests.support.identity import AZURE_ENV, TokenEndpoint
-from tests.support.redis import REDIS_SERVER, RedisClusterServers, RedisServer, RotatingAclUsers
+from tests.support.redis import (
+    REDIS_SERVER,
+    RedisClusterServers,
+    RedisServer,
+    RotatingAclUsers,
+    SentinelGroup,
+)
 from tests.support.redis import redis_cluster as redis_cluster  # the fixture
 from tests.support.waiting import eventually
 
@@ -211,3 +217,64 @@ async def test_a_managed_identity_token_authenticates_as_the_object_id(
                 users = {c["user"] for c in admin.client_list() if c["name"].startswith("sbgate")}
             assert users == {oid}, "every connection of the store is the identity's"
         assert idp.requests and idp.requests[0].params["resource"] == "https://redis.azure.com"
+
+
+# -- Sentinel -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sentinel_group() -> Iterator[SentinelGroup]:
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+    with SentinelGroup() as group:
+        yield group
+
+
+async def test_after_a_sentinel_failover_the_replicas_follow_the_promoted_master(
+    sentinel_group: SentinelGroup,
+) -> None:
+    target = RedisTarget(sentinel_group.url, mode="sentinel")
+    async with two([target, target]) as stores:
+        r0, r1 = stores
+        assert all(s.connected for s in stores)
+        one = r0.propose(r0.get("orders"), "failed_over", "timeout")
+        two_ = r1.propose(r1.get("billing"), "failing", "timeout")
+        await eventually(
+            lambda: all(s.get("orders") == one and s.get("billing") == two_ for s in stores)
+        )
+        old, _ = sentinel_group.roles()
+        new = await asyncio.to_thread(sentinel_group.failover)
+        assert new is not old
+        await eventually(
+            lambda: all(s.connected and s.stats.reconnects >= 1 for s in stores),
+            within=20,
+            what="both replicas on the promoted master",
+        )
+        assert all(s.get("orders") == one and s.get("billing") == two_ for s in stores)
+        after = r1.propose(r1.get("orders"), "healthy", "recovered")
+        await eventually(lambda: r0.get("orders") == after)
+        with SyncRedis(port=new.port, decode_responses=True) as admin:
+
+            def on_new_master() -> bool:
+                h = admin.hgetall("{sbgate}:entity:orders")
+                b = admin.hgetall("{sbgate}:entity:billing")
+                return h.get("status") == "healthy" and b.get("status") == "failing"
+
+            await eventually(on_new_master, what="the state is on the promoted master")
+
+
+def test_sentinel_urls() -> None:
+    where = parse_sentinel_url("rediss+sentinel://:p%40ss@h1:26380,h2/prod-master/2")
+    assert where.sentinels == [("h1", 26380), ("h2", 26379)]
+    assert (where.master, where.db, where.password, where.username, where.tls) == (
+        "prod-master",
+        2,
+        "p@ss",
+        None,
+        True,
+    )
+    for bad in ("redis+sentinel://h1", "redis+sentinel://h1:x/m", "redis://h1/m"):
+        with pytest.raises(ValueError):
+            parse_sentinel_url(bad)
+    with pytest.raises(ValueError, match="sentinel"):
+        RedisTarget("redis+sentinel://h1/m")  # mode standalone with a sentinel URL

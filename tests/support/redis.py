@@ -22,8 +22,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Self
 
 import pytest
 from redis import Redis as SyncRedis
@@ -46,6 +47,7 @@ class RedisServer:
         timeout: float = 10.0,
         args: Sequence[str] = (),
         tls: bool = False,
+        sentinel: str | None = None,
     ) -> None:
         if REDIS_SERVER is None:
             raise RuntimeError("redis-server not found (apt-get install redis-server)")
@@ -55,6 +57,8 @@ class RedisServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
         self._args = tuple(args)  # more redis-server options (cluster, TLS, ACL...)
+        # A sentinel: its configuration (Sentinel rewrites the file, so it is ours, here).
+        self._sentinel = sentinel
         self.mode = "standalone"  # how a client must talk to it (`RedisTarget.mode`)
         self.client_url = self.url  # what a client is given (a cluster: another node's)
         # TLS on a second port (the plain one stays for `command`), with a self-signed
@@ -96,8 +100,15 @@ class RedisServer:
         """Start it and wait until it answers PING."""
         if self.running:
             return self
+        first: list[str] = []
+        if self._sentinel is not None:
+            conf = self._dir / "sentinel.conf"
+            if not conf.exists():
+                conf.write_text(self._sentinel)
+            first = [str(conf), "--sentinel"]
         args = [
             str(REDIS_SERVER),
+            *first,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
@@ -210,7 +221,47 @@ class RedisServer:
         self.close()
 
 
-class RedisClusterServers:
+class _ServerGroup:
+    """Servers started as one and closed as one (also when starting them fails)."""
+
+    timeout: float
+
+    def servers(self) -> list[RedisServer]:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for server in self.servers():
+            server.close()
+
+    def _until(self, what: str, ok: Callable[[], bool]) -> None:
+        """Poll `ok` (Redis errors count as not yet) until true; TimeoutError after
+        `timeout`."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                if ok():
+                    return
+            except (OSError, RedisError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{type(self).__name__}: {what}")
+            time.sleep(0.05)  # polling processes we own, with a deadline
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RedisClusterServers(_ServerGroup):
     """A Redis Cluster of `masters` redis-server processes we own (no replicas), created with
     `redis-cli --cluster create`, as a self-hosted cluster or Azure Managed Redis under the
     OSS clustering policy presents itself. Each node is a `RedisServer` (kill, pause,
@@ -257,22 +308,16 @@ class RedisClusterServers:
 
     def wait_ok(self) -> None:
         """Until every node says `cluster_state:ok` and agrees on the slot map."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                states = set()
-                maps = set()
-                for node in self.nodes:
-                    with self.admin(node) as r:
-                        states.add(r.cluster("INFO")["cluster_state"])
-                        maps.add(repr(sorted(r.execute_command("CLUSTER", "SLOTS"))))
-                if states == {"ok"} and len(maps) == 1:
-                    return
-            except (OSError, RedisError):
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("the redis cluster did not become ok")
-            time.sleep(0.05)  # polling processes we own, with a deadline
+
+        def ok() -> bool:
+            states, maps = set(), set()
+            for node in self.nodes:
+                with self.admin(node) as r:
+                    states.add(r.cluster("INFO")["cluster_state"])
+                    maps.add(repr(sorted(r.execute_command("CLUSTER", "SLOTS"))))
+            return states == {"ok"} and len(maps) == 1
+
+        self._until("every node ok, one slot map", ok)
 
     def slot(self, key: str) -> int:
         with self.admin(self.nodes[0]) as r:
@@ -321,15 +366,82 @@ class RedisClusterServers:
         for node in self.nodes:
             node.command("FLUSHALL")
 
-    def close(self) -> None:
-        for node in self.nodes:
-            node.close()
+    def servers(self) -> list[RedisServer]:
+        return list(self.nodes)
 
-    def __enter__(self) -> RedisClusterServers:
-        return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+class SentinelGroup(_ServerGroup):
+    """Self-hosted high availability: one master, one replica and three sentinels (quorum
+    2), all ours. `url` is what the gateway is given; `failover()` is `SENTINEL FAILOVER`."""
+
+    def __init__(self, name: str = "sbgate", *, timeout: float = 20.0) -> None:
+        self.name, self.timeout = name, timeout
+        self.master = RedisServer(timeout=timeout)
+        self.replica = RedisServer(timeout=timeout, args=("--replicaof", "127.0.0.1", "0"))
+        self.replica._args = ("--replicaof", "127.0.0.1", str(self.master.port))
+        conf = (
+            f"sentinel monitor {name} 127.0.0.1 {self.master.port} 2\n"
+            f"sentinel down-after-milliseconds {name} 1000\n"
+            f"sentinel failover-timeout {name} 5000\n"
+        )
+        self.sentinels = [RedisServer(timeout=timeout, sentinel=conf) for _ in range(3)]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.name}/0"
+
+    def _admin(self, server: RedisServer) -> SyncRedis:
+        return SyncRedis(port=server.port, decode_responses=True, socket_timeout=self.timeout)
+
+    def master_port(self, sentinel: RedisServer) -> int:
+        with self._admin(sentinel) as r:
+            addr = r.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
+            return int(addr[1])
+
+    def _settled(self, master: RedisServer, replica: RedisServer) -> bool:
+        with self._admin(replica) as r:
+            if r.info("replication").get("master_link_status") != "up":
+                return False
+        for s in self.sentinels:
+            with self._admin(s) as r:
+                state = r.execute_command("SENTINEL", "MASTER", self.name)
+                if isinstance(state, list):  # RESP2: a flat list of names and values
+                    state = dict(zip(state[::2], state[1::2], strict=True))
+                if int(state["port"]) != master.port or int(state["num-slaves"]) < 1:
+                    return False
+                if int(state["num-other-sentinels"]) < 2:
+                    return False
+        return True
+
+    def start(self) -> SentinelGroup:
+        self.master.start()
+        self.replica.start()
+        for s in self.sentinels:
+            s.start()
+        self._until("replica linked, sentinels agree", lambda: self._settled(*self.roles()))
+        return self
+
+    def roles(self) -> tuple[RedisServer, RedisServer]:
+        """(master, replica) as the sentinels see them now."""
+        port = self.master_port(self.sentinels[0])
+        if port == self.master.port:
+            return self.master, self.replica
+        return self.replica, self.master
+
+    def failover(self) -> RedisServer:
+        """Promote the replica; returns the new master once every sentinel names it."""
+        _, new = self.roles()
+        with self._admin(self.sentinels[0]) as r:
+            r.execute_command("SENTINEL", "FAILOVER", self.name)
+        self._until(
+            "promotion seen by every sentinel",
+            lambda: all(self.master_port(s) == new.port for s in self.sentinels),
+        )
+        return new
+
+    def servers(self) -> list[RedisServer]:
+        return [*self.sentinels, self.replica, self.master]
 
 
 class TcpProxy:
