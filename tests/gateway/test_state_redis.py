@@ -60,10 +60,10 @@ class Recorder:
         self.written.append(queue)
 
 
-@pytest.fixture(params=["standalone", "cluster"])
+@pytest.fixture(params=["standalone", "cluster", "tls"])
 def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """Every test that takes it runs on one server and on a 3-master cluster (where it is
-    the node serving the state's slot)."""
+    """Every test that takes it runs on one server, on a 3-master cluster (where it is the
+    node serving the state's slot), and on one server over TLS with a private CA."""
     yield from redis_server_in(request, request.param)
 
 
@@ -76,7 +76,8 @@ def target(where: str | RedisServer | RedisTarget) -> RedisTarget:
     if isinstance(where, RedisTarget):
         return where
     if isinstance(where, RedisServer):
-        return RedisTarget(where.client_url, mode=where.mode)  # type: ignore[arg-type]
+        ca = None if where.ca_file is None else str(where.ca_file)
+        return RedisTarget(where.client_url, mode=where.mode, ca_file=ca)  # type: ignore[arg-type]
     return RedisTarget(where)
 
 

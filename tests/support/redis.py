@@ -515,7 +515,9 @@ def redis_server() -> Iterator[RedisServer]:
     """A fresh redis-server for one test, killed afterwards (even if paused)."""
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed")
-    with RedisServer() as server:
+    with RedisServer(tls=mode == "tls") as server:
+        if mode == "tls":
+            server.client_url = server.tls_url  # faults and `command` keep the plain port
         yield server
 
 
@@ -548,9 +550,10 @@ STATE_TAG = "{sbgate}"
 
 
 def redis_server_in(request: pytest.FixtureRequest, mode: str) -> Iterator[RedisServer]:
-    """For a fixture parametrized over modes: a fresh server (`standalone`), or the node of
-    the session's cluster that serves the state's slot (`cluster`: faults on it are faults
-    of the state's shard; `url` seeds the cluster client)."""
+    """For a fixture parametrized over modes: a fresh server (`standalone`; `tls`: clients
+    use its TLS port and trust its `ca_file`), or the node of the session's cluster that
+    serves the state's slot (`cluster`: faults on it are faults of the state's shard;
+    `client_url` seeds the cluster client)."""
     if mode == "cluster":
         cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
         cluster.heal()
@@ -561,7 +564,9 @@ def redis_server_in(request: pytest.FixtureRequest, mode: str) -> Iterator[Redis
         return
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed")
-    with RedisServer() as server:
+    with RedisServer(tls=mode == "tls") as server:
+        if mode == "tls":
+            server.client_url = server.tls_url  # faults and `command` keep the plain port
         yield server
 
 
