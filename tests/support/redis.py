@@ -515,9 +515,7 @@ def redis_server() -> Iterator[RedisServer]:
     """A fresh redis-server for one test, killed afterwards (even if paused)."""
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed")
-    with RedisServer(tls=mode == "tls") as server:
-        if mode == "tls":
-            server.client_url = server.tls_url  # faults and `command` keep the plain port
+    with RedisServer() as server:
         yield server
 
 
