@@ -846,3 +846,7 @@ def test_redis_mode_credential_and_ca_reach_the_gateway(minimal: dict[str, Any])
     assert ca["secret"]["secretName"] == "s"
     assert settings_of(from_secret, "sbgate").redis_mode == "standalone"
     assert "/redis/mode" in render(merge(MINIMAL, {"redis": {"mode": "ring"}}))["error"]
+    no_identity = merge(MINIMAL, {"redis": {"url": "rediss://r:6380/0", "credential": "workload"}})
+    assert "workloadIdentity.enabled" in render(no_identity)["error"]
+    plain = merge(MINIMAL, {"redis": {"url": "redis://r:6379/0", "mode": "sentinel"}})
+    assert "redis+sentinel://" in render(plain)["error"]

@@ -206,6 +206,12 @@ Deployment template, so `helm install` and `helm template` stop with the message
 {{- if and .Values.workloadIdentity.enabled (not .Values.workloadIdentity.clientId) (not (hasKey .Values.serviceAccount.annotations "azure.workload.identity/client-id")) -}}
 {{- $msgs = append $msgs "workloadIdentity.clientId: the client ID of the identity is required with workloadIdentity.enabled" -}}
 {{- end -}}
+{{- if and (eq .Values.redis.credential "workload") (not .Values.workloadIdentity.enabled) -}}
+{{- $msgs = append $msgs "redis.credential=workload uses the pod's workload identity: set workloadIdentity.enabled (or pick managed)" -}}
+{{- end -}}
+{{- if and (eq .Values.redis.mode "sentinel") (include "sbgate.redis.enabled" .) .Values.redis.url (not (hasPrefix "redis+sentinel://" .Values.redis.url)) (not (hasPrefix "rediss+sentinel://" .Values.redis.url)) -}}
+{{- $msgs = append $msgs "redis.url: redis.mode=sentinel takes a redis+sentinel://h1:26379,h2:26379/<master>/0 URL" -}}
+{{- end -}}
 {{- if and .Values.audit.enabled (not .Values.audit.args) -}}
 {{- $msgs = append $msgs "audit.args: the audit's arguments are required with audit.enabled (at least --ledger, --delivered and --out)" -}}
 {{- end -}}
