@@ -41,6 +41,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.credentials import CredentialProvider
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from gateway.config import RedisMode
 
@@ -189,14 +190,19 @@ class RedisTarget:
             try:
                 async with asyncio.timeout(op_timeout):
                     await node_client.ping()
-                    reply = await node_client.execute_command(  # type: ignore[no-untyped-call]
-                        "COMMAND", "INFO", "SPUBLISH"
-                    )
+                    # Redis 7 knows SPUBLISH; Redis 6 (Azure Cache for Redis) refuses it. A
+                    # probe on a channel of the same slot that nobody hears; not COMMAND
+                    # INFO, whose nil answer for an unknown command redis-py fails to parse.
+                    try:
+                        await node_client.execute_command(  # type: ignore[no-untyped-call]
+                            "SPUBLISH", f"{channel}:probe", ""
+                        )
+                        sharded = True
+                    except ResponseError:
+                        sharded = False
             except BaseException:
                 await node_client.aclose()
                 raise
-            # Redis 7 knows SPUBLISH; Redis 6 (Azure Cache for Redis) answers nil for it.
-            sharded = any(reply.values()) if isinstance(reply, dict) else bool(reply and reply[0])
             sub = Subscriber(node_client.pubsub(), sharded=sharded, own=node_client)
         try:
             await sub.subscribe(channel, op_timeout)

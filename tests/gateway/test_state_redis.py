@@ -651,3 +651,22 @@ async def test_state_in_the_untagged_layout_of_earlier_releases_is_imported_once
         redis_server.restart(empty=False)
         await eventually(lambda: r0.connected and r0.stats.resyncs > resyncs)
         assert r0.get("late").epoch == 0, "the untagged layout is read only once"
+
+
+@pytest.mark.integration  # starts its own cluster
+async def test_a_cluster_without_sharded_pub_sub_falls_back_to_classic_pub_sub() -> None:
+    """Redis 6 (Azure Cache for Redis Premium clustered) has no SPUBLISH: the events go by
+    classic pub/sub, which the cluster bus carries to every node. Stood in for by a Redis 7
+    cluster whose SPUBLISH is renamed away, so `COMMAND INFO SPUBLISH` answers nil."""
+    with RedisClusterServers(args=("--rename-command", "SPUBLISH", "")) as cluster:
+        owner = cluster.owner(STATE_TAG)
+        seed = next(n for n in cluster.nodes if n is not owner)
+        async with replicas(RedisTarget(seed.url, mode="cluster"), n=2) as (stores, _):
+            r0, r1 = stores
+            made = r0.propose(r0.get("orders"), "failed_over", "timeout")
+            await eventually(lambda: r1.get("orders") == made)
+            back = r1.propose(r1.get("orders"), "healthy", "ping")
+            await eventually(lambda: r0.get("orders") == back)
+            with cluster.admin(owner) as admin:
+                assert admin.execute_command("PUBSUB", "NUMSUB", "{sbgate}:events")[1] == 2
+                assert admin.execute_command("PUBSUB", "SHARDNUMSUB", "{sbgate}:events")[1] == 0

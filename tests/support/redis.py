@@ -267,11 +267,14 @@ class RedisClusterServers(_ServerGroup):
     OSS clustering policy presents itself. Each node is a `RedisServer` (kill, pause,
     restart keep its `nodes.conf`, so a restarted node rejoins with its slots, empty)."""
 
-    def __init__(self, masters: int = 3, *, timeout: float = 20.0) -> None:
+    def __init__(
+        self, masters: int = 3, *, timeout: float = 20.0, args: Sequence[str] = ()
+    ) -> None:
         args = (
             "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", "1000",
+            *args,
         )  # fmt: skip
         # The bus port is our own free port too (the default, port + 10000, may not exist).
         self.nodes = [
