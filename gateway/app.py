@@ -492,12 +492,15 @@ def redis_target(settings: Settings) -> RedisTarget:
         except ValueError as exc:
             raise ConfigError(f"redis_credential={settings.redis_credential}: {exc}") from None
         provider = EntraIdCredentials(credential)
-    return RedisTarget(
-        settings.redis_url.get(),
-        mode=settings.redis_mode,
-        ca_file=settings.redis_ca_file,
-        credential_provider=provider,
-    )
+    try:
+        return RedisTarget(
+            settings.redis_url.get(),
+            mode=settings.redis_mode,
+            ca_file=settings.redis_ca_file,
+            credential_provider=provider,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"redis_url / redis_mode: {exc}") from None
 
 
 def shared_credential(settings: Settings) -> SharedCredential:

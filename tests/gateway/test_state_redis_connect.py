@@ -16,7 +16,7 @@ from azure.core.credentials import AccessToken
 from redis import Redis as SyncRedis
 
 from gateway.app import redis_target
-from gateway.config import load_settings
+from gateway.config import ConfigError, load_settings
 from gateway.state import RedisStateStore
 from gateway.state.connect import RedisTarget, parse_sentinel_url
 from gateway.state.entra import EntraIdCredentials, TokenError, object_id
@@ -233,7 +233,9 @@ def sentinel_group() -> Iterator[SentinelGroup]:
 async def test_after_a_sentinel_failover_the_replicas_follow_the_promoted_master(
     sentinel_group: SentinelGroup,
 ) -> None:
-    target = RedisTarget(sentinel_group.url, mode="sentinel")
+    # As the README's recipe says, through the settings.
+    env = {"SBGATE_REDIS_URL": sentinel_group.url, "SBGATE_REDIS_MODE": "sentinel"}
+    target = redis_target(load_settings(env))
     async with two([target, target]) as stores:
         r0, r1 = stores
         assert all(s.connected for s in stores)
@@ -278,3 +280,7 @@ def test_sentinel_urls() -> None:
             parse_sentinel_url(bad)
     with pytest.raises(ValueError, match="sentinel"):
         RedisTarget("redis+sentinel://h1/m")  # mode standalone with a sentinel URL
+    with pytest.raises(ConfigError, match="redis_mode"):
+        redis_target(
+            load_settings({"SBGATE_REDIS_URL": "redis://h1/0", "SBGATE_REDIS_MODE": "sentinel"})
+        )
