@@ -1,7 +1,9 @@
 """How fast a failover decision reaches every replica, and what `get()` costs on the hot path.
 
 Three replicas, each a separate process with its own `RedisStateStore` (its own connections
-and subscriber) on one real redis-server started here on a free port. For each entity:
+and subscriber), in the same run on one real redis-server (`standalone`) and on a real
+3-master Redis Cluster (`cluster`: sharded pub/sub, the replicas seeded with a node that does
+not serve the state's slot), each started here on free ports. For each entity:
 
 * P5 — one replica decides `failed_over`; latency = the last of the 3 replicas applying it
   (its listener ran) minus the moment just before `propose()` on the deciding replica;
@@ -10,7 +12,7 @@ and subscriber) on one real redis-server started here on a free port. For each e
 Times are CLOCK_MONOTONIC, which every process on the machine shares. Also measured: one
 `store.get()` against a plain `dict.get` (the hot path reads memory only).
 
-    .venv/bin/python -m bench.state_bench [--transitions 200]
+    .venv/bin/python -m bench.state_bench [--transitions 200] [--modes standalone,cluster]
 
 Goals: P5 p99 <= 50 ms, P6 p99 <= 100 ms. Prints numbers; asserts nothing.
 """
@@ -28,14 +30,15 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from gateway.state import EntityState, MemoryStateStore, RedisStateStore
-from tests.support.redis import RedisServer
+from gateway.state.connect import RedisTarget
+from tests.support.redis import STATE_TAG, RedisClusterServers, RedisServer
 
 REPLICAS = 3
 
 
-async def _replica(url: str, idx: int, conn: Connection) -> None:
+async def _replica(url: str, mode: Any, idx: int, conn: Connection) -> None:
     """One replica: report every applied change; propose what the parent asks."""
-    store = RedisStateStore(url, f"r{idx}")
+    store = RedisStateStore(RedisTarget(url, mode=mode), f"r{idx}")
 
     def on_entity(s: EntityState) -> None:
         conn.send(("applied", idx, s.entity, s.epoch, time.monotonic()))
@@ -65,8 +68,8 @@ async def _replica(url: str, idx: int, conn: Connection) -> None:
         conn.send(("stats", idx, store.stats.as_dict()))
 
 
-def _replica_main(url: str, idx: int, conn: Connection) -> None:
-    asyncio.run(_replica(url, idx, conn))
+def _replica_main(url: str, mode: str, idx: int, conn: Connection) -> None:
+    asyncio.run(_replica(url, mode, idx, conn))
 
 
 def _recv_until(conns: list[Connection], want: Any, timeout: float = 10.0) -> list[tuple[Any, ...]]:
@@ -119,12 +122,17 @@ def _report(name: str, lat: list[float], goal_ms: float) -> None:
     )
 
 
-def bench_propagation(transitions: int) -> None:
+def bench_propagation(transitions: int, mode: str) -> None:
     ctx = mp.get_context("spawn")  # fresh interpreters: nothing inherited from this loop
-    with RedisServer() as server:
+    with RedisServer() if mode == "standalone" else RedisClusterServers() as backend:
+        if isinstance(backend, RedisClusterServers):
+            owner = backend.owner(STATE_TAG)
+            url = next(n for n in backend.nodes if n is not owner).url
+        else:
+            url = backend.url
         pipes = [ctx.Pipe() for _ in range(REPLICAS)]
         procs = [
-            ctx.Process(target=_replica_main, args=(server.url, i, pipes[i][1]), daemon=True)
+            ctx.Process(target=_replica_main, args=(url, mode, i, pipes[i][1]), daemon=True)
             for i in range(REPLICAS)
         ]
         for p in procs:
@@ -142,7 +150,7 @@ def bench_propagation(transitions: int) -> None:
                 entity = f"contoso/orders-{i}"
                 p5.append(_transition(conns, i % REPLICAS, entity, "failed_over"))
                 p6.append(_transition(conns, (i + 1) % REPLICAS, entity, "healthy"))
-            print(f"3 replicas = 3 processes, each its own RedisStateStore; redis {server.url}")
+            print(f"[{mode}] 3 replicas = 3 processes, each its own RedisStateStore; {url}")
             _report("P5 failover decision -> all 3 replicas applied", p5, 50)
             _report("P6 healthy transition -> all 3 replicas applied", p6, 100)
         finally:
@@ -187,8 +195,10 @@ def bench_get(entities: int = 1000, number: int = 1_000_000) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--transitions", type=int, default=200)
+    parser.add_argument("--modes", default="standalone,cluster")
     args = parser.parse_args(argv)
-    bench_propagation(args.transitions)
+    for mode in args.modes.split(","):
+        bench_propagation(args.transitions, mode.strip())
     bench_get()
     return 0
 

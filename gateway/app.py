@@ -28,11 +28,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
 
-from gateway.config import NamespaceSettings, Settings
+from gateway.config import ConfigError, NamespaceSettings, Settings
 from gateway.core import failover as failover_module
 from gateway.core.backlog import backlog_path
 from gateway.core.closing import CANCEL_GRACE, Closer, stop_after
@@ -57,6 +57,9 @@ from gateway.web.auth import AUTHORIZER, build_authorizer
 from gateway.web.handlers import EDGE, ROUTER, EdgeState, Lifecycle
 from gateway.web.hardening import host_check_middleware, is_loopback
 from gateway.web.openapi import add_openapi_route
+
+if TYPE_CHECKING:
+    from gateway.state.connect import RedisTarget
 
 log = logging.getLogger(__name__)
 
@@ -532,10 +535,37 @@ def default_store_factory(settings: Settings) -> StateStore:
     if settings.redis_url is not None:
         from gateway.state.redis import RedisStateStore
 
-        return RedisStateStore(settings.redis_url.get(), settings.replica_id)
+        return RedisStateStore(redis_target(settings), settings.replica_id)
     from gateway.state.memory import MemoryStateStore
 
     return MemoryStateStore(settings.replica_id)
+
+
+def redis_target(settings: Settings) -> RedisTarget:
+    """How the state store reaches Redis (`redis_url` must be set). With `redis_credential`
+    the store owns an Entra ID credential of that kind, apart from Service Bus's (its
+    tokens are for another scope, and it is closed with the store)."""
+    from gateway.servicebus.identity import create_credential
+    from gateway.state.connect import RedisTarget
+    from gateway.state.entra import EntraIdCredentials
+
+    assert settings.redis_url is not None
+    provider = None
+    if settings.redis_credential != "none":
+        try:
+            credential = create_credential(settings.redis_credential, settings.azure_client_id)
+        except ValueError as exc:
+            raise ConfigError(f"redis_credential={settings.redis_credential}: {exc}") from None
+        provider = EntraIdCredentials(credential)
+    try:
+        return RedisTarget(
+            settings.redis_url.get(),
+            mode=settings.redis_mode,
+            ca_file=settings.redis_ca_file,
+            credential_provider=provider,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"redis_url / redis_mode: {exc}") from None
 
 
 def shared_credential(settings: Settings) -> SharedCredential:

@@ -31,6 +31,8 @@ ENV_PREFIX = "SBGATE_"
 EntityKind = Literal["queue", "topic"]
 LogFormat = Literal["json", "text"]
 CredentialKind = Literal["workload", "managed", "default"]
+RedisMode = Literal["standalone", "cluster", "sentinel"]
+RedisCredential = Literal["none", "workload", "managed", "default"]
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -575,6 +577,26 @@ class Settings:
         None,
         parse=_Text(secret=True),
         doc="shared failover state; without it, in-process (one replica)",
+    )
+    redis_mode: RedisMode = setting(
+        "standalone",
+        parse=_Choice(get_args(RedisMode)),
+        doc="`standalone`: one endpoint (a server, Azure Cache for Redis non-clustered, Azure "
+        "Managed Redis Enterprise policy); `cluster`: the Redis Cluster protocol (Premium "
+        "clustered, Azure Managed Redis OSS policy, a self-hosted cluster); `sentinel`: the "
+        "master that Sentinel names (`redis+sentinel://h1:26379,h2:26379/<master>/0`)",
+    )
+    redis_ca_file: str | None = setting(
+        None,
+        parse=_Text(),
+        doc="PEM CA bundle trusted for `rediss://` in addition to the system store",
+    )
+    redis_credential: RedisCredential = setting(
+        "none",
+        parse=_Choice(get_args(RedisCredential)),
+        doc="`none`: the URL's password (access key), if any; `workload`, `managed`, "
+        "`default`: a Microsoft Entra ID token (as `azure_credential`, with "
+        "`azure_client_id`), user name = the identity's object id, renewed before expiry",
     )
     log_format: LogFormat = setting(
         "json", parse=_Choice(get_args(LogFormat)), doc="log lines as JSON, or text to read"

@@ -1,12 +1,15 @@
 """Failover state shared by every replica through Redis, with memory as the source of reads.
 
-Layout under `<prefix>:` (default `sbgate:`):
+Layout under `{<prefix>}:` (default `{sbgate}:`; the braces make the prefix a Redis Cluster
+hash tag, so every key and the events channel live in one slot and every script is
+single-slot — on a cluster, under both Azure Managed Redis policies, and on one server):
 
 * `entity:<entity>` — a hash per entity: `status`, `epoch`, `since`, `by`, `reason`;
 * `backlog:<queue>` — a hash (`until`, `by`, `reason`) that expires when the disable ends;
 * `lease:<name>` — the holder's replica id, set `NX PX ttl`;
 * `events` — the pub/sub channel every applied change is published on (JSON), and the
-  announcements that a backlog queue holds messages the syphon may move now.
+  announcements that a backlog queue holds messages the syphon may move now (a sharded
+  channel in cluster mode: see `gateway.state.connect`).
 
 Every change is one Lua script, so "check, write, publish" is atomic: a transition applies
 only if the stored epoch is still the one the proposal was built on (compare-and-set); a
@@ -37,14 +40,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
-from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.state.base import SEVERITY, BacklogState, EntityState, StateStore, Status
+from gateway.state.connect import Client, RedisTarget, Subscriber
 from gateway.state.memory import LocalState
 from gateway.supervision import TaskObserver, supervised
 
@@ -196,6 +196,10 @@ return 0
 """
 
 
+# How soon to try again when fetching fresh credentials failed (the old ones still work).
+_RENEW_RETRY = 10.0
+
+
 class _SessionBroken(Exception):
     """A call on this session failed elsewhere (writer, lease): reconnect and resync."""
 
@@ -204,7 +208,8 @@ class _SessionBroken(Exception):
 class _Session:
     """One connection generation: the command client and its registered scripts."""
 
-    client: Redis
+    client: Client
+    publish: str  # PUBLISH, or SPUBLISH when the subscribers listen on a sharded channel
     transition: AsyncScript
     restore: AsyncScript
     disable: AsyncScript
@@ -213,10 +218,13 @@ class _Session:
     release: AsyncScript
 
     @classmethod
-    def open(cls, client: Redis) -> _Session:
-        reg = client.register_script
+    def open(cls, client: Client, publish: str) -> _Session:
+        def reg(lua: str) -> AsyncScript:
+            return client.register_script(lua.replace("'PUBLISH'", f"'{publish}'"))
+
         return cls(
             client,
+            publish,
             reg(_TRANSITION_LUA),
             reg(_RESTORE_LUA),
             reg(_DISABLE_LUA),
@@ -368,7 +376,7 @@ class RedisStateStore(LocalState):
 
     def __init__(
         self,
-        url: str,
+        url: str | RedisTarget,
         replica_id: str,
         *,
         prefix: str = "sbgate",
@@ -382,9 +390,11 @@ class RedisStateStore(LocalState):
         super().__init__(replica_id, clock)
         if op_timeout <= 0 or health_interval <= 0 or max_pending < 1:
             raise ValueError("op_timeout, health_interval and max_pending must be positive")
-        self._url = url
+        self._target = url if isinstance(url, RedisTarget) else RedisTarget(url)
         self._prefix = prefix
-        self._channel = f"{prefix}:events"
+        self._channel = f"{{{prefix}}}:events"
+        # The untagged layout, read once (a cluster never held it: its writes met MOVED).
+        self._legacy_head: str | None = f"{prefix}:" if self._target.mode != "cluster" else None
         self._op_timeout = op_timeout
         self._backoff = reconnect_backoff
         self._health_interval = health_interval
@@ -405,6 +415,9 @@ class RedisStateStore(LocalState):
         self._drained = asyncio.Event()  # the writer found nothing left to write
         self._first_attempt = asyncio.Event()
         self._sessions = 0
+        # Sessions replaced before their credentials expired (`_renew`), not counted as
+        # reconnects: the replica stayed online.
+        self.renewals = 0
         self._tasks: list[asyncio.Task[None]] = []
         # Told when the writer or the supervisor raised and is restarted (metrics; set by
         # the app before `start`).
@@ -460,6 +473,11 @@ class RedisStateStore(LocalState):
             log.error("state task %s did not stop in time", task.get_name())
         self._online.clear()
         self._sess = None
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await self._target.aclose()
+        except Exception as exc:  # an identity library's close; nothing left to protect
+            log.debug("state: closing the redis credentials: %r", exc)
 
     # -- StateStore: hot path (memory only) -------------------------------------------------
 
@@ -712,7 +730,9 @@ class RedisStateStore(LocalState):
             queue = key or None
             event = _written_event(queue, self.replica_id)
             await self._write_pending(
-                self._pending_writes, queue, lambda _: sess.client.publish(self._channel, event)
+                self._pending_writes,
+                queue,
+                lambda _: sess.client.execute_command(sess.publish, self._channel, event),
             )
 
     async def _write_pending(
@@ -859,32 +879,23 @@ class RedisStateStore(LocalState):
     async def _session(self) -> None:
         """Connect, subscribe, resync, go online, then listen until something breaks.
         Always raises; always closes what it opened (bounded)."""
-        client = Redis.from_url(
-            self._url,
-            decode_responses=True,
-            socket_connect_timeout=self._op_timeout,
-            socket_timeout=self._op_timeout,
-            # No retries inside redis-py: a failure must surface here, so that we resync.
-            retry=Retry(NoBackoff(), 0),
-            client_name=f"sbgate-state-{self.replica_id}",
-            # Bytes that are not UTF-8 (anyone may write them) must not fail a whole read:
-            # they are replaced, and the value then fails validation alone.
-            encoding_errors="replace",
-        )
-        pubsub = client.pubsub()
+        try:
+            await self._target.prepare()
+        except Exception as exc:  # no credentials (Entra ID unreachable, no oid claim, ...)
+            self._session_failed("credentials", exc)
+            raise _SessionBroken from exc
+        client: Client | None = None
+        pubsub: Subscriber | None = None
         try:
             self._broken.clear()
-            async with asyncio.timeout(self._op_timeout):
-                await client.ping()
+            # No retries inside redis-py: a failure must surface here, so that we resync.
+            client = await self._target.open_client(
+                op_timeout=self._op_timeout, name=f"sbgate-state-{self.replica_id}"
+            )
             # Subscribe before reading the snapshot: a change made while we read is then
             # either in what we read or in an event we will get (both are idempotent).
-            async with asyncio.timeout(self._op_timeout):
-                await pubsub.subscribe(self._channel)
-                while True:
-                    msg = await pubsub.get_message(timeout=self._op_timeout)
-                    if msg is not None and msg["type"] == "subscribe":
-                        break
-            sess = _Session.open(client)
+            pubsub = await self._target.subscriber(client, self._channel, self._op_timeout)
+            sess = _Session.open(client, pubsub.publish)
             await self._resync(sess)
             if self._broken.is_set():
                 raise _SessionBroken
@@ -898,26 +909,86 @@ class RedisStateStore(LocalState):
             # Announcements published while this replica was not subscribed are lost to it:
             # its syphon looks at every backlog queue instead.
             self._notify_write(None)
-            await self._listen(pubsub)
+            while True:
+                await self._listen(pubsub, self._renew_in())
+                # Only now does listen return: the credentials are about to expire.
+                try:
+                    await self._target.prepare()
+                except Exception as exc:  # the current credentials still work for a while
+                    log.warning("state: renewing the redis credentials failed: %r", exc)
+                    await self._listen(pubsub, _RENEW_RETRY)
+                    continue
+                client, pubsub = await self._renew(client, pubsub)
         except _REDIS_ERRORS as exc:
             self._session_failed("session", exc)
             raise _SessionBroken from exc
         finally:
             self._online.clear()
             self._sess = None
-            await self._dispose(pubsub, client)
+            if client is not None:
+                await self._dispose(pubsub, client)
 
-    async def _listen(self, pubsub: PubSub) -> None:
+    def _renew_in(self) -> float | None:
+        renew_in = self._target.renew_in()
+        # Never sooner than one op_timeout: a provider that keeps answering "now" must not
+        # make us spin through sessions.
+        return None if renew_in is None else max(renew_in, self._op_timeout)
+
+    async def _renew(self, client: Client, pubsub: Subscriber) -> tuple[Client, Subscriber]:
+        """Make before break: open a new client and subscription (the connections fetch
+        fresh credentials), switch every caller to them, keep listening on the new one for
+        `op_timeout` — the bound on any call still running on the old connections — and
+        only then close the old ones. Nothing is missed (both subscriptions overlap), so no
+        resync is needed, and the replica never goes offline. On failure the new
+        connections are closed and the error propagates (the session ends, as on any
+        failure); the old ones are closed in every case."""
+        new_client: Client | None = None
+        new_pubsub: Subscriber | None = None
+        try:
+            new_client = await self._target.open_client(
+                op_timeout=self._op_timeout, name=f"sbgate-state-{self.replica_id}"
+            )
+            new_pubsub = await self._target.subscriber(new_client, self._channel, self._op_timeout)
+            await self._drain(pubsub)
+            self._sess = _Session.open(new_client, new_pubsub.publish)
+            self.renewals += 1
+            log.debug("state: replica %s renewed its redis connections", self.replica_id)
+            await self._listen(new_pubsub, self._op_timeout)
+        except BaseException:
+            if new_client is not None:
+                await self._dispose(new_pubsub, new_client)
+            raise
+        finally:
+            await self._dispose(pubsub, client)
+        return new_client, new_pubsub
+
+    async def _drain(self, pubsub: Subscriber) -> None:
+        """Apply what the old subscription still holds. Called once the new one is
+        confirmed: an event published before that went to the old one only. If the old
+        connection fails instead, a resync on the new session recovers what it held."""
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                await pubsub.drain(f"{{{self._prefix}}}:barrier", self._on_event)
+        except _REDIS_ERRORS as exc:
+            log.info("state: draining the old subscription failed (%r); resyncing", exc)
+            self._resync_needed = True
+            self._wake_writer()
+
+    async def _listen(self, pubsub: Subscriber, duration: float | None = None) -> None:
         """Apply events until the connection dies, goes silent (no PONG within
-        `op_timeout` of a ping), or another call breaks the session."""
+        `op_timeout` of a ping), or another call breaks the session (raises) — or, given a
+        `duration`, until that many seconds have passed (returns)."""
         loop = asyncio.get_running_loop()
         last_heard = loop.time()
+        until = None if duration is None else last_heard + duration
         ping_sent: float | None = None
         while True:
             if self._broken.is_set():
                 raise _SessionBroken
+            if until is not None and loop.time() >= until:
+                return
             async with asyncio.timeout(self._tick + self._op_timeout):
-                msg = await pubsub.get_message(timeout=self._tick)
+                msg = await pubsub.get_message(wait=self._tick)
             now = loop.time()
             if msg is not None:
                 last_heard, ping_sent = now, None
@@ -932,9 +1003,10 @@ class RedisStateStore(LocalState):
                     await pubsub.ping()
                 ping_sent = now
 
-    async def _dispose(self, pubsub: PubSub, client: Redis) -> None:
+    async def _dispose(self, pubsub: Subscriber | None, client: Client) -> None:
         # Best effort and bounded: a stalled server must not hold up a reconnect or close.
-        for closer in (pubsub.aclose, client.aclose):
+        closers = [client.aclose] if pubsub is None else [pubsub.aclose, client.aclose]
+        for closer in closers:
             try:
                 async with asyncio.timeout(self._op_timeout):
                     await closer()
@@ -948,8 +1020,8 @@ class RedisStateStore(LocalState):
         holds unless memory is newer; write back (restore) what memory has newer or Redis
         lacks. Bounded by `resync_timeout`; raises the Redis error if it fails."""
         async with asyncio.timeout(self._resync_timeout):
-            entities = await self._read_all(sess, "entity")
-            backlogs = await self._read_all(sess, "backlog")
+            entities = await self._read_layouts(sess, "entity")
+            backlogs = await self._read_layouts(sess, "backlog")
             now = self._clock()
             # Decide in one synchronous step against memory as it is now.
             restore: list[EntityState] = []
@@ -988,14 +1060,27 @@ class RedisStateStore(LocalState):
             for queue in disable:
                 await self._write_backlog(sess, queue, True)
         self.stats.resyncs += 1
+        self._legacy_head = None  # imported once: from now on only the tagged layout
 
-    async def _read_all(
+    async def _read_layouts(
         self, sess: _Session, kind: str
     ) -> dict[str, dict[str, str] | BaseException]:
-        """Every `<prefix>:<kind>:*` hash, keyed by the name after the prefix; the error
-        instead for a key that could not be read (of another type: one bad key never fails
-        the whole read)."""
-        head = self._key(kind, "")
+        """`_read_all`, plus — on this process's first resync, on one endpoint — the hashes of
+        the untagged layout that releases before the hash tag wrote (`<prefix>:<kind>:`),
+        where the tagged layout lacks them: state decided before an upgrade carries over."""
+        found = await self._read_all(sess, kind)
+        if self._legacy_head is None:
+            return found
+        old = await self._read_all(sess, kind, f"{self._legacy_head}{kind}:")
+        return {**old, **found}
+
+    async def _read_all(
+        self, sess: _Session, kind: str, head: str | None = None
+    ) -> dict[str, dict[str, str] | BaseException]:
+        """Every `{<prefix>}:<kind>:*` hash (or `<head>*`), keyed by the name after it; the
+        error instead for a key that could not be read (of another type: one bad key never
+        fails the whole read)."""
+        head = head if head is not None else self._key(kind, "")
         keys = [k async for k in sess.client.scan_iter(match=_glob_escape(head) + "*", count=500)]
         if not keys:
             return {}
@@ -1008,7 +1093,7 @@ class RedisStateStore(LocalState):
     # -- helpers ----------------------------------------------------------------------------
 
     def _key(self, kind: str, name: str) -> str:
-        return f"{self._prefix}:{kind}:{name}"
+        return f"{{{self._prefix}}}:{kind}:{name}"
 
     def _entity_args(self, s: EntityState) -> list[str | int]:
         event = _entity_event(s).decode()

@@ -3,11 +3,15 @@ one replica is known to all of them; recovery, pinger lease, Redis faults."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from sblocal.testing import ControlClient
 from tests.conftest import GatewayFactory
-from tests.support.redis import RedisServer
+from tests.support.redis import RedisServer, redis_server_in
+from tests.support.redis import redis_cluster as redis_cluster  # the fixture
 from tests.support.waiting import eventually
 
 CLUSTER = {
@@ -20,12 +24,16 @@ CLUSTER = {
 }
 
 
+@pytest.fixture(params=["standalone", "cluster"])
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """One server, and a 3-master Redis Cluster (the node serving the state's slot)."""
+    yield from redis_server_in(request, request.param)
+
+
 async def replicas(gateway: GatewayFactory, redis: RedisServer, n: int, **extra: str) -> list[Any]:
+    where = {"SBGATE_REDIS_URL": redis.client_url, "SBGATE_REDIS_MODE": redis.mode}
     return [
-        await gateway(
-            {**CLUSTER, "SBGATE_REDIS_URL": redis.url, "SBGATE_REPLICA_ID": f"r{i}", **extra}
-        )
-        for i in range(n)
+        await gateway({**CLUSTER, **where, "SBGATE_REPLICA_ID": f"r{i}", **extra}) for i in range(n)
     ]
 
 
@@ -141,15 +149,15 @@ async def test_redis_killed_mid_failover_then_restarted_empty_no_5xx_no_flapping
 async def test_a_key_of_the_wrong_type_cuts_no_replica_off(
     gateway: GatewayFactory, control: ControlClient, redis_server: RedisServer
 ):
-    """`redis-cli SET sbgate:entity:orders failed_over` (a typo) and a backlog disabled
+    """`redis-cli SET {sbgate}:entity:orders failed_over` (a typo) and a backlog disabled
     until inf: every replica stays connected, counts and skips them, and a failover decided
     on one still reaches the other (writing over the bad key)."""
     gws = await replicas(gateway, redis_server, 2, SBGATE_PING_PRIMARY_INTERVAL="60")
-    redis_server.command("SET", "sbgate:entity:orders", "failed_over")
-    redis_server.command("HSET", "sbgate:backlog:orders.backlog.0", "until", "inf")
+    redis_server.command("SET", "{sbgate}:entity:orders", "failed_over")
+    redis_server.command("HSET", "{sbgate}:backlog:orders.backlog.0", "until", "inf")
     redis_server.command(
         "PUBLISH",
-        "sbgate:events",
+        "{sbgate}:events",
         '{"kind": "backlog", "queue": "orders.backlog.0", "until": "inf", "by": "x",'
         ' "reason": "r"}',
     )
@@ -168,6 +176,6 @@ async def test_a_key_of_the_wrong_type_cuts_no_replica_off(
     await control.add_fault("primary", "amqp:internal-error", operation="send", entity="orders")
     assert (await gws[0].post("/orders/messages", data=b"x")).status == 202
     await eventually(lambda: all_in(gws, "failed_over"), within=5)
-    assert redis_server.command("TYPE", "sbgate:entity:orders") == b"+hash"  # written over
+    assert redis_server.command("TYPE", "{sbgate}:entity:orders") == b"+hash"  # written over
     for gw in gws:
         assert "sbgate_redis_connected 1.0" in await (await gw.get("/metrics")).text()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,12 +20,19 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from gateway.state import BacklogState, EntityState, RedisStateStore, StateStore
+from gateway.state.connect import Client, RedisTarget
 from gateway.state.redis import _entity_from_hash
 from tests.support.processes import free_port
-from tests.support.redis import RedisServer, TcpProxy
+from tests.support.redis import (
+    STATE_TAG,
+    RedisClusterServers,
+    RedisServer,
+    TcpProxy,
+    redis_server_in,
+)
 
 # The fixture, until a conftest imports it for every test module.
-from tests.support.redis import redis_server as redis_server
+from tests.support.redis import redis_cluster as redis_cluster
 from tests.support.waiting import eventually, no_hang
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,13 +63,34 @@ class Recorder:
         self.written.append(queue)
 
 
+@pytest.fixture(params=["standalone", "cluster", "tls"])
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """Every test that takes it runs on one server, on a 3-master cluster (where it is the
+    node serving the state's slot), and on one server over TLS with a private CA."""
+    yield from redis_server_in(request, request.param)
+
+
+def standalone(server: RedisServer, why: str) -> None:
+    if server.mode != "standalone":
+        pytest.skip(why)
+
+
+def target(where: str | RedisServer | RedisTarget) -> RedisTarget:
+    if isinstance(where, RedisTarget):
+        return where
+    if isinstance(where, RedisServer):
+        ca = None if where.ca_file is None else str(where.ca_file)
+        return RedisTarget(where.client_url, mode=where.mode, ca_file=ca)  # type: ignore[arg-type]
+    return RedisTarget(where)
+
+
 @asynccontextmanager
 async def replicas(
-    urls: str | list[str], n: int = 3, **kw: Any
+    urls: str | RedisServer | RedisTarget | list[str], n: int = 3, **kw: Any
 ) -> AsyncIterator[tuple[list[RedisStateStore], list[Recorder]]]:
     url_list = urls if isinstance(urls, list) else [urls] * n
     opts = {**FAST, **kw}
-    stores = [RedisStateStore(u, f"r{i}", **opts) for i, u in enumerate(url_list)]
+    stores = [RedisStateStore(target(u), f"r{i}", **opts) for i, u in enumerate(url_list)]
     recs = [Recorder() for _ in stores]
     for s, r in zip(stores, recs, strict=True):
         s.subscribe(r.on_entity, r.on_backlog, r.on_write)
@@ -75,14 +103,14 @@ async def replicas(
 
 
 @pytest.fixture
-async def raw(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url, decode_responses=True)
+async def raw(redis_server: RedisServer) -> AsyncIterator[Client]:
+    client = target(redis_server).client(op_timeout=5, name="test")
     yield client
     await client.aclose()
 
 
-async def stored(raw: Redis, entity: str) -> EntityState | None:
-    h = await raw.hgetall(f"sbgate:entity:{entity}")
+async def stored(raw: Client, entity: str) -> EntityState | None:
+    h = await raw.hgetall(f"{{sbgate}}:entity:{entity}")
     if not h:
         return None
     return EntityState(
@@ -105,9 +133,9 @@ async def test_is_a_state_store(redis_server: RedisServer) -> None:
 
 
 async def test_a_proposal_reaches_every_replica_with_the_same_epoch(
-    redis_server: RedisServer, raw: Redis
+    redis_server: RedisServer, raw: Client
 ) -> None:
-    async with replicas(redis_server.url) as (stores, recs):
+    async with replicas(redis_server) as (stores, recs):
         assert all(s.connected for s in stores)
         r0 = stores[0]
         failing = r0.propose(r0.get("orders"), "failing", "timeout")
@@ -127,9 +155,9 @@ async def test_a_proposal_reaches_every_replica_with_the_same_epoch(
 
 
 async def test_concurrent_conflicting_proposals_converge_on_one_winner(
-    redis_server: RedisServer, raw: Redis
+    redis_server: RedisServer, raw: Client
 ) -> None:
-    async with replicas(redis_server.url) as (stores, recs):
+    async with replicas(redis_server) as (stores, recs):
         entities = [f"queue-{i}" for i in range(20)]
         for e in entities:
             # Same base (epoch 0) on all three, in one loop turn: a real race to Redis.
@@ -164,9 +192,9 @@ async def test_concurrent_conflicting_proposals_converge_on_one_winner(
 
 
 async def test_a_stale_proposal_and_a_stale_event_are_ignored(
-    redis_server: RedisServer, raw: Redis
+    redis_server: RedisServer, raw: Client
 ) -> None:
-    async with replicas(redis_server.url, n=2) as (stores, recs):
+    async with replicas(redis_server, n=2) as (stores, recs):
         r0, r1 = stores
         one = r0.propose(r0.get("orders"), "failing", "timeout")
         assert one is not None
@@ -178,7 +206,8 @@ async def test_a_stale_proposal_and_a_stale_event_are_ignored(
         # A late event (epoch 1) published after epoch 2, then a marker to know it was read.
         late = {"kind": "entity", "entity": "orders", "status": "healthy", "epoch": 1}
         late |= {"since": 1.0, "by": "ghost", "reason": "late"}
-        await raw.publish("sbgate:events", orjson.dumps(late))
+        publish = "SPUBLISH" if redis_server.mode == "cluster" else "PUBLISH"
+        await raw.execute_command(publish, "{sbgate}:events", orjson.dumps(late))
         marker = r0.propose(r0.get("marker"), "failing", "timeout")
         await eventually(lambda: r1.get("marker") == marker)
         assert r1.get("orders") == two
@@ -187,9 +216,9 @@ async def test_a_stale_proposal_and_a_stale_event_are_ignored(
 
 
 async def test_coalesced_writes_end_with_the_newest_state(
-    redis_server: RedisServer, raw: Redis
+    redis_server: RedisServer, raw: Client
 ) -> None:
-    async with replicas(redis_server.url, n=2) as (stores, _):
+    async with replicas(redis_server, n=2) as (stores, _):
         r0, r1 = stores
         state = r0.get("orders")
         for i in range(50):
@@ -204,9 +233,9 @@ async def test_coalesced_writes_end_with_the_newest_state(
 
 
 async def test_a_full_write_queue_falls_back_to_a_resync(
-    redis_server: RedisServer, raw: Redis
+    redis_server: RedisServer, raw: Client
 ) -> None:
-    async with replicas(redis_server.url, n=2, max_pending=2) as (stores, _):
+    async with replicas(redis_server, n=2, max_pending=2) as (stores, _):
         r0, r1 = stores
         made = [r0.propose(r0.get(f"e{i}"), "failing", "timeout") for i in range(6)]
         assert r0.stats.writes_dropped >= 1
@@ -218,7 +247,7 @@ async def test_a_full_write_queue_falls_back_to_a_resync(
 async def test_a_failing_listener_does_not_stop_the_subscriber(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with replicas(redis_server.url, n=2) as (stores, recs):
+    async with replicas(redis_server, n=2) as (stores, recs):
         r0, r1 = stores
 
         def broken(_: EntityState) -> None:
@@ -238,30 +267,30 @@ async def test_a_failing_listener_does_not_stop_the_subscriber(
 
 
 async def test_a_backlog_disable_is_seen_everywhere_and_expires(
-    redis_server: RedisServer, raw: Redis
+    redis_server: RedisServer, raw: Client
 ) -> None:
-    async with replicas(redis_server.url) as (stores, recs):
+    async with replicas(redis_server) as (stores, recs):
         queue = "contoso/x-servicebus-transfer/4"
         until = time.time() + 0.8
         stores[1].disable_backlog(queue, until, "send failed")
         await eventually(lambda: all(s.backlogs_disabled(time.time()) == {queue} for s in stores))
         want = BacklogState(queue, until, "r1", "send failed")
         await eventually(lambda: all(r.backlogs == [want] for r in recs))
-        ttl = await raw.pttl(f"sbgate:backlog:{queue}")
+        ttl = await raw.pttl(f"{{sbgate}}:backlog:{queue}")
         assert 0 < ttl <= 800
         # Expiry: Redis drops the key, and memory stops reporting it, with no event needed.
         await eventually(lambda: all(not s.backlogs_disabled(time.time()) for s in stores))
 
         async def gone() -> bool:
-            return await raw.exists(f"sbgate:backlog:{queue}") == 0
+            return await raw.exists(f"{{sbgate}}:backlog:{queue}") == 0
 
         await eventually(gone)
 
 
 async def test_enabling_a_backlog_puts_it_back_everywhere(
-    redis_server: RedisServer, raw: Redis
+    redis_server: RedisServer, raw: Client
 ) -> None:
-    async with replicas(redis_server.url) as (stores, _):
+    async with replicas(redis_server) as (stores, _):
         far = time.time() + 300
         stores[0].disable_backlog("q1", far, "send failed")
         stores[2].disable_backlog("q1", far - 100, "shorter")  # the later until wins
@@ -269,7 +298,7 @@ async def test_enabling_a_backlog_puts_it_back_everywhere(
         await eventually(lambda: all(s.backlog_states()["q1"].until == far for s in stores))
         stores[1].enable_backlog("q1")
         await eventually(lambda: all(not s.backlogs_disabled(time.time()) for s in stores))
-        assert await raw.exists("sbgate:backlog:q1") == 0
+        assert await raw.exists("{sbgate}:backlog:q1") == 0
 
 
 # -- leases ---------------------------------------------------------------------------------
@@ -281,7 +310,7 @@ async def test_enabling_a_backlog_puts_it_back_everywhere(
 async def test_a_backlog_write_announcement_reaches_every_syphon_once(
     redis_server: RedisServer,
 ) -> None:
-    async with replicas(redis_server.url) as (stores, recs):
+    async with replicas(redis_server) as (stores, recs):
         await eventually(lambda: all(r.written == [None] for r in recs), what="connected")
         stores[0].announce_backlog_write("p/x-servicebus-transfer/1")
         stores[1].announce_backlog_write(None)  # a replica that starts: every queue
@@ -293,7 +322,7 @@ async def test_a_backlog_write_announcement_reaches_every_syphon_once(
 async def test_an_announcement_made_while_redis_is_down_is_covered_once_it_returns(
     redis_server: RedisServer,
 ) -> None:
-    async with replicas(redis_server.url, n=2) as (stores, recs):
+    async with replicas(redis_server, n=2) as (stores, recs):
         await eventually(lambda: all(r.written == [None] for r in recs), what="connected")
         redis_server.kill()
         await eventually(lambda: not any(s.connected for s in stores), what="disconnected")
@@ -311,7 +340,7 @@ async def test_an_announcement_made_while_redis_is_down_is_covered_once_it_retur
 
 
 async def test_exactly_one_of_three_holds_a_lease(redis_server: RedisServer) -> None:
-    async with replicas(redis_server.url) as (stores, _):
+    async with replicas(redis_server) as (stores, _):
         got = await asyncio.gather(*(s.acquire_lease("ping:orders", 5) for s in stores))
         assert sorted(got) == [False, False, True]
         holder = stores[got.index(True)]
@@ -324,7 +353,7 @@ async def test_exactly_one_of_three_holds_a_lease(redis_server: RedisServer) -> 
 
 
 async def test_a_released_lease_moves_to_another_replica(redis_server: RedisServer) -> None:
-    async with replicas(redis_server.url) as (stores, _):
+    async with replicas(redis_server) as (stores, _):
         assert await stores[0].acquire_lease("ping:orders", 30)
         assert not await stores[1].acquire_lease("ping:orders", 30)
         await stores[0].release_lease("ping:orders")
@@ -333,7 +362,7 @@ async def test_a_released_lease_moves_to_another_replica(redis_server: RedisServ
 
 
 async def test_a_lease_not_renewed_moves_after_its_ttl(redis_server: RedisServer) -> None:
-    async with replicas(redis_server.url) as (stores, _):
+    async with replicas(redis_server) as (stores, _):
         ttl = 0.5
         assert await stores[0].acquire_lease("ping:orders", ttl)
         taken = time.monotonic()
@@ -357,9 +386,9 @@ async def test_a_lease_not_renewed_moves_after_its_ttl(redis_server: RedisServer
 
 
 async def test_redis_killed_mid_failover_then_restarted_empty_no_flapping(
-    redis_server: RedisServer, raw: Redis
+    redis_server: RedisServer, raw: Client
 ) -> None:
-    async with replicas(redis_server.url) as (stores, recs):
+    async with replicas(redis_server) as (stores, recs):
         r0, r1, r2 = stores
         failing = r0.propose(r0.get("orders"), "failing", "timeout")
         assert failing is not None
@@ -400,9 +429,9 @@ async def test_redis_killed_mid_failover_then_restarted_empty_no_flapping(
 
 
 async def test_redis_paused_calls_stay_bounded_then_replicas_converge(
-    redis_server: RedisServer, raw: Redis
+    redis_server: RedisServer, raw: Client
 ) -> None:
-    async with replicas(redis_server.url) as (stores, _):
+    async with replicas(redis_server) as (stores, _):
         r0, r1, _r2 = stores
         before = r0.propose(r0.get("orders"), "failing", "timeout")
         await eventually(lambda: agree(stores, "orders", before))
@@ -435,6 +464,7 @@ async def test_redis_paused_calls_stay_bounded_then_replicas_converge(
 async def test_resync_adopts_newer_state_written_while_a_replica_was_away(
     redis_server: RedisServer,
 ) -> None:
+    standalone(redis_server, "a proxy in front of one node: the cluster client bypasses it")
     proxy = await TcpProxy(redis_server.port).start()
     try:
         async with replicas([proxy.url, redis_server.url], n=2) as (stores, recs):
@@ -489,7 +519,7 @@ async def test_start_with_redis_down_returns_then_connects_when_it_comes_up() ->
 
 
 async def test_close_is_bounded_while_redis_is_paused(redis_server: RedisServer) -> None:
-    store = RedisStateStore(redis_server.url, "r0", **FAST)  # type: ignore[arg-type]
+    store = RedisStateStore(target(redis_server), "r0", **FAST)  # type: ignore[arg-type]
     await store.start()
     assert store.connected
     tasks = list(store._tasks)
@@ -505,6 +535,7 @@ async def test_close_is_bounded_while_redis_is_paused(redis_server: RedisServer)
 
 
 def test_the_redis_server_helper_restarts_on_the_same_port(redis_server: RedisServer) -> None:
+    standalone(redis_server, "the helper itself, on one server")
     port = redis_server.port
     assert redis_server.command("SET", "k", "v") == b"+OK"
     redis_server.restart(empty=False)
@@ -548,15 +579,15 @@ async def test_keys_of_the_wrong_type_cut_no_replica_off(
     redis_server: RedisServer, raw: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with replicas(redis_server.url, n=2) as (stores, _):
-        await raw.set("sbgate:entity:orders", "failed_over")  # an operator's typo
-        await raw.rpush("sbgate:entity:events", "a", "b")
-        await raw.set("sbgate:backlog:q1", "300")
-        await raw.hset("sbgate:lease:pinger", mapping={"a": "b"})
-        await raw.set("sbgate:entity:bytes", b"\xff\xfe not utf-8")
-        await raw.hset("sbgate:entity:utf", mapping={"status": b"\xff\xfe", "epoch": b"\xff"})
+        await raw.set("{sbgate}:entity:orders", "failed_over")  # an operator's typo
+        await raw.rpush("{sbgate}:entity:events", "a", "b")
+        await raw.set("{sbgate}:backlog:q1", "300")
+        await raw.hset("{sbgate}:lease:pinger", mapping={"a": "b"})
+        await raw.set("{sbgate}:entity:bytes", b"\xff\xfe not utf-8")
+        await raw.hset("{sbgate}:entity:utf", mapping={"status": b"\xff\xfe", "epoch": b"\xff"})
         with caplog.at_level(logging.WARNING, logger="gateway.state.redis"):
             await _resynced(raw, stores)
-        assert "sbgate:entity:orders" in caplog.text
+        assert "{sbgate}:entity:orders" in caplog.text
         assert all(s.stats.invalid_values.get("resync", 0) >= 5 for s in stores)
         assert _all_agree(stores)
 
@@ -567,7 +598,7 @@ async def test_keys_of_the_wrong_type_cut_no_replica_off(
         assert await stored(raw, "orders") == one
         stores[1].disable_backlog("q1", time.time() + 300, "send failed")
         await eventually(lambda: stores[0].backlogs_disabled(time.time()) == {"q1"})
-        assert await raw.hget("sbgate:backlog:q1", "by") == "r1"
+        assert await raw.hget("{sbgate}:backlog:q1", "by") == "r1"
         # A lease key of the wrong type: taken over, not a broken session.
         assert await stores[0].acquire_lease("pinger", 5.0)
         assert await stores[1].lease_holder("pinger") == "r0"
@@ -579,16 +610,16 @@ async def test_keys_of_the_wrong_type_cut_no_replica_off(
 @pytest.mark.parametrize(
     ("key", "fields"),
     [
-        ("sbgate:backlog:q2", {"until": "inf", "by": "x", "reason": "r"}),
-        ("sbgate:backlog:q2", {"until": "nan", "by": "x", "reason": "r"}),
-        ("sbgate:backlog:q2", {"until": "1e300", "by": "x", "reason": "r"}),
-        ("sbgate:backlog:q2", {"until": "-inf"}),
-        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "5", "since": "nan"}),
-        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "5", "since": "inf"}),
-        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "1e300", "since": "1"}),
-        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "99999999999999999999"}),
-        ("sbgate:entity:e1", {"status": "failed_over", "epoch": "-3"}),
-        ("sbgate:entity:e1", {"status": "bogus", "epoch": "2"}),
+        ("{sbgate}:backlog:q2", {"until": "inf", "by": "x", "reason": "r"}),
+        ("{sbgate}:backlog:q2", {"until": "nan", "by": "x", "reason": "r"}),
+        ("{sbgate}:backlog:q2", {"until": "1e300", "by": "x", "reason": "r"}),
+        ("{sbgate}:backlog:q2", {"until": "-inf"}),
+        ("{sbgate}:entity:e1", {"status": "failed_over", "epoch": "5", "since": "nan"}),
+        ("{sbgate}:entity:e1", {"status": "failed_over", "epoch": "5", "since": "inf"}),
+        ("{sbgate}:entity:e1", {"status": "failed_over", "epoch": "1e300", "since": "1"}),
+        ("{sbgate}:entity:e1", {"status": "failed_over", "epoch": "99999999999999999999"}),
+        ("{sbgate}:entity:e1", {"status": "failed_over", "epoch": "-3"}),
+        ("{sbgate}:entity:e1", {"status": "bogus", "epoch": "2"}),
     ],
 )
 async def test_bad_numbers_in_redis_are_skipped_then_repaired(
@@ -650,7 +681,7 @@ async def test_junk_on_the_channel_changes_nothing_and_breaks_nothing(
 ) -> None:
     async with replicas(redis_server.url, n=2) as (stores, recs):
         for event in JUNK_EVENTS:
-            await raw.publish("sbgate:events", event)
+            await raw.publish("{sbgate}:events", event)
         # A good event after the junk is still applied: the subscriber is alive.
         marker = stores[0].propose(stores[0].get("marker"), "failing", "timeout")
         await eventually(lambda: agree(stores, "marker", marker))
@@ -668,19 +699,19 @@ async def test_a_key_deleted_after_a_bad_value_does_not_break_the_next_resync(
     """`until=inf`, published once, then the key deleted: no replica keeps the queue out of
     rotation, and the next resync (which writes memory back) does not fail."""
     async with replicas(redis_server.url, n=2) as (stores, _):
-        await raw.hset("sbgate:backlog:q5", mapping={"until": "inf", "by": "x", "reason": "r"})
+        await raw.hset("{sbgate}:backlog:q5", mapping={"until": "inf", "by": "x", "reason": "r"})
         await raw.publish(
-            "sbgate:events",
+            "{sbgate}:events",
             b'{"kind": "backlog", "queue": "q5", "until": "inf", "by": "x", "reason": "r"}',
         )
         await raw.publish(
-            "sbgate:events",
+            "{sbgate}:events",
             b'{"kind": "backlog", "queue": "q5", "until": 1e300, "by": "x", "reason": "r"}',
         )
         marker = stores[0].propose(stores[0].get("marker"), "failing", "timeout")
         await eventually(lambda: agree(stores, "marker", marker))
         assert all(not s.backlogs_disabled(time.time()) for s in stores)
-        await raw.delete("sbgate:backlog:q5")
+        await raw.delete("{sbgate}:backlog:q5")
         await _resynced(raw, stores)
         await _resynced(raw, stores)
         assert _all_agree(stores)
@@ -749,7 +780,7 @@ def test_property_junk_among_good_values_never_splits_the_replicas(
                     # Each junk write replaces the key in one transaction (a replica may
                     # write to it at any moment).
                     if kind in ("junk_entity", "junk_backlog"):
-                        key = f"sbgate:{kind[5:]}:{op[1]}"
+                        key = f"{{sbgate}}:{kind[5:]}:{op[1]}"
                         async with raw.pipeline(transaction=True) as pipe:
                             pipe.delete(key)
                             if op[2]:
@@ -757,11 +788,11 @@ def test_property_junk_among_good_values_never_splits_the_replicas(
                             await pipe.execute()
                     elif kind == "wrong_type":
                         async with raw.pipeline(transaction=True) as pipe:
-                            pipe.delete(f"sbgate:{op[1]}")
-                            pipe.rpush(f"sbgate:{op[1]}", "x")
+                            pipe.delete(f"{{sbgate}}:{op[1]}")
+                            pipe.rpush(f"{{sbgate}}:{op[1]}", "x")
                             await pipe.execute()
                     elif kind == "junk_event":
-                        await raw.publish("sbgate:events", op[1])
+                        await raw.publish("{sbgate}:events", op[1])
                     elif kind == "propose":
                         store = stores[op[1]]
                         store.propose(store.get(op[2]), op[3], "test")
@@ -776,10 +807,137 @@ def test_property_junk_among_good_values_never_splits_the_replicas(
                 await _resynced(raw, stores)
                 await eventually(lambda: _all_agree(stores), what="the replicas agree")
                 for entity, state in stores[0].snapshot().items():
-                    held = await raw.hgetall(f"sbgate:entity:{entity}")
+                    held = await raw.hgetall(f"{{sbgate}}:entity:{entity}")
                     assert _entity_from_hash(entity, held) == state
                 assert all(s.stats.reconnects == s.stats.resyncs - 1 for s in stores)
         finally:
             await raw.aclose()
 
     asyncio.run(scenario())
+
+
+# -- cluster --------------------------------------------------------------------------------
+
+
+async def test_every_key_and_the_channel_live_in_the_one_slot_of_the_hash_tag(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    redis_cluster.heal()
+    owner = redis_cluster.owner(STATE_TAG)
+    seed = next(n for n in redis_cluster.nodes if n is not owner)
+    async with replicas(RedisTarget(seed.url, mode="cluster"), n=2) as (stores, _):
+        r0, r1 = stores
+        made = [r0.propose(r0.get(f"p/q-{i}"), "failing", "timeout") for i in range(10)]
+        r1.disable_backlog("p/x-servicebus-transfer/1", time.time() + 300, "send failed")
+        assert await r0.acquire_lease("ping:p/q-0", 30)
+        await eventually(lambda: all(r1.get(m.entity) == m for m in made if m is not None))
+        await eventually(lambda: bool(r0.backlogs_disabled(time.time())))
+        with redis_cluster.admin(owner) as admin:
+            keys = set(admin.keys("*"))
+            assert len(keys) == 12 and all(k.startswith("{sbgate}:") for k in keys)
+            slots = {admin.execute_command("CLUSTER", "KEYSLOT", k) for k in keys}
+            assert slots == {redis_cluster.slot("{sbgate}:events")}
+        # Sharded pub/sub: the subscribers hang on the slot's owner, nowhere else.
+        for node in redis_cluster.nodes:
+            with redis_cluster.admin(node) as admin:
+                subs = admin.execute_command("PUBSUB", "SHARDNUMSUB", "{sbgate}:events")
+                assert subs[1] == (2 if node is owner else 0)
+
+
+async def test_a_slot_migration_during_traffic_loses_nothing(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    """`redis-cli --cluster reshard`'s steps, run while both replicas keep deciding: they
+    follow the slot to its new owner (MOVED/ASK, then the dropped sharded subscription makes
+    them resubscribe there and resync) and converge on what Redis holds."""
+    redis_cluster.heal()
+    owner = redis_cluster.owner(STATE_TAG)
+    others = [n for n in redis_cluster.nodes if n is not owner]
+    async with replicas(RedisTarget(others[0].url, mode="cluster"), n=2) as (stores, recs):
+        r0, r1 = stores
+        stop = asyncio.Event()
+        decided: dict[str, EntityState] = {}
+
+        async def traffic() -> None:
+            i = 0
+            while not stop.is_set():
+                store = stores[i % 2]
+                entity = f"e{i % 16}"
+                status = "failing" if store.get(entity).status == "healthy" else "healthy"
+                new = store.propose(store.get(entity), status, f"step-{i}")
+                if new is not None:
+                    decided[entity] = new
+                i += 1
+                await asyncio.sleep(0.005)  # paces the load; not a wait for a condition
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(traffic())
+            await eventually(lambda: r0.stats.writes + r1.stats.writes >= 20)
+            await asyncio.to_thread(redis_cluster.migrate, STATE_TAG, others[1])
+            writes = r0.stats.writes + r1.stats.writes
+            await eventually(lambda: r0.stats.writes + r1.stats.writes >= writes + 20)
+            stop.set()
+        assert redis_cluster.owner(STATE_TAG) is others[1]
+        # The old owner dropped the sharded subscriptions: each replica opened a new session.
+        await eventually(lambda: all(s.stats.reconnects >= 1 for s in stores))
+        await eventually(lambda: all(s.connected for s in stores), what="on the new owner")
+
+        raw = RedisTarget(others[0].url, mode="cluster").client(op_timeout=5, name="test")
+        try:
+
+            async def converged() -> bool:
+                for entity in decided:
+                    in_redis = await stored(raw, entity)
+                    if in_redis is None or not agree(stores, entity, in_redis):
+                        return False
+                return True
+
+            await eventually(converged, what="both replicas hold what the new owner holds")
+        finally:
+            await raw.aclose()
+        # Still sharing: a decision made now reaches the other replica through the new owner.
+        last = r1.propose(r1.get("after"), "failed_over", "timeout")
+        await eventually(lambda: r0.get("after") == last and recs[0].entities[-1:] == [last])
+
+
+async def test_state_in_the_untagged_layout_of_earlier_releases_is_imported_once(
+    redis_server: RedisServer, raw: Client
+) -> None:
+    """The upgrade path: keys written before the hash tag (`sbgate:entity:<name>`) are read
+    on the first resync, where the tagged layout lacks them; the tagged layout wins."""
+    standalone(redis_server, "a cluster never held the untagged layout")
+    old = {"status": "failed_over", "epoch": "4", "since": "1.5", "by": "old", "reason": "x"}
+    await raw.hset("sbgate:entity:orders", mapping=old)
+    await raw.hset("sbgate:entity:billing", mapping=old)
+    await raw.hset("{sbgate}:entity:billing", mapping={**old, "epoch": "6", "by": "new"})
+    far = time.time() + 300
+    await raw.hset("sbgate:backlog:q1", mapping={"until": repr(far), "by": "old", "reason": "x"})
+    async with replicas(redis_server, n=1) as (stores, _):
+        (r0,) = stores
+        assert r0.get("orders") == EntityState("orders", "failed_over", 4, 1.5, "old", "x")
+        assert r0.get("billing").epoch == 6 and r0.get("billing").by == "new"
+        assert r0.backlogs_disabled(time.time()) == {"q1"}
+        await raw.hset("sbgate:entity:late", mapping=old)  # written after the import
+        resyncs = r0.stats.resyncs
+        redis_server.restart(empty=False)
+        await eventually(lambda: r0.connected and r0.stats.resyncs > resyncs)
+        assert r0.get("late").epoch == 0, "the untagged layout is read only once"
+
+
+@pytest.mark.integration  # starts its own cluster
+async def test_a_cluster_without_sharded_pub_sub_falls_back_to_classic_pub_sub() -> None:
+    """Redis 6 (Azure Cache for Redis Premium clustered) has no SPUBLISH: the events go by
+    classic pub/sub, which the cluster bus carries to every node. Stood in for by a Redis 7
+    cluster whose SPUBLISH is renamed away, so `COMMAND INFO SPUBLISH` answers nil."""
+    with RedisClusterServers(args=("--rename-command", "SPUBLISH", "")) as cluster:
+        owner = cluster.owner(STATE_TAG)
+        seed = next(n for n in cluster.nodes if n is not owner)
+        async with replicas(RedisTarget(seed.url, mode="cluster"), n=2) as (stores, _):
+            r0, r1 = stores
+            made = r0.propose(r0.get("orders"), "failed_over", "timeout")
+            await eventually(lambda: r1.get("orders") == made)
+            back = r1.propose(r1.get("orders"), "healthy", "ping")
+            await eventually(lambda: r0.get("orders") == back)
+            with cluster.admin(owner) as admin:
+                assert admin.execute_command("PUBSUB", "NUMSUB", "{sbgate}:events")[1] == 2
+                assert admin.execute_command("PUBSUB", "SHARDNUMSUB", "{sbgate}:events")[1] == 0

@@ -869,3 +869,41 @@ def test_each_readme_chart_example_installs_and_its_audit_can_run(index: int) ->
         for path in paths:
             local = path.removeprefix("file://")
             assert any(local.startswith(m) for m in mounts), (path, mounts)
+
+
+def test_redis_mode_credential_and_ca_reach_the_gateway(minimal: dict[str, Any]) -> None:
+    env = environment(minimal, "sbgate")
+    assert "SBGATE_REDIS_URL" not in env and "SBGATE_REDIS_MODE" not in env  # no Redis
+    azure = {
+        "redis": {
+            "url": "rediss://contoso.westeurope.redis.azure.net:10000/0",
+            "mode": "cluster",
+            "credential": "workload",
+            "ca": {"configMapName": "corp-ca", "key": "bundle.pem"},
+        },
+        "workloadIdentity": {"enabled": True, "clientId": "11111111-2222-3333-4444-5555"},
+    }
+    result = render(merge(MINIMAL, azure))
+    for deployment in ("sbgate",):
+        settings = settings_of(result, deployment)
+        assert settings.redis_mode == "cluster" and settings.redis_credential == "workload"
+        assert settings.redis_ca_file == "/etc/sbgate-redis-ca/bundle.pem"
+        spec = pod_spec(result, deployment)
+        ca = next(v for v in spec["volumes"] if v["name"] == "redis-ca")
+        assert ca["configMap"]["name"] == "corp-ca"
+        assert ca["configMap"]["items"] == [{"key": "bundle.pem", "path": "bundle.pem"}]
+        mount = next(
+            m for m in container(result, deployment)["volumeMounts"] if m["name"] == "redis-ca"
+        )
+        assert mount == {"name": "redis-ca", "mountPath": "/etc/sbgate-redis-ca", "readOnly": True}
+    from_secret = render(
+        merge(MINIMAL, {"redis": {"url": "rediss://r:6380/0", "ca": {"secretName": "s"}}})
+    )
+    ca = next(v for v in pod_spec(from_secret, "sbgate")["volumes"] if v["name"] == "redis-ca")
+    assert ca["secret"]["secretName"] == "s"
+    assert settings_of(from_secret, "sbgate").redis_mode == "standalone"
+    assert "/redis/mode" in render(merge(MINIMAL, {"redis": {"mode": "ring"}}))["error"]
+    no_identity = merge(MINIMAL, {"redis": {"url": "rediss://r:6380/0", "credential": "workload"}})
+    assert "workloadIdentity.enabled" in render(no_identity)["error"]
+    plain = merge(MINIMAL, {"redis": {"url": "redis://r:6379/0", "mode": "sentinel"}})
+    assert "redis+sentinel://" in render(plain)["error"]

@@ -17,8 +17,11 @@ Both listen on 127.0.0.1 only and record every request in `requests`.
 
 from __future__ import annotations
 
+import base64
+import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,9 +41,20 @@ class TokenRequest:
 
 
 class TokenEndpoint:
-    def __init__(self, cert_dir: Path, *, lifetime: int = 3600) -> None:
+    def __init__(
+        self,
+        cert_dir: Path,
+        *,
+        lifetime: int = 3600,
+        oid: str | None = None,
+        on_issue: Callable[[str], None] | None = None,
+    ) -> None:
         self._cert_dir = cert_dir
         self.lifetime = lifetime
+        # With `oid`: tokens shaped like Entra ID's JWTs (unsigned), carrying that object id,
+        # as Redis reads them. `on_issue` sees each token before the client does.
+        self.oid = oid
+        self.on_issue = on_issue
         self.header_secret = secrets.token_hex(8)
         self.requests: list[TokenRequest] = []
         self.issued: list[str] = []
@@ -51,6 +65,17 @@ class TokenEndpoint:
 
     def _token(self) -> str:
         token = f"local-token-{len(self.issued)}-{secrets.token_hex(4)}"
+        if self.oid is not None:
+            claims = {"oid": self.oid, "exp": int(time.time()) + self.lifetime, "jti": token}
+            token = (
+                ".".join(
+                    base64.urlsafe_b64encode(json.dumps(part).encode()).rstrip(b"=").decode()
+                    for part in ({"alg": "none", "typ": "JWT"}, claims)
+                )
+                + ".local"
+            )
+        if self.on_issue is not None:
+            self.on_issue(token)
         self.issued.append(token)
         return token
 

@@ -27,6 +27,9 @@ COMPONENT_FIXTURES = frozenset(
         "broker",  # tests/conftest.py: sblocal subprocess; tests/broker: in-process broker
         "redis_server",
         "redis_server_factory",
+        "redis_cluster",  # tests/support/redis.py: three cluster nodes
+        "tls_server",  # tests/gateway/test_state_redis_connect.py: a TLS redis-server
+        "sentinel_group",  # tests/gateway/test_state_redis_connect.py: master, replica, sentinels
         "spark",
         "aiohttp_client",
         "aiohttp_server",

@@ -15,26 +15,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Self
 
 import pytest
+from redis import Redis as SyncRedis
+from redis.exceptions import RedisError
 
+from gateway.state.connect import ExpiringCredentialProvider
 from tests.support.processes import free_port
 
 REDIS_SERVER = os.environ.get("SBGATE_TEST_REDIS_SERVER") or shutil.which("redis-server")
+REDIS_CLI = shutil.which("redis-cli")
 
 
 class RedisServer:
     """One redis-server process we own. Blocking methods; each bounded by `timeout`."""
 
-    def __init__(self, port: int | None = None, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        timeout: float = 10.0,
+        args: Sequence[str] = (),
+        tls: bool = False,
+        sentinel: str | None = None,
+    ) -> None:
         if REDIS_SERVER is None:
             raise RuntimeError("redis-server not found (apt-get install redis-server)")
         self.port = port if port is not None else free_port()
@@ -42,10 +56,37 @@ class RedisServer:
         self._dir = Path(tempfile.mkdtemp(prefix="sbgate-redis-"))
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
+        self._args = tuple(args)  # more redis-server options (cluster, TLS, ACL...)
+        # A sentinel: its configuration (Sentinel rewrites the file, so it is ours, here).
+        self._sentinel = sentinel
+        self.mode = "standalone"  # how a client must talk to it (`RedisTarget.mode`)
+        self.client_url = self.url  # what a client is given (a cluster: another node's)
+        # TLS on a second port (the plain one stays for `command`), with a self-signed
+        # certificate for 127.0.0.1 that is its own CA: clients trust it with `ca_file`.
+        self.tls_port: int | None = None
+        self.ca_file: Path | None = None
+        if tls:
+            from sblocal.certs import ensure_dev_cert
+
+            cert, key = ensure_dev_cert(self._dir / "tls")
+            self.tls_port, self.ca_file = free_port(), cert
+            self._args += (
+                "--tls-port", str(self.tls_port),
+                "--tls-cert-file", str(cert),
+                "--tls-key-file", str(key),
+                "--tls-ca-cert-file", str(cert),
+                "--tls-auth-clients", "no",
+            )  # fmt: skip
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def tls_url(self) -> str:
+        """`rediss://` on the TLS port, as Azure Cache for Redis is reached on 6380."""
+        assert self.tls_port is not None, "started without tls=True"
+        return f"rediss://127.0.0.1:{self.tls_port}/0"
 
     @property
     def running(self) -> bool:
@@ -59,8 +100,15 @@ class RedisServer:
         """Start it and wait until it answers PING."""
         if self.running:
             return self
+        first: list[str] = []
+        if self._sentinel is not None:
+            conf = self._dir / "sentinel.conf"
+            if not conf.exists():
+                conf.write_text(self._sentinel)
+            first = [str(conf), "--sentinel"]
         args = [
             str(REDIS_SERVER),
+            *first,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--save", "",
@@ -71,6 +119,7 @@ class RedisServer:
             "--daemonize", "no",
             "--loglevel", "warning",
             "--logfile", str(self._dir / "redis.log"),
+            *self._args,
         ]  # fmt: skip
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
         self._paused = False
@@ -172,6 +221,232 @@ class RedisServer:
         self.close()
 
 
+class _ServerGroup:
+    """Servers started as one and closed as one (also when starting them fails)."""
+
+    timeout: float
+
+    def servers(self) -> list[RedisServer]:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for server in self.servers():
+            server.close()
+
+    def _until(self, what: str, ok: Callable[[], bool]) -> None:
+        """Poll `ok` (Redis errors count as not yet) until true; TimeoutError after
+        `timeout`."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                if ok():
+                    return
+            except (OSError, RedisError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{type(self).__name__}: {what}")
+            time.sleep(0.05)  # polling processes we own, with a deadline
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RedisClusterServers(_ServerGroup):
+    """A Redis Cluster of `masters` redis-server processes we own (no replicas), created with
+    `redis-cli --cluster create`, as a self-hosted cluster or Azure Managed Redis under the
+    OSS clustering policy presents itself. Each node is a `RedisServer` (kill, pause,
+    restart keep its `nodes.conf`, so a restarted node rejoins with its slots, empty)."""
+
+    def __init__(
+        self, masters: int = 3, *, timeout: float = 20.0, args: Sequence[str] = ()
+    ) -> None:
+        args = (
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", "1000",
+            *args,
+        )  # fmt: skip
+        # The bus port is our own free port too (the default, port + 10000, may not exist).
+        self.nodes = [
+            RedisServer(timeout=timeout, args=(*args, "--cluster-port", str(free_port())))
+            for _ in range(masters)
+        ]
+        for node in self.nodes:
+            node.mode = "cluster"
+        self.timeout = timeout
+
+    @property
+    def url(self) -> str:
+        """A seed: the cluster client learns every other node from it."""
+        return self.nodes[0].url
+
+    def admin(self, node: RedisServer) -> SyncRedis:
+        return SyncRedis(port=node.port, decode_responses=True, socket_timeout=self.timeout)
+
+    def start(self) -> RedisClusterServers:
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [
+                str(REDIS_CLI), "--cluster", "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas", "0", "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=self.timeout,
+        )  # fmt: skip
+        self.wait_ok()
+        return self
+
+    def wait_ok(self) -> None:
+        """Until every node says `cluster_state:ok` and agrees on the slot map."""
+
+        def ok() -> bool:
+            states, maps = set(), set()
+            for node in self.nodes:
+                with self.admin(node) as r:
+                    states.add(r.cluster("INFO")["cluster_state"])
+                    maps.add(repr(sorted(r.execute_command("CLUSTER", "SLOTS"))))
+            return states == {"ok"} and len(maps) == 1
+
+        self._until("every node ok, one slot map", ok)
+
+    def slot(self, key: str) -> int:
+        with self.admin(self.nodes[0]) as r:
+            return int(r.execute_command("CLUSTER", "KEYSLOT", key))
+
+    def node_id(self, node: RedisServer) -> str:
+        with self.admin(node) as r:
+            return str(r.execute_command("CLUSTER", "MYID"))
+
+    def owner(self, key: str) -> RedisServer:
+        """The node that serves `key`'s slot."""
+        slot = self.slot(key)
+        with self.admin(self.nodes[0]) as r:
+            for start, end, master, *_ in r.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return next(n for n in self.nodes if n.port == int(master[1]))
+        raise LookupError(f"no node serves slot {slot}")
+
+    def migrate(self, key: str, to: RedisServer) -> None:
+        """Move `key`'s slot, with its keys, to `to` — the steps `redis-cli --cluster
+        reshard` takes: importing/migrating, MIGRATE in batches, then SETSLOT NODE."""
+        slot, source = self.slot(key), self.owner(key)
+        if source is to:
+            return
+        src_id, dst_id = self.node_id(source), self.node_id(to)
+        with self.admin(source) as src, self.admin(to) as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                src.execute_command(
+                    "MIGRATE", "127.0.0.1", to.port, "", 0, 5000, "REPLACE", "KEYS", *keys
+                )
+            for node in (to, source, *(n for n in self.nodes if n not in (to, source))):
+                with self.admin(node) as r:
+                    r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        self.wait_ok()
+
+    def heal(self) -> None:
+        """Every node running and unpaused, the cluster ok, and no data: between tests."""
+        for node in self.nodes:
+            if node._paused:
+                node.resume()
+            if not node.running:
+                node.start()
+        self.wait_ok()
+        for node in self.nodes:
+            node.command("FLUSHALL")
+
+    def servers(self) -> list[RedisServer]:
+        return list(self.nodes)
+
+
+class SentinelGroup(_ServerGroup):
+    """Self-hosted high availability: one master, one replica and three sentinels (quorum
+    2), all ours. `url` is what the gateway is given; `failover()` is `SENTINEL FAILOVER`."""
+
+    def __init__(self, name: str = "sbgate", *, timeout: float = 20.0) -> None:
+        self.name, self.timeout = name, timeout
+        self.master = RedisServer(timeout=timeout)
+        self.replica = RedisServer(timeout=timeout, args=("--replicaof", "127.0.0.1", "0"))
+        self.replica._args = ("--replicaof", "127.0.0.1", str(self.master.port))
+        conf = (
+            f"sentinel monitor {name} 127.0.0.1 {self.master.port} 2\n"
+            f"sentinel down-after-milliseconds {name} 1000\n"
+            f"sentinel failover-timeout {name} 5000\n"
+        )
+        self.sentinels = [RedisServer(timeout=timeout, sentinel=conf) for _ in range(3)]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.name}/0"
+
+    def _admin(self, server: RedisServer) -> SyncRedis:
+        return SyncRedis(port=server.port, decode_responses=True, socket_timeout=self.timeout)
+
+    def master_port(self, sentinel: RedisServer) -> int:
+        with self._admin(sentinel) as r:
+            addr = r.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
+            return int(addr[1])
+
+    def _settled(self, master: RedisServer, replica: RedisServer) -> bool:
+        with self._admin(replica) as r:
+            if r.info("replication").get("master_link_status") != "up":
+                return False
+        for s in self.sentinels:
+            with self._admin(s) as r:
+                state = r.execute_command("SENTINEL", "MASTER", self.name)
+                if isinstance(state, list):  # RESP2: a flat list of names and values
+                    state = dict(zip(state[::2], state[1::2], strict=True))
+                if int(state["port"]) != master.port or int(state["num-slaves"]) < 1:
+                    return False
+                if int(state["num-other-sentinels"]) < 2:
+                    return False
+        return True
+
+    def start(self) -> SentinelGroup:
+        self.master.start()
+        self.replica.start()
+        for s in self.sentinels:
+            s.start()
+        self._until("replica linked, sentinels agree", lambda: self._settled(*self.roles()))
+        return self
+
+    def roles(self) -> tuple[RedisServer, RedisServer]:
+        """(master, replica) as the sentinels see them now."""
+        port = self.master_port(self.sentinels[0])
+        if port == self.master.port:
+            return self.master, self.replica
+        return self.replica, self.master
+
+    def failover(self) -> RedisServer:
+        """Promote the replica; returns the new master once every sentinel names it."""
+        _, new = self.roles()
+        with self._admin(self.sentinels[0]) as r:
+            r.execute_command("SENTINEL", "FAILOVER", self.name)
+        self._until(
+            "promotion seen by every sentinel",
+            lambda: all(self.master_port(s) == new.port for s in self.sentinels),
+        )
+        return new
+
+    def servers(self) -> list[RedisServer]:
+        return [*self.sentinels, self.replica, self.master]
+
+
 class TcpProxy:
     """A loopback TCP forwarder to `127.0.0.1:target_port` that a test can cut and heal:
     one client loses Redis while the others keep it. Runs on the test's event loop."""
@@ -260,3 +535,93 @@ def redis_server_factory() -> Iterator[type[RedisServer]]:
     yield _Tracked
     for server in started:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """One 3-master cluster for the session; `redis_server_in` heals and empties it per test."""
+    if REDIS_SERVER is None or REDIS_CLI is None:
+        pytest.skip("redis-server or redis-cli is not installed")
+    with RedisClusterServers() as cluster:
+        yield cluster
+
+
+# The one hash tag of the default key prefix (`gateway.state.redis`).
+STATE_TAG = "{sbgate}"
+
+
+def redis_server_in(request: pytest.FixtureRequest, mode: str) -> Iterator[RedisServer]:
+    """For a fixture parametrized over modes: a fresh server (`standalone`; `tls`: clients
+    use its TLS port and trust its `ca_file`), or the node of the session's cluster that
+    serves the state's slot (`cluster`: faults on it are faults of the state's shard;
+    `client_url` seeds the cluster client)."""
+    if mode == "cluster":
+        cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+        cluster.heal()
+        owner = cluster.owner(STATE_TAG)
+        # Seeded with a node that does not serve the slot: the first write meets MOVED.
+        owner.client_url = next(n for n in cluster.nodes if n is not owner).url
+        yield owner
+        return
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed")
+    with RedisServer(tls=mode == "tls") as server:
+        if mode == "tls":
+            server.client_url = server.tls_url  # faults and `command` keep the plain port
+        yield server
+
+
+class RotatingAclUsers(ExpiringCredentialProvider):
+    """An Entra ID stand-in on a real server: each credential is a fresh ACL user with a
+    random password, valid for `lifetime` seconds and to be renewed `margin` seconds before
+    that. `expire()` deletes every user past its lifetime, and `ACL DELUSER` closes every
+    connection still authenticated as it — what the service does to a connection whose token
+    expired. (A new user per credential, because changing a password leaves connections
+    authenticated with the old one open.)"""
+
+    def __init__(
+        self, servers: Sequence[RedisServer], lifetime: float = 2.0, margin: float = 1.0
+    ) -> None:
+        # Every node of a cluster keeps its own ACL: a user exists on all of them.
+        self.servers, self.lifetime, self.margin = list(servers), lifetime, margin
+        self._current: tuple[str, str, float] | None = None  # user, password, issued (mono)
+        self._users: dict[str, float] = {}  # user -> when it expires (monotonic)
+        self.issued = 0
+        self.deleted = 0
+
+    def _issue(self) -> tuple[str, str, float]:
+        self.issued += 1
+        user, password = f"sbgate-{self.issued}", secrets.token_hex(16)
+        for server in self.servers:
+            server.command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all")
+        now = time.monotonic()
+        self._users[user] = now + self.lifetime
+        return user, password, now
+
+    async def prepare(self) -> None:
+        if self._current is None or time.monotonic() >= self._current[2] + self.lifetime - (
+            self.margin
+        ):
+            self._current = self._issue()
+
+    async def get_credentials_async(self) -> tuple[str, str]:
+        if self._current is None:
+            await self.prepare()
+        assert self._current is not None
+        return self._current[0], self._current[1]
+
+    def renew_in(self) -> float | None:
+        if self._current is None:
+            return 0.0
+        return self._current[2] + self.lifetime - self.margin - time.monotonic()
+
+    def expire(self) -> int:
+        """Delete the users whose lifetime is over; how many."""
+        now = time.monotonic()
+        gone = [u for u, until in self._users.items() if until <= now]
+        for user in gone:
+            for server in self.servers:
+                server.command("ACL", "DELUSER", user)
+            del self._users[user]
+        self.deleted += len(gone)
+        return len(gone)

@@ -206,6 +206,12 @@ Deployment template, so `helm install` and `helm template` stop with the message
 {{- if and .Values.workloadIdentity.enabled (not .Values.workloadIdentity.clientId) (not (hasKey .Values.serviceAccount.annotations "azure.workload.identity/client-id")) -}}
 {{- $msgs = append $msgs "workloadIdentity.clientId: the client ID of the identity is required with workloadIdentity.enabled" -}}
 {{- end -}}
+{{- if and (eq .Values.redis.credential "workload") (not .Values.workloadIdentity.enabled) -}}
+{{- $msgs = append $msgs "redis.credential=workload uses the pod's workload identity: set workloadIdentity.enabled (or pick managed)" -}}
+{{- end -}}
+{{- if and (eq .Values.redis.mode "sentinel") (include "sbgate.redis.enabled" .) .Values.redis.url (not (hasPrefix "redis+sentinel://" .Values.redis.url)) (not (hasPrefix "rediss+sentinel://" .Values.redis.url)) -}}
+{{- $msgs = append $msgs "redis.url: redis.mode=sentinel takes a redis+sentinel://h1:26379,h2:26379/<master>/0 URL" -}}
+{{- end -}}
 {{- if and .Values.audit.enabled (not .Values.audit.args) -}}
 {{- $msgs = append $msgs "audit.args: the audit's arguments are required with audit.enabled (at least --ledger, --delivered and --out)" -}}
 {{- end -}}
@@ -263,6 +269,16 @@ Pieces shared by the gateway and syphon containers.
     secretKeyRef:
       name: {{ .Values.redis.existingSecret | default (include "sbgate.secretName" .) }}
       key: {{ ternary .Values.redis.existingSecretKey "redis-url" (ne .Values.redis.existingSecret "") }}
+- name: SBGATE_REDIS_MODE
+  value: {{ .Values.redis.mode | quote }}
+{{- if ne .Values.redis.credential "none" }}
+- name: SBGATE_REDIS_CREDENTIAL
+  value: {{ .Values.redis.credential | quote }}
+{{- end }}
+{{- if include "sbgate.redis.ca.enabled" . }}
+- name: SBGATE_REDIS_CA_FILE
+  value: /etc/sbgate-redis-ca/{{ .Values.redis.ca.key }}
+{{- end }}
 {{- end }}
 {{- if include "sbgate.auth.enabled" . }}
 - name: SBGATE_AUTH_RULES_FILE
@@ -271,6 +287,11 @@ Pieces shared by the gateway and syphon containers.
 {{- with .Values.extraEnvVars }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/* A private CA for Redis, from a Secret or a ConfigMap: "true" or "". */}}
+{{- define "sbgate.redis.ca.enabled" -}}
+{{- if and (include "sbgate.redis.enabled" .) (or .Values.redis.ca.secretName .Values.redis.ca.configMapName) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Volumes: /tmp, and /etc/sbgate with the config file and the SAS rules (read-only). */}}
@@ -300,6 +321,20 @@ Pieces shared by the gateway and syphon containers.
               path: {{ .Values.auth.fileName }}
       {{- end }}
 {{- end }}
+{{- if include "sbgate.redis.ca.enabled" . }}
+- name: redis-ca
+  {{- if .Values.redis.ca.secretName }}
+  secret:
+    secretName: {{ .Values.redis.ca.secretName }}
+  {{- else }}
+  configMap:
+    name: {{ .Values.redis.ca.configMapName }}
+  {{- end }}
+    defaultMode: 0444
+    items:
+      - key: {{ .Values.redis.ca.key }}
+        path: {{ .Values.redis.ca.key }}
+{{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
 {{- end }}
@@ -311,6 +346,11 @@ Pieces shared by the gateway and syphon containers.
 {{- if or (include "sbgate.configFile.enabled" .) (include "sbgate.auth.enabled" .) }}
 - name: etc-sbgate
   mountPath: /etc/sbgate
+  readOnly: true
+{{- end }}
+{{- if include "sbgate.redis.ca.enabled" . }}
+- name: redis-ca
+  mountPath: /etc/sbgate-redis-ca
   readOnly: true
 {{- end }}
 {{- with .Values.extraVolumeMounts }}
