@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +33,7 @@ from aiohttp import web
 
 from gateway.config import NamespaceSettings, Settings
 from gateway.core.backlog import backlog_path
-from gateway.core.dispatcher import Destination, Dispatcher
+from gateway.core.dispatcher import Dispatcher
 from gateway.core.entities import EntityCatalog
 from gateway.core.failover import Failover, PairClients
 from gateway.core.ports import NamespaceClient, Tracer
@@ -270,28 +270,22 @@ async def ledger_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The dispatcher (`DISPATCHER`), with senders opened for every declared entity, and
-    each pair's clients and usable backlog queues (`PAIRS`, checked or created now)."""
+    """The dispatcher (`DISPATCHER`), and each pair's clients and usable backlog queues
+    (`PAIRS`, checked or created now). No sender is opened here: an entity's senders open on
+    its first sends (docs/deploy.md#sizing), so start-up costs nothing per declared entity."""
     settings, edge, clients = app[SETTINGS], app[EDGE], app[CLIENTS]
     dispatcher = Dispatcher(
         settings.limits, settings.timeouts, observer=edge.metrics, tracer=edge.tracer
     )
     app[DISPATCHER] = dispatcher
     edge.metrics.bind_admission(lambda: dispatcher.gate.waiting, lambda: dispatcher.gate.used)
-    primaries = _primaries(settings, clients)
-    warm = dispatcher.warm(Destination(primaries[e.pair], e.path) for e in edge.catalog.all())
+    edge.metrics.bind_links(
+        lambda: dispatcher.open_senders, lambda: _open_connections(clients.values())
+    )
     pairs: dict[str, PairClients] = {}
     if app[PLAN].shared_state:
-        # Opening senders and checking backlog queues both take a while: in parallel.
-        pairs, warmed = await asyncio.gather(
-            _pair_clients(settings, clients, app[ADAPTERS].provision), warm
-        )
-    else:
-        warmed = await warm
+        pairs = await _pair_clients(settings, clients, app[ADAPTERS].provision)
     app[PAIRS] = pairs
-    for dest, err in warmed.items():
-        if err:
-            log.warning("could not open senders for %s yet: %s", dest, err)
     try:
         yield
     finally:
@@ -358,6 +352,17 @@ def _primaries(
 ) -> dict[str, NamespaceClient]:
     """Each pair's primary client, by pair name."""
     return {p.name: clients[p.primary.name] for p in settings.pairs}
+
+
+def _open_connections(clients: Iterable[NamespaceClient]) -> int:
+    """AMQP connections the namespace clients' pools hold open (adapters without a pool,
+    such as the null client, count none)."""
+    total = 0
+    for client in clients:
+        pool = getattr(client, "pool", None)
+        if pool is not None:
+            total += pool.open_connections()
+    return total
 
 
 def _start_syphons(app: web.Application) -> list[Syphon]:
@@ -453,7 +458,13 @@ def default_client_factory(
 
     def make(ns: NamespaceSettings) -> NamespaceClient:
         token = credential.get() if ns.connection_string is None else None
-        client = SdkNamespaceClient(ns, settings.timeouts, credential=token, **sdk_kwargs)
+        client = SdkNamespaceClient(
+            ns,
+            settings.timeouts,
+            credential=token,
+            connections=settings.limits.connections_per_namespace,
+            **sdk_kwargs,
+        )
         for e in settings.entities:
             if e.kind == "topic" and settings.pair(e.pair).primary.name == ns.name:
                 client.mark_topic(e.path)

@@ -1,8 +1,10 @@
 """The Service Bus adapter: the only module that drives the azure-servicebus SDK for sending.
 
-One `ServiceBusClient` per namespace, opened at start-up and closed at shutdown. Senders are
-opened once and reused (opening one costs ~0.5 s); the dispatcher uses each one for one
-send at a time (sharing a sender across concurrent sends is unreliable in the SDK, see
+One `ServiceBusClient` per namespace, opened at start-up and closed at shutdown. Every
+sender's link goes over the namespace's small pool of shared AMQP connections
+(`gateway.servicebus.pool`), not over a connection of its own. The dispatcher opens senders
+when an entity's load needs them and reuses them until they sit idle; it uses each one for
+one send at a time (sharing a sender across concurrent sends is unreliable in the SDK, see
 azure-sdk-for-python#36334) and asks for a new one when a failure makes the link suspect.
 """
 
@@ -23,6 +25,7 @@ from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, SendFailure
 from gateway.servicebus import encoding
 from gateway.servicebus.errors import map_exceptions, translate
+from gateway.servicebus.pool import ConnectionPool
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
@@ -80,9 +83,16 @@ def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
 class SdkSender:
     """A `Sender` over one open `ServiceBusSender`."""
 
-    def __init__(self, namespace: str, path: str, sender: ServiceBusSender) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        path: str,
+        sender: ServiceBusSender,
+        release: Callable[[], None] = lambda: None,
+    ) -> None:
         self._where = f"{namespace}/{path}"
         self._sender = sender
+        self._release: Callable[[], None] | None = release
 
     async def send(self, messages: Sequence[OutboundMessage]) -> None:
         if len(messages) == 1 or not encoding.applies():
@@ -134,6 +144,10 @@ class SdkSender:
             await self._sender.close()
         except Exception:  # a broken link may fail to close; it is discarded anyway
             log.debug("closing sender %s failed", self._where, exc_info=True)
+        finally:
+            release, self._release = self._release, None
+            if release is not None:  # its place on the connection, once
+                release()
 
 
 class SdkNamespaceClient:
@@ -142,6 +156,7 @@ class SdkNamespaceClient:
     A namespace given by name authenticates with `credential`, the process's shared one
     (gateway.servicebus.identity), which its owner closes: `close` leaves it open.
     `sdk_kwargs` go to the `ServiceBusClient` (tests: ``use_tls=False`` for the local broker).
+    Sender links share `connections` AMQP connections (`gateway.servicebus.pool`).
     """
 
     def __init__(
@@ -149,6 +164,8 @@ class SdkNamespaceClient:
         settings: NamespaceSettings,
         timeouts: TimeoutSettings,
         credential: AsyncTokenCredential | None = None,
+        *,
+        connections: int = 4,
         **sdk_kwargs: Any,
     ) -> None:
         self._settings = settings
@@ -168,6 +185,7 @@ class SdkNamespaceClient:
             self._client = ServiceBusClient(settings.fully_qualified_namespace, credential, **retry)
         self.credential = credential if settings.connection_string is None else None
         self._topics: set[str] = set()
+        self.pool = ConnectionPool(self._client, connections, settings.name)
 
     @property
     def name(self) -> str:
@@ -183,10 +201,13 @@ class SdkNamespaceClient:
         self._topics.add(path.lower())
 
     async def open_sender(self, path: str) -> SdkSender:
+        # No keep-alive task per link (the SDK's default polls the connection every second
+        # per link): the links of a pooled connection are polled by their sends.
         if path.lower() in self._topics:
-            sender = self._client.get_topic_sender(path)
+            sender = self._client.get_topic_sender(path, keep_alive=None)
         else:
-            sender = self._client.get_queue_sender(path)
+            sender = self._client.get_queue_sender(path, keep_alive=None)
+        slot = self.pool.bind(sender)
         try:
             await sender.__aenter__()
         except BaseException as exc:
@@ -197,10 +218,12 @@ class SdkNamespaceClient:
                     await sender.close()
             except Exception:  # the half-open sender is discarded either way
                 log.debug("closing a half-open sender failed", exc_info=True)
+            finally:
+                self.pool.unbind(slot)
             if isinstance(exc, Exception):
                 raise translate(exc, f"{self.name}/{path}") from exc
             raise
-        return SdkSender(self.name, path, sender)
+        return SdkSender(self.name, path, sender, lambda: self.pool.unbind(slot))
 
     async def close(self) -> None:
         try:
@@ -208,3 +231,4 @@ class SdkNamespaceClient:
                 await self._client.close()
         except Exception:  # shutting down (or a close that hung): nothing more to do
             log.debug("closing namespace client %s failed", self.name, exc_info=True)
+        await self.pool.close()  # after the handlers: they end their sessions on it

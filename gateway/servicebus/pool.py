@@ -1,0 +1,207 @@
+"""A namespace's AMQP connections: a small, bounded pool that every sender link shares.
+
+Why: the azure-servicebus SDK opens one AMQP connection per `ServiceBusSender` (its handler
+creates a pyamqp `Connection` when it is given none). At four senders per entity that is
+four connections per entity: Basic's 100 connections are gone at 25 entities, and each
+connection costs a socket, buffers and a keep-alive task in this process.
+
+How: the SDK's handlers already accept an external connection (`open_async(connection=...)`:
+they then add their own session, `$cbs` token links and link to it, and leave the connection
+open when they close) — the path the SDK keeps switched off (`_connection_sharing = False`)
+because its own connection factory does not build a usable connection for pyamqp. Here the
+pool builds the connection itself, exactly as the handler would (same SASL, TLS options,
+properties and socket timeout, `connection_for`), and `bind` hands it to one sender: every
+time that sender (re)opens its link, it first asks its slot for a live connection, so a
+connection the broker dropped is replaced once and the SDK's own retry then succeeds on the
+new one, as it would on a private connection. Frames read by any handler on a connection are
+dispatched by pyamqp to the session and link they belong to, so handlers polling one socket
+in turn see each other's dispositions (tests/broker/test_pooled_links.py holds this to the
+local broker).
+
+Each slot opens its connection on first use; a link goes to the slot with the fewest links.
+Cancellation: `connection()` may be cancelled (the caller owns the deadline); a half-opened
+connection is then closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from typing import Any
+
+import certifi
+from azure.servicebus._common.utils import create_properties
+from azure.servicebus._pyamqp.aio import Connection
+from azure.servicebus._pyamqp.constants import ConnectionState
+from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
+from azure.servicebus.aio._async_utils import create_authentication
+
+from gateway.servicebus import pyamqp_sharing
+
+log = logging.getLogger(__name__)
+
+# Our deadline on closing a connection (the caller's deadline bounds opening one).
+_CLOSE_TIMEOUT = 5.0
+# States in which a connection will not carry another frame.
+_DEAD = frozenset(
+    {
+        ConnectionState.END,
+        ConnectionState.CLOSE_RCVD,
+        ConnectionState.CLOSE_SENT,
+        ConnectionState.CLOSE_PIPE,
+        ConnectionState.OC_PIPE,
+        ConnectionState.DISCARDING,
+    }
+)
+
+
+def _alive(conn: Connection) -> bool:
+    return conn._error is None and conn.state not in _DEAD
+
+
+class Slot:
+    """One connection of the pool and the number of links bound to it."""
+
+    def __init__(self, pool: ConnectionPool, index: int) -> None:
+        self._pool = pool
+        self.index = index
+        self.links = 0
+        self._conn: Connection | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def open(self) -> bool:
+        return self._conn is not None and _alive(self._conn)
+
+    async def connection(self) -> Connection:
+        """A live connection: the current one, or a new one in place of a dead one."""
+        conn = self._conn
+        if conn is not None and _alive(conn):
+            return conn
+        async with self._lock:  # one opener per slot; the others wait for its connection
+            conn = self._conn
+            if conn is not None and _alive(conn):
+                return conn
+            self._conn = None
+            if conn is not None:
+                await _close_quietly(conn)
+            conn = await self._pool.connection_for(self.index)
+            self._conn = conn
+            return conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await _close_quietly(conn)
+
+
+class ConnectionPool:
+    """Up to `size` AMQP connections to the namespace of `client`, shared by sender links.
+
+    `bind(sender)` makes a new, unopened `ServiceBusSender` open its link on the pool;
+    `unbind` gives the slot back when the sender is closed. `close` closes the connections
+    (never raises); the senders must be closed first."""
+
+    def __init__(self, client: ServiceBusClient, size: int, name: str) -> None:
+        if size < 1:
+            raise ValueError("a connection pool needs at least one connection")
+        self._client = client
+        self._name = name
+        self._slots = [Slot(self, i) for i in range(size)]
+        self._opened = itertools.count(1)
+        # pyamqp shares a connection safely only once patched (the pinned SDK only): without
+        # it, each sender keeps the SDK's own connection.
+        self.sharing = pyamqp_sharing.install()
+
+    @property
+    def size(self) -> int:
+        return len(self._slots)
+
+    def open_connections(self) -> int:
+        """Connections open now (for metrics and tests)."""
+        return sum(1 for s in self._slots if s.open)
+
+    def links(self) -> int:
+        """Sender links bound to the pool now."""
+        return sum(s.links for s in self._slots)
+
+    def bind(self, sender: ServiceBusSender) -> Slot:
+        """Attach `sender` (not opened yet) to the least loaded slot.
+
+        Each time the SDK (re)opens the sender's link it gets the slot's live connection: the
+        SDK's `_open` builds its credential and handler, then opens the handler on the
+        connection we set (`open_handler_with_deadline(handler, sender._connection, ...)`)."""
+        slot = min(self._slots, key=lambda s: s.links)
+        slot.links += 1
+        if not self.sharing:
+            return slot
+        open_link = sender._open
+        create_handler = sender._create_handler
+        pending: list[Connection] = []
+
+        async def _open(timeout: float | None = None) -> None:  # noqa: ASYNC109 (the SDK's)
+            if sender._running:
+                return
+            pending[:] = [await slot.connection()]
+            sender._connection = None  # so `_open` builds this link's own CBS auth
+            await open_link(timeout)
+
+        def _create_handler(auth: Any) -> None:
+            create_handler(auth)
+            sender._connection = pending[0] if pending else None
+
+        patched: Any = sender  # instance attributes shadowing the SDK's methods
+        patched._open = _open
+        patched._create_handler = _create_handler
+        return slot
+
+    def unbind(self, slot: Slot) -> None:
+        slot.links -= 1
+
+    async def connection_for(self, index: int) -> Connection:
+        """A new connection, opened (frames sent; the broker's answer is read by the first
+        handler that polls it), built as the SDK's handler builds its own."""
+        client: Any = self._client
+        config = client._config
+        auth = await create_authentication(client)  # type: ignore[no-untyped-call]
+        if client._ssl_context:
+            ssl_opts: dict[str, Any] = {"context": client._ssl_context}
+        else:
+            ssl_opts = {"ca_certs": client._connection_verify or certifi.where()}
+        scheme = "amqps://" if config.use_tls else "amqp://"
+        conn = Connection(
+            scheme + config.hostname,
+            sasl_credential=auth.sasl,
+            ssl_opts=ssl_opts,
+            container_id=f"sbgate-{self._name}-{index}-{uuid.uuid4().hex[:8]}",
+            properties=create_properties(config.user_agent, amqp_transport=client._amqp_transport),
+            network_trace=config.logging_enable,
+            transport_type=config.transport_type,
+            http_proxy=config.http_proxy,
+            custom_endpoint_address=config.custom_endpoint_address,
+            socket_timeout=config.socket_timeout,
+            use_tls=config.use_tls,
+        )
+        try:
+            await conn.open()
+        except BaseException:
+            await _close_quietly(conn)
+            raise
+        log.debug("namespace %s: connection %d opened (#%d)", self._name, index, next(self._opened))
+        return conn
+
+    async def close(self) -> None:
+        for slot in self._slots:
+            await slot.close()
+
+
+async def _close_quietly(conn: Connection) -> None:
+    try:
+        async with asyncio.timeout(_CLOSE_TIMEOUT):
+            await conn.close()
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # a dead connection may fail to close in any way; it is gone either way
+        log.debug("closing a connection failed", exc_info=True)
