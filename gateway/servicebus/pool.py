@@ -18,6 +18,19 @@ dispatched by pyamqp to the session and link they belong to, so handlers polling
 in turn see each other's dispositions (tests/broker/test_pooled_links.py holds this to the
 local broker).
 
+One reader per connection. pyamqp has no reader task: every handler waiting for an answer
+reads the socket itself (`connection.listen(wait=0.2)`), under the lock that also guards
+writes. Shared by many links, that serializes them all behind whichever handler holds the
+lock waiting for a frame that may not come for 0.2 s, even when its own answer was already
+read by another. So each pooled connection gets its own reader task (`Slot._read`), owned
+by its slot, which reads and dispatches every frame; a handler's `listen` only waits until
+a frame for its own session was dispatched (or its own deadline) and then looks at its own
+state — each handler sees the connection through a `_View` that knows its session, so a
+frame wakes the one handler it is for, not every handler of the connection; and writes take
+a lock of their own, so a send never waits for a read (asyncio's stream reader
+and writer are independent). A reader ends when its connection fails; the handlers then see
+the connection's error, and the slot replaces the connection on the next open.
+
 Each slot opens its connection on first use; a link goes to the slot with the fewest links.
 Cancellation: `connection()` may be cancelled (the caller owns the deadline); a half-opened
 connection is then closed.
@@ -26,14 +39,17 @@ connection is then closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import uuid
+import weakref
 from typing import Any
 
 import certifi
 from azure.servicebus._common.utils import create_properties
 from azure.servicebus._pyamqp.aio import Connection
+from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport
 from azure.servicebus._pyamqp.constants import ConnectionState
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.aio._async_utils import create_authentication
@@ -44,6 +60,9 @@ log = logging.getLogger(__name__)
 
 # Our deadline on closing a connection (the caller's deadline bounds opening one).
 _CLOSE_TIMEOUT = 5.0
+# How long the reader waits for a frame before it looks at the connection again (idle
+# connections: it also sends the empty frames that keep the peer's idle timer reset).
+_READ_WAIT = 0.5
 # States in which a connection will not carry another frame.
 _DEAD = frozenset(
     {
@@ -70,6 +89,22 @@ class Slot:
         self.links = 0
         self._conn: Connection | None = None
         self._lock = asyncio.Lock()
+        self._reader: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._frame = asyncio.Event()  # set (and replaced) each time the reader dispatched
+        # Each handler's view, by the session it began: who to wake for a session's frame.
+        self._views: weakref.WeakKeyDictionary[Any, _View] = weakref.WeakKeyDictionary()
+
+    @property
+    def reading(self) -> bool:
+        return self._reader is not None and not self._reader.done()
+
+    def view(self, conn: Connection) -> _View:
+        """A new handler's view of `conn` (this slot's connection)."""
+        return _View(self, conn)
+
+    def watch(self, session: Any, view: _View) -> None:
+        self._views[session] = view
 
     @property
     def open(self) -> bool:
@@ -85,16 +120,153 @@ class Slot:
             if conn is not None and _alive(conn):
                 return conn
             self._conn = None
+            await self._stop_reader()
             if conn is not None:
                 await _close_quietly(conn)
             conn = await self._pool.connection_for(self.index)
             self._conn = conn
+            self._start_reader(conn)
             return conn
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
+        await self._stop_reader()
         if conn is not None:
             await _close_quietly(conn)
+
+    def _start_reader(self, conn: Connection) -> None:
+        """Give `conn` its reader, its handlers a `listen` that waits for it, and its writes
+        a lock of their own (see the module docstring). Only for the plain TCP/TLS
+        transport; another one (AMQP over WebSockets) keeps pyamqp's own polling."""
+        transport: Any = conn._transport
+        if not isinstance(transport, AsyncTransport):
+            return
+        write_lock = asyncio.Lock()
+        raw_write: Any = transport._write
+
+        async def write(data: bytes) -> None:
+            async with write_lock:
+                try:
+                    await raw_write(data)
+                except OSError:
+                    transport.connected = False
+                    raise
+
+        wire: Any = transport  # the instance's own `write` shadows the class's
+        wire.write = write
+        patched: Any = conn
+        read: Any = patched.listen  # pyamqp's own, for the reader
+        socket_timeout = patched._socket_timeout
+
+        async def listen(wait: float | bool = False, batch: int = 1, **kwargs: Any) -> None:
+            if conn._error:
+                raise conn._error
+            if not self.reading:
+                await read(wait=wait, batch=batch, **kwargs)
+                return
+            timeout = socket_timeout if wait is False or wait is True else wait
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._frame.wait()
+            if conn._error:
+                raise conn._error
+
+        patched.listen = listen
+        dispatch: Any = patched._process_incoming_frame
+        incoming = patched._incoming_endpoints
+
+        async def process(channel: int | None, frame: Any) -> Any:
+            # Wake the handler whose session the frame is for (looked up before: an END
+            # unmaps it; and after: a BEGIN answer maps it), or every handler (connection
+            # frames, and sessions no view began).
+            session = incoming.get(channel) if channel is not None else None
+            try:
+                return await dispatch(channel, frame)
+            finally:
+                if session is None and channel is not None:
+                    session = incoming.get(channel)
+                view = self._views.get(session) if session is not None else None
+                if view is not None:
+                    view.wake()
+                elif frame is not None:
+                    self._wake_all()
+
+        patched._process_incoming_frame = process
+
+        async def reader() -> None:
+            try:
+                while not self._stopping and conn._error is None and conn.state not in _DEAD:
+                    await read(wait=_READ_WAIT)
+                    self._pulse()
+            except Exception:  # the connection failed: its handlers see its error
+                log.debug("namespace %s: connection %d reader ended", self._pool.name, self.index)
+            finally:
+                self._wake_all()
+
+        self._reader = asyncio.create_task(reader(), name=f"amqp reader {self._pool.name}")
+
+    def _pulse(self) -> None:
+        frame, self._frame = self._frame, asyncio.Event()
+        frame.set()
+
+    def _wake_all(self) -> None:
+        for view in list(self._views.values()):
+            view.wake()
+        self._pulse()
+
+    async def _stop_reader(self) -> None:
+        """Stop the reader after its current read (at most `_READ_WAIT`): cancelling it
+        mid-read can leave pyamqp's read waiting for its own cancelled read forever."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            self._stopping = True
+            try:
+                async with asyncio.timeout(_READ_WAIT + _CLOSE_TIMEOUT):
+                    await asyncio.shield(reader)
+            except TimeoutError:
+                reader.cancel()  # our deadline: the connection is closed next anyway
+                log.debug("namespace %s: reader %d did not stop", self._pool.name, self.index)
+            finally:
+                self._stopping = False
+
+
+class _View:
+    """One SDK handler's view of a pooled connection: the pyamqp `Connection` in everything
+    but `listen`, which waits until the slot's reader dispatched a frame to a session this
+    handler began (or to the connection), at most the handler's own wait."""
+
+    def __init__(self, slot: Slot, conn: Connection) -> None:
+        self._slot = slot
+        self._conn: Any = conn
+        self._event = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def create_session(self, **kwargs: Any) -> Any:
+        session = self._conn.create_session(**kwargs)
+        self._slot.watch(session, self)
+        return session
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def listen(self, wait: float | bool = False, batch: int = 1, **kwargs: Any) -> None:
+        conn = self._conn
+        if conn._error:
+            raise conn._error
+        if not self._slot.reading:
+            await conn.listen(wait=wait, batch=batch, **kwargs)
+            return
+        timeout = conn._socket_timeout if wait is False or wait is True else wait
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
+        # Cleared before the handler looks at its state: a frame dispatched from here on
+        # sets it again, so none is missed.
+        self._event.clear()
+        if conn._error:
+            raise conn._error
 
 
 class ConnectionPool:
@@ -108,7 +280,7 @@ class ConnectionPool:
         if size < 1:
             raise ValueError("a connection pool needs at least one connection")
         self._client = client
-        self._name = name
+        self.name = name
         self._slots = [Slot(self, i) for i in range(size)]
         self._opened = itertools.count(1)
         # pyamqp shares a connection safely only once patched (the pinned SDK only): without
@@ -139,12 +311,12 @@ class ConnectionPool:
             return slot
         open_link = sender._open
         create_handler = sender._create_handler
-        pending: list[Connection] = []
+        pending: list[_View] = []
 
         async def _open(timeout: float | None = None) -> None:  # noqa: ASYNC109 (the SDK's)
             if sender._running:
                 return
-            pending[:] = [await slot.connection()]
+            pending[:] = [slot.view(await slot.connection())]
             sender._connection = None  # so `_open` builds this link's own CBS auth
             await open_link(timeout)
 
@@ -175,7 +347,7 @@ class ConnectionPool:
             scheme + config.hostname,
             sasl_credential=auth.sasl,
             ssl_opts=ssl_opts,
-            container_id=f"sbgate-{self._name}-{index}-{uuid.uuid4().hex[:8]}",
+            container_id=f"sbgate-{self.name}-{index}-{uuid.uuid4().hex[:8]}",
             properties=create_properties(config.user_agent, amqp_transport=client._amqp_transport),
             network_trace=config.logging_enable,
             transport_type=config.transport_type,
@@ -189,12 +361,11 @@ class ConnectionPool:
         except BaseException:
             await _close_quietly(conn)
             raise
-        log.debug("namespace %s: connection %d opened (#%d)", self._name, index, next(self._opened))
+        log.debug("namespace %s: connection %d opened (#%d)", self.name, index, next(self._opened))
         return conn
 
     async def close(self) -> None:
-        for slot in self._slots:
-            await slot.close()
+        await asyncio.gather(*(slot.close() for slot in self._slots))
 
 
 async def _close_quietly(conn: Connection) -> None:
