@@ -11,6 +11,8 @@ of them. Printed per count:
 * req/s, and the gateway's CPU per request, each also as a ratio to the 1-entity run;
 * what the gateway holds open at the broker (its census: connections and sender links);
 * the 201 share;
+* the first send to a cold entity (its sender opens) and the next one, one request each,
+  before the load;
 
 then the issue's goals (at 1,000: ready <= 5 s, RSS <= 250 MB, throughput >= 0.5x of one
 entity, <= 16 connections per namespace, 100% 201; at 10,000: ready <= 30 s and serves).
@@ -50,6 +52,8 @@ class Row:
     links: int
     ok_share: float
     statuses: dict[str, int]
+    cold_ms: float
+    warm_ms: float
 
 
 def _broker_config(path: Path, n: int) -> None:
@@ -84,6 +88,7 @@ async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Ro
         ready_s = time.monotonic() - started
         try:
             rss_start = (rss_bytes(gateway.pid) or 0) / MiB
+            cold_ms, warm_ms = await _first_sends(gateway.url + f"/q{n - 1}/messages")
             window = await run_child(
                 "loadgen",
                 "bench.loadgen",
@@ -126,15 +131,33 @@ async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Ro
         links=int(census["links"]),
         ok_share=statuses.get("201", 0) / requests,
         statuses=statuses,
+        cold_ms=cold_ms,
+        warm_ms=warm_ms,
     )
+
+
+async def _first_sends(url: str) -> tuple[float, float]:
+    """Milliseconds for one POST to a cold entity (its sender opens), then for the next."""
+    import aiohttp
+
+    times: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            async with asyncio.timeout(30), session.post(url, data=b"{}") as resp:
+                await resp.read()
+                if resp.status != 201:
+                    raise RuntimeError(f"the first sends got {resp.status}")
+            times.append((time.perf_counter() - t0) * 1000)
+    return times[0], times[1]
 
 
 def _table(rows: list[Row]) -> list[str]:
     base = rows[0] if rows and rows[0].entities == 1 else None
     out = [
         "| entities | ready | RSS start | RSS after load | req/s | x 1 entity | CPU/req "
-        "| x 1 entity | connections | sender links (all links) | 201 share |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| x 1 entity | connections | sender links (all links) | 201 share | cold / warm send |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         rate_x = f"{r.rate / base.rate:.2f}x" if base and base.rate else "—"
@@ -142,7 +165,8 @@ def _table(rows: list[Row]) -> list[str]:
         out.append(
             f"| {r.entities:,} | {r.ready_s:.1f} s | {r.rss_start:.0f} MB | {r.rss_load:.0f} MB "
             f"| {r.rate:,.0f} | {rate_x} | {r.cpu_per_req_us:,.0f} µs | {cpu_x} "
-            f"| {r.connections} | {r.send_links:,} ({r.links:,}) | {r.ok_share:.1%} |"
+            f"| {r.connections} | {r.send_links:,} ({r.links:,}) | {r.ok_share:.1%} "
+            f"| {r.cold_ms:.0f} / {r.warm_ms:.0f} ms |"
         )
     return out
 
