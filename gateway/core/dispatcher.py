@@ -93,12 +93,13 @@ class DispatchObserver:
 class _Worker:
     """One worker task of a lane and the sender it owns (None until it needs one)."""
 
-    __slots__ = ("lane", "sender", "task")
+    __slots__ = ("lane", "last_used", "sender", "task")
 
-    def __init__(self, lane: _Lane) -> None:
+    def __init__(self, lane: _Lane, now: float) -> None:
         self.lane = lane
         self.sender: Sender | None = None
         self.task: asyncio.Task[None] | None = None
+        self.last_used = now  # loop time of its last send (or of its start)
 
 
 class _Lane:
@@ -179,7 +180,7 @@ class Dispatcher:
         self._in_flight = asyncio.Semaphore(limits.max_in_flight)
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self._senders: set[Sender] = set()  # every sender open now
-        # Idle workers holding an open sender, least recently parked first (the LRU).
+        # Workers holding an open sender and not sending, least recently used first (the LRU).
         self._parked: OrderedDict[_Worker, None] = OrderedDict()
         self._closing = False
 
@@ -322,7 +323,7 @@ class Dispatcher:
 
     def _spawn(self, lane: _Lane) -> None:
         """One more worker for `lane`; it takes what is pending once it runs."""
-        w = _Worker(lane)
+        w = _Worker(lane, asyncio.get_running_loop().time())
         lane.workers.append(w)
         lane.starting += 1
         # A fresh context: a worker outlives the request whose send created it, and must not
@@ -345,20 +346,19 @@ class Dispatcher:
             del self._lanes[lane.dest.key]
 
     async def _park(self, w: _Worker) -> bool:
-        """Wait for work; False when none came within `sender_idle_timeout` (the worker
-        then ends). While parked with a sender, the worker is in the LRU of idle senders."""
+        """Wait for work; False when `w` has sent nothing for `sender_idle_timeout` (it then
+        ends). Every parked worker of a lane wakes for each request, and only one takes
+        it: the idle time counts from the last send, not from the last wake-up, or a lane
+        with steady light traffic would never shrink."""
         lane = w.lane
         lane.idle += 1
-        if w.sender is not None:
-            self._parked[w] = None
         try:
-            async with asyncio.timeout(self._limits.sender_idle_timeout):
+            async with asyncio.timeout_at(w.last_used + self._limits.sender_idle_timeout):
                 await lane.wakeup.wait()
         except TimeoutError:
             return bool(lane.pending)  # work arrived just as the wait ran out: take it
         finally:
             lane.idle -= 1
-            self._parked.pop(w, None)
         return True
 
     async def _worker(self, w: _Worker) -> None:
@@ -389,11 +389,15 @@ class Dispatcher:
                         continue
                     lane.busy += 1
                     self._observer.in_flight(1)
+                    self._parked.pop(w, None)  # in use: not a candidate for eviction
                     try:
                         w.sender = await self._deliver(lane, w.sender, groups, opening)
                     finally:
                         lane.busy -= 1
                         self._observer.in_flight(-1)
+                        w.last_used = asyncio.get_running_loop().time()
+                        if w.sender is not None:
+                            self._parked[w] = None  # the most recently used
         finally:
             self._retire(w)
             sender, w.sender = w.sender, None

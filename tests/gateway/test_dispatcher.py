@@ -232,6 +232,41 @@ async def test_an_idle_sender_is_closed_and_its_lane_dropped(make):
     assert client.sent_ids() == ["1", "2"] and client.opened == 2
 
 
+async def test_a_grown_lane_shrinks_back_under_steady_light_traffic(make):
+    """Every parked worker wakes for each request and one takes it: the others' idle time
+    runs on from their last send, so they end while the lane keeps serving."""
+    client = FakeClient()
+    release = asyncio.Event()
+
+    async def held(path: str, messages: Sequence[OutboundMessage]) -> None:
+        if messages[0].message_id.startswith("burst"):
+            await release.wait()
+
+    client.behaviour = held
+    d = make(
+        LimitSettings(senders_per_entity=2, sender_idle_timeout=0.3, admission_timeout=5.0),
+        TimeoutSettings(send_timeout=60.0),
+    )
+    dest = Destination(client, "orders")
+    burst = [asyncio.create_task(d.send(dest, [msg("burst-0")]))]
+    await eventually(lambda: len(client.batches) == 1)
+    burst.append(asyncio.create_task(d.send(dest, [msg("burst-1")])))
+    await eventually(lambda: len(client.batches) == 2)
+    release.set()
+    await asyncio.gather(*burst)
+    assert client.opened == 2
+    sent = 0
+
+    async def one_more_request_then_shrunk() -> bool:
+        nonlocal sent
+        sent += 1
+        await d.send(dest, [msg(f"steady-{sent}")])
+        return client.closed_senders == 1
+
+    await eventually(one_more_request_then_shrunk, within=20.0)
+    assert d.open_senders == 1 and d.lanes == 1
+
+
 async def test_at_max_open_senders_the_least_recently_used_idle_one_is_closed(make):
     client = FakeClient()
     d = make(LimitSettings(max_open_senders=2, sender_idle_timeout=600), TIMEOUTS)
