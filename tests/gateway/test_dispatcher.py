@@ -196,23 +196,35 @@ async def test_nothing_opens_before_an_entity_is_sent_to_and_then_one_sender(mak
     assert client.opened == 1 and d.open_senders == 1 and d.lanes == 1
 
 
-async def test_a_lane_grows_with_its_load_up_to_senders_per_entity_and_no_further(make):
-    client = FakeClient()
-    release = asyncio.Event()
+async def _grow(d: Dispatcher, client: FakeClient, n: int) -> list[asyncio.Task[None]]:
+    """`n` requests to "orders", each sent once the one before is with the broker (its
+    behaviour holds them): each finds every sender busy, so the lane grows to `n`."""
+    sends: list[asyncio.Task[None]] = []
+    for i in range(n):
+        sends.append(asyncio.create_task(d.send(Destination(client, "orders"), [msg(i)])))
+        await eventually(lambda: len(client.batches) == len(sends))
+    return sends
+
+
+def _holding(client: FakeClient, release: asyncio.Event, first: int) -> None:
+    """`client` holds the sends of messages with ids below `first` until `release`."""
 
     async def held(path: str, messages: Sequence[OutboundMessage]) -> None:
-        await release.wait()
+        if int(messages[0].message_id) < first:
+            await release.wait()
 
     client.behaviour = held
+
+
+async def test_a_lane_grows_with_its_load_up_to_senders_per_entity_and_no_further(make):
+    client, release = FakeClient(), asyncio.Event()
+    _holding(client, release, first=1000)
     d = make(
         LimitSettings(max_in_flight=16, senders_per_entity=3, admission_timeout=60.0),
         TimeoutSettings(send_timeout=60.0),
     )
     dest = Destination(client, "orders")
-    sends = []
-    for i in range(3):  # each request finds every sender busy: one more opens
-        sends.append(asyncio.create_task(d.send(dest, [msg(i)])))
-        await eventually(lambda: len(client.batches) == len(sends))
+    sends = await _grow(d, client, 3)
     assert client.opened == 3
     sends += [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(3, 40)]
     await next_tick(5)
@@ -235,32 +247,22 @@ async def test_an_idle_sender_is_closed_and_its_lane_dropped(make):
 async def test_a_grown_lane_shrinks_back_under_steady_light_traffic(make):
     """Every parked worker wakes for each request and one takes it: the others' idle time
     runs on from their last send, so they end while the lane keeps serving."""
-    client = FakeClient()
-    release = asyncio.Event()
-
-    async def held(path: str, messages: Sequence[OutboundMessage]) -> None:
-        if messages[0].message_id.startswith("burst"):
-            await release.wait()
-
-    client.behaviour = held
+    client, release = FakeClient(), asyncio.Event()
+    _holding(client, release, first=2)
     d = make(
         LimitSettings(senders_per_entity=2, sender_idle_timeout=0.3, admission_timeout=5.0),
         TimeoutSettings(send_timeout=60.0),
     )
-    dest = Destination(client, "orders")
-    burst = [asyncio.create_task(d.send(dest, [msg("burst-0")]))]
-    await eventually(lambda: len(client.batches) == 1)
-    burst.append(asyncio.create_task(d.send(dest, [msg("burst-1")])))
-    await eventually(lambda: len(client.batches) == 2)
+    burst = await _grow(d, client, 2)
     release.set()
     await asyncio.gather(*burst)
     assert client.opened == 2
-    sent = 0
+    sent = 2
 
     async def one_more_request_then_shrunk() -> bool:
         nonlocal sent
         sent += 1
-        await d.send(dest, [msg(f"steady-{sent}")])
+        await d.send(Destination(client, "orders"), [msg(sent)])
         return client.closed_senders == 1
 
     await eventually(one_more_request_then_shrunk, within=20.0)
