@@ -44,6 +44,24 @@ from gateway.servicebus.encoding import VERSION_MATCHES
 
 _installed = False
 
+# What `install` replaces or wraps, and the SDK code the pool relies on besides, as they were
+# before any patch: tests/gateway/test_pyamqp_sharing.py pins their sources, so that an SDK
+# change cannot slip past this module and gateway/servicebus/pool.py unread.
+ORIGINALS: dict[str, Any] = {
+    "Session._outgoing_attach": Session._outgoing_attach,
+    "Session.begin": Session.begin,
+    "Session.end": Session.end,
+    "Session._outgoing_transfer": Session._outgoing_transfer,
+    "Link.attach": Link.attach,
+    "Link.detach": Link.detach,
+    "Link._set_state": Link._set_state,
+    "Link._on_session_state_change": Link._on_session_state_change,
+    "Link._outgoing_attach": Link._outgoing_attach,
+    "SenderLink._outgoing_transfer": SenderLink._outgoing_transfer,
+    "SenderLink.update_pending_deliveries": SenderLink.update_pending_deliveries,
+    "SenderLink._incoming_attach": SenderLink._incoming_attach,
+}
+
 
 async def _session_outgoing_attach(self: Any, frame: Any) -> None:
     # The frame is built (with the DETACHED-only fields); mark its link sent before writing.
