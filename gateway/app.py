@@ -195,7 +195,10 @@ def _add_routes(app: web.Application, mode: Mode) -> None:
 async def _metrics_handler(request: web.Request) -> web.StreamResponse:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    body = generate_latest(request.app[EDGE].metrics.registry)
+    # In a worker thread: with thousands of entities a scrape renders tens of thousands of
+    # series (seconds of CPU at 10,000 entities, docs/deploy.md#sizing), which on the event
+    # loop would stall every send meanwhile. prometheus_client's values are thread-safe.
+    body = await asyncio.to_thread(generate_latest, request.app[EDGE].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
