@@ -198,8 +198,18 @@ class Slot:
                 while not self._stopping and conn._error is None and conn.state not in _DEAD:
                     await read(wait=_READ_WAIT)
                     self._pulse()
-            except Exception:  # the connection failed: its handlers see its error
-                log.debug("namespace %s: connection %d reader ended", self._pool.name, self.index)
+            except Exception:
+                if _alive(conn):
+                    # A frame pyamqp failed to process, the connection still up: its handlers
+                    # go back to reading it themselves (`listen`), as without a pool.
+                    log.warning(
+                        "namespace %s: connection %d reader failed; its links poll it",
+                        self._pool.name,
+                        self.index,
+                        exc_info=True,
+                    )
+                else:  # the connection failed: its handlers see its error
+                    log.debug("namespace %s: reader %d ended", self._pool.name, self.index)
             finally:
                 self._wake_all()
 
