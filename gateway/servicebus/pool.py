@@ -333,6 +333,7 @@ class ConnectionPool:
         def _create_handler(auth: Any) -> None:
             create_handler(auth)
             sender._connection = pending[0] if pending else None
+            _ready_at_once(sender._handler)
 
         patched: Any = sender  # instance attributes shadowing the SDK's methods
         patched._open = _open
@@ -376,6 +377,24 @@ class ConnectionPool:
 
     async def close(self) -> None:
         await asyncio.gather(*(slot.close() for slot in self._slots))
+
+
+def _ready_at_once(handler: Any) -> None:
+    """Make `handler.client_ready_async` return only once the link is ready.
+
+    The SDK opens a link by calling it until it answers True, sleeping 50 ms after each
+    False: with the session, the `$cbs` exchange and the attach, four calls and ~150 ms of
+    sleep per cold sender (docs/deploy.md#sizing). Every False path already waited for a
+    frame (`listen`: here, for one to this handler's session), so looping at once costs no
+    busy wait; the SDK's deadline around each call still bounds it (it is cancellable)."""
+    ready: Any = handler.client_ready_async
+
+    async def client_ready_async() -> bool:
+        while not await ready():  # noqa: ASYNC110 (each False already waited for a frame)
+            await asyncio.sleep(0)  # a yield, should one ever not have
+        return True
+
+    handler.client_ready_async = client_ready_async
 
 
 async def _close_quietly(conn: Connection) -> None:

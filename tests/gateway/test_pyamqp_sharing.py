@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from azure.servicebus._pyamqp.aio import Connection
-from azure.servicebus._pyamqp.aio._client_async import AMQPClientAsync
+from azure.servicebus._pyamqp.aio._client_async import AMQPClientAsync, SendClientAsync
 from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport, AsyncTransportMixin
 from azure.servicebus.aio import ServiceBusSender
 
@@ -37,6 +37,9 @@ RELIED_ON: dict[str, str] = {
     "ServiceBusSender._create_handler": "9335ab1d2e2c4b80",
     "AMQPClientAsync.open_async": "dd1a3d4ff9645693",
     "AMQPClientAsync.close_async": "f0d0f8d8ce5abfaf",
+    "AMQPClientAsync.client_ready_async": "1b1589bf969b7fa9",
+    "AMQPClientAsync.auth_complete_async": "9829ffa7655017aa",
+    "SendClientAsync._client_ready_async": "f1ead58047b369af",
     "Connection.listen": "7044b5a2b2337d3d",
     "Connection._read_frame": "3f769504f8d7fec4",
     "Connection._process_incoming_frame": "fe16ec45aba163b2",
@@ -55,6 +58,9 @@ def _relied_on() -> dict[str, Any]:
         "ServiceBusSender._create_handler": ServiceBusSender._create_handler,
         "AMQPClientAsync.open_async": AMQPClientAsync.open_async,
         "AMQPClientAsync.close_async": AMQPClientAsync.close_async,
+        "AMQPClientAsync.client_ready_async": AMQPClientAsync.client_ready_async,
+        "AMQPClientAsync.auth_complete_async": AMQPClientAsync.auth_complete_async,
+        "SendClientAsync._client_ready_async": SendClientAsync._client_ready_async,
         "Connection.listen": Connection.listen,
         "Connection._read_frame": Connection._read_frame,
         "Connection._process_incoming_frame": Connection._process_incoming_frame,
