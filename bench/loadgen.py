@@ -7,6 +7,10 @@ another core: the load generator must never be the bottleneck of a server benchm
     python -m bench.loadgen --url http://127.0.0.1:8080/queues/orders/messages \\
         --connections 64 --warmup 1 --duration 5
     python -m bench.loadgen --url ... --connections 100 --count 100   # one burst
+    python -m bench.loadgen --url http://127.0.0.1:8080/q{i}/messages --entities 1000
+
+With ``--entities N`` the URL's ``{i}`` takes the values 0..N-1 in turn, request after
+request over all connections (traffic spread round-robin over N entities).
 
 Protocol on stdout (see `bench.harness`): (with ``--sync``: ``READY``, then it waits for a
 line on stdin), ``START``, ``END``, ``RESULT <json>`` with
@@ -90,7 +94,7 @@ class _Connection(asyncio.Protocol):
             return False
         self.busy = True
         self._sent_at = time.perf_counter()
-        self._transport.write(self._gen.request)
+        self._transport.write(self._gen.next_request())
         return True
 
     def data_received(self, data: bytes) -> None:
@@ -129,11 +133,12 @@ class _Connection(asyncio.Protocol):
 class LoadGenerator:
     """Keeps `connections` requests in flight until told to stop, or `count` are sent."""
 
-    def __init__(self, url: str, request: bytes, connections: int) -> None:
+    def __init__(self, url: str, request: bytes | list[bytes], connections: int) -> None:
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
-        self.request = request
+        self.requests = request if isinstance(request, list) else [request]
+        self._turn = 0
         self.n = connections
         self.stats = _Stats()
         self.conns: list[_Connection] = []
@@ -147,6 +152,13 @@ class LoadGenerator:
         for _ in range(self.n):
             _, proto = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
             self.conns.append(proto)
+
+    def next_request(self) -> bytes:
+        requests = self.requests
+        if len(requests) == 1:
+            return requests[0]
+        self._turn = (self._turn + 1) % len(requests)
+        return requests[self._turn]
 
     def may_send(self) -> bool:
         if not self.sending:
@@ -199,8 +211,11 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     headers = dict(h.split(":", 1) for h in args.header)
-    request = build_request(args.url, make_body(args.body_size), headers)
-    gen = LoadGenerator(args.url, request, args.connections)
+    body = make_body(args.body_size)
+    requests = [
+        build_request(args.url.replace("{i}", str(i)), body, headers) for i in range(args.entities)
+    ]
+    gen = LoadGenerator(args.url, requests, args.connections)
     await gen.connect()
     try:
         if args.warmup > 0 and args.count is None:
@@ -265,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--count", type=int, help="send exactly this many requests, then stop")
     parser.add_argument("--body-size", type=int, default=1024)
+    parser.add_argument(
+        "--entities", type=int, default=1, help="requests cycle {i} in the URL over 0..N-1"
+    )
     parser.add_argument("--header", action="append", default=[], help="'Name: value'")
     parser.add_argument("--drain-timeout", type=float, default=15.0)
     parser.add_argument(

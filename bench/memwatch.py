@@ -93,6 +93,26 @@ class GatewayOnBroker:
         return self.broker.control
 
 
+def broker_env(broker: Any, extra: Mapping[str, str]) -> dict[str, str]:
+    """Gateway settings (`SBGATE_*`) for the local broker's `primary` and `secondary`
+    namespaces (failover on, warnings only), then `extra`."""
+    env = {
+        "SBGATE_REPLICA_ID": "bench",
+        "SBGATE_LOG_LEVEL": "WARNING",
+        "SBGATE_ENABLE_FAILOVER": "true",
+        "SBGATE_PRIMARY_NAME": "primary",
+        "SBGATE_SECONDARY_NAME": "secondary",
+    }
+    for role in ("primary", "secondary"):
+        env[f"SBGATE_{role.upper()}_CONNECTION_STRING"] = broker.connection_string(role)
+        if cs := broker.management_connection_string(role):
+            env[f"SBGATE_{role.upper()}_ADMIN_CONNECTION_STRING"] = cs
+        if broker.ca_cert:
+            env[f"SBGATE_{role.upper()}_ADMIN_CA_CERT"] = broker.ca_cert
+    env.update(extra)
+    return env
+
+
 @contextlib.asynccontextmanager
 async def gateway_on_broker(
     cores: Cores, extra: Mapping[str, str]
@@ -104,21 +124,7 @@ async def gateway_on_broker(
     await broker.astart()
     try:
         pin(broker.pid, cores.rest)
-        env = {
-            "SBGATE_ENTITIES": "queue:orders,topic:events",
-            "SBGATE_REPLICA_ID": "bench",
-            "SBGATE_LOG_LEVEL": "WARNING",
-            "SBGATE_ENABLE_FAILOVER": "true",
-            "SBGATE_PRIMARY_NAME": "primary",
-            "SBGATE_SECONDARY_NAME": "secondary",
-        }
-        for role in ("primary", "secondary"):
-            env[f"SBGATE_{role.upper()}_CONNECTION_STRING"] = broker.connection_string(role)
-            if cs := broker.management_connection_string(role):
-                env[f"SBGATE_{role.upper()}_ADMIN_CONNECTION_STRING"] = cs
-            if broker.ca_cert:
-                env[f"SBGATE_{role.upper()}_ADMIN_CA_CERT"] = broker.ca_cert
-        env.update(extra)
+        env = broker_env(broker, {"SBGATE_ENTITIES": "queue:orders,topic:events", **extra})
         gateway = await Server.start("gateway", "gateway", env, cpus=cores.subject, sink="sdk")
         try:
             await broker.control.reset()

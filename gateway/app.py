@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,7 +36,7 @@ from gateway.config import ConfigError, NamespaceSettings, Settings
 from gateway.core import failover as failover_module
 from gateway.core.backlog import backlog_path
 from gateway.core.closing import CANCEL_GRACE, Closer, stop_after
-from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Destination, Dispatcher
+from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Dispatcher
 from gateway.core.entities import EntityCatalog
 from gateway.core.failover import Failover, PairClients
 from gateway.core.looplag import LoopLag
@@ -125,6 +125,8 @@ def cleanup_bounds(settings: Settings) -> dict[str, float]:
     Redis or the SDK do (docs/design.md#the-app-factory). The contexts run one after the
     other, so a shutdown's cleanup takes at most their sum (`tracer_ctx`: the exporter's
     own deadline, `otlp_timeout` + 1 s, when tracing is on)."""
+    from gateway.servicebus.client import POOL_CLOSE_TIMEOUT
+
     syphon_grace = min(settings.shutdown.shutdown_timeout, settings.timeouts.send_timeout)
     return {
         "lifecycle_ctx": 0.0,
@@ -135,7 +137,8 @@ def cleanup_bounds(settings: Settings) -> dict[str, float]:
         "ledger_ctx": ledger_settings(settings).close_timeout,
         # RedisStateStore.close: a flush, then its tasks (op_timeout = 1 s)
         "state_ctx": 4.0,
-        "clients_ctx": CLOSE_TIMEOUT + 2 * CANCEL_GRACE,  # in parallel
+        # in parallel: the SDK client, then its pooled connections (SdkNamespaceClient.close)
+        "clients_ctx": CLOSE_TIMEOUT + POOL_CLOSE_TIMEOUT + 2 * CANCEL_GRACE,
         "credential_ctx": CLOSE_TIMEOUT + CANCEL_GRACE,
         "tracer_ctx": settings.tracing.otlp_timeout / 1000 + 1.0,
         "loop_lag_ctx": 0.0,
@@ -237,7 +240,10 @@ def _add_routes(app: web.Application, mode: Mode) -> None:
 async def _metrics_handler(request: web.Request) -> web.StreamResponse:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    body = generate_latest(request.app[EDGE].metrics.registry)
+    # In a worker thread: with thousands of entities a scrape renders tens of thousands of
+    # series (seconds of CPU at 10,000 entities, docs/deploy.md#sizing), which on the event
+    # loop would stall every send meanwhile. prometheus_client's values are thread-safe.
+    body = await asyncio.to_thread(generate_latest, request.app[EDGE].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -329,28 +335,22 @@ async def ledger_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The dispatcher (`DISPATCHER`), with senders opened for every declared entity, and
-    each pair's clients and usable backlog queues (`PAIRS`, checked or created now)."""
+    """The dispatcher (`DISPATCHER`), and each pair's clients and usable backlog queues
+    (`PAIRS`, checked or created now). No sender is opened here: an entity's senders open on
+    its first sends (docs/deploy.md#sizing), so start-up costs nothing per declared entity."""
     settings, edge, clients = app[SETTINGS], app[EDGE], app[CLIENTS]
     dispatcher = Dispatcher(
         settings.limits, settings.timeouts, observer=edge.metrics, tracer=edge.tracer
     )
     app[DISPATCHER] = dispatcher
     edge.metrics.bind_admission(lambda: dispatcher.gate.waiting, lambda: dispatcher.gate.used)
-    primaries = _primaries(settings, clients)
-    warm = dispatcher.warm(Destination(primaries[e.pair], e.path) for e in edge.catalog.all())
+    edge.metrics.bind_links(
+        lambda: dispatcher.open_senders, lambda: _open_connections(clients.values())
+    )
     pairs: dict[str, PairClients] = {}
     if app[PLAN].shared_state:
-        # Opening senders and checking backlog queues both take a while: in parallel.
-        pairs, warmed = await asyncio.gather(
-            _pair_clients(settings, clients, app[ADAPTERS].provision), warm
-        )
-    else:
-        warmed = await warm
+        pairs = await _pair_clients(settings, clients, app[ADAPTERS].provision)
     app[PAIRS] = pairs
-    for dest, err in warmed.items():
-        if err:
-            log.warning("could not open senders for %s yet: %s", dest, err)
     try:
         yield
     finally:
@@ -425,6 +425,17 @@ def _primaries(
 ) -> dict[str, NamespaceClient]:
     """Each pair's primary client, by pair name."""
     return {p.name: clients[p.primary.name] for p in settings.pairs}
+
+
+def _open_connections(clients: Iterable[NamespaceClient]) -> int:
+    """AMQP connections the namespace clients' pools hold open (adapters without a pool,
+    such as the null client, count none)."""
+    total = 0
+    for client in clients:
+        pool = getattr(client, "pool", None)
+        if pool is not None:
+            total += pool.open_connections()
+    return total
 
 
 def _start_syphons(app: web.Application) -> list[Syphon]:
@@ -521,7 +532,13 @@ def default_client_factory(
 
     def make(ns: NamespaceSettings) -> NamespaceClient:
         token = credential.get() if ns.connection_string is None else None
-        client = SdkNamespaceClient(ns, settings.timeouts, credential=token, **sdk_kwargs)
+        client = SdkNamespaceClient(
+            ns,
+            settings.timeouts,
+            credential=token,
+            connections=settings.limits.connections_per_namespace,
+            **sdk_kwargs,
+        )
         for e in settings.entities:
             if e.kind == "topic" and settings.pair(e.pair).primary.name == ns.name:
                 client.mark_topic(e.path)

@@ -300,7 +300,26 @@ class LimitSettings:
         64, parse=_int(1, 100_000), doc="broker send operations in flight, all entities"
     )
     senders_per_entity: int = setting(
-        4, parse=_int(1, 64), doc="open senders (concurrent batch sends) per entity"
+        4,
+        parse=_int(1, 64),
+        doc="most senders (concurrent batch sends) per entity; opened as its load grows",
+    )
+    connections_per_namespace: int = setting(
+        4,
+        parse=_int(1, 100),
+        doc="AMQP connections per namespace, shared by every sender link "
+        "([sizing](deploy.md#sizing))",
+    )
+    max_open_senders: int = setting(
+        2000,
+        parse=_int(1, 1_000_000),
+        doc="open sender links, all entities; the least recently used idle one is closed "
+        "to open another",
+    )
+    sender_idle_timeout: float = setting(
+        60.0,
+        parse=_float(0.1, 86400.0),
+        doc="seconds a sender link may stay unused before it is closed",
     )
     admission_timeout: float = setting(
         2.0, parse=_float(0.0, 600.0), doc="seconds a request may wait for room before `503`"

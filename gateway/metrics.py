@@ -150,6 +150,17 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             ["task"],
             registry=r,
         )
+        self.senders_open = Gauge(
+            "sbgate_senders_open",
+            "Sender links open now, all entities (at most max_open_senders while idle ones "
+            "can be closed).",
+            registry=r,
+        )
+        self.connections_open = Gauge(
+            "sbgate_amqp_connections_open",
+            "AMQP connections open now, all namespaces (at most connections_per_namespace each).",
+            registry=r,
+        )
         self.ready = Gauge("sbgate_ready", "1 when /readyz answers 200, 0 otherwise.", registry=r)
         self.failover_state = Gauge(
             "sbgate_failover_state",
@@ -296,6 +307,10 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
     def bind_admission(self, waiting: Callable[[], int], used: Callable[[], int]) -> None:
         self.admission_waiting.set_function(lambda: float(waiting()))
         self.pending_bytes.set_function(lambda: float(used()))
+
+    def bind_links(self, senders: Callable[[], int], connections: Callable[[], int]) -> None:
+        self.senders_open.set_function(lambda: float(senders()))
+        self.connections_open.set_function(lambda: float(connections()))
 
     # DispatchObserver
     def batch_sent(self, dest: str, messages: int, seconds: float, outcome: str) -> None:

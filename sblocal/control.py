@@ -147,6 +147,12 @@ async def drop_connections(request: web.Request) -> web.Response:
     return _json({"dropped": dropped})
 
 
+async def get_connections(request: web.Request) -> web.Response:
+    broker = request.app[BROKER_KEY]
+    rt = _runtime(request)
+    return _json(await _on_reactor(request, broker.amqp.census(rt.name)))
+
+
 async def namespace_down(request: web.Request) -> web.Response:
     broker = request.app[BROKER_KEY]
     rt = _runtime(request)
@@ -291,6 +297,7 @@ def create_control_app(broker: LocalBroker) -> web.Application:
     r.add_post("/namespaces/{ns}/down", namespace_down)
     r.add_post("/namespaces/{ns}/up", namespace_up)
     r.add_get("/namespaces/{ns}/counters", get_counters)
+    r.add_get("/namespaces/{ns}/connections", get_connections)
     r.add_get("/namespaces/{ns}/entities", list_entities)
     r.add_post("/namespaces/{ns}/entities", create_entity)
     r.add_get("/namespaces/{ns}/entities/{path:.+}/messages", get_messages)

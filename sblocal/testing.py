@@ -134,6 +134,12 @@ class ControlClient:
         result: dict[str, int] = await self.request("GET", f"/namespaces/{ns}/counters")
         return result
 
+    async def connections(self, ns: str) -> dict[str, int]:
+        """What clients hold open now: ``connections``, ``sessions``, ``links`` (every
+        kind), ``send_links``."""
+        result: dict[str, int] = await self.request("GET", f"/namespaces/{ns}/connections")
+        return result
+
     async def reset(self, ns: str | None = None) -> None:
         """Clear messages, faults, latency and counters (one namespace or all)."""
         await self.request("POST", f"/namespaces/{ns}/reset" if ns else "/reset")

@@ -3,6 +3,13 @@
 Layers (as in aiokafka): `Dispatcher.send` (API) → a per-destination `_Lane` (the pending
 buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
 
+* **Cost per entity is what it uses**: a lane, its workers and their senders exist only
+  while the destination is sent to. A lane starts with no worker; a request that finds no
+  free one adds one, up to `senders_per_entity` (the lane grows with its load); a worker
+  that waited `sender_idle_timeout` for work closes its sender and ends, and the last one
+  drops its lane. Open senders are capped across all destinations (`max_open_senders`):
+  to open another at the cap, the least recently used idle one is closed.
+
 * **Settled**: `send` returns only when the broker stored every message, or raises.
 * **Bounded**: an `AdmissionGate` caps bytes held for pending sends, and a request waits at
   most `admission_timeout` in all for room and then for a worker to take it (else
@@ -28,7 +35,7 @@ import contextvars
 import logging
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -107,16 +114,42 @@ class DispatchObserver:
         """One extra broker send made to isolate a refused message (`Dispatcher._isolate`)."""
 
 
+class _Worker:
+    """One worker task of a lane and the sender it owns (None until it needs one)."""
+
+    __slots__ = ("lane", "last_used", "sender", "task")
+
+    def __init__(self, lane: _Lane, now: float) -> None:
+        self.lane = lane
+        self.sender: Sender | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.last_used = now  # loop time of its last send (or of its start)
+
+
 class _Lane:
     """Pending requests for one destination and the workers that send them."""
+
+    __slots__ = (
+        "busy",
+        "claiming",
+        "dest",
+        "expiry",
+        "idle",
+        "opening",
+        "pending",
+        "starting",
+        "wakeup",
+        "workers",
+    )
 
     def __init__(self, dest: Destination) -> None:
         self.dest = dest
         self.pending: deque[_Group] = deque()
         self.wakeup = asyncio.Event()
-        self.workers: list[asyncio.Task[None]] = []
+        self.workers: list[_Worker] = []
         self.busy = 0
         self.idle = 0  # workers parked on `wakeup`
+        self.starting = 0  # workers created, not yet running: they will take what is pending
         self.opening = 0  # workers opening a sender
         self.claiming = 0  # workers holding a send slot, about to take what is pending
         self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
@@ -170,7 +203,9 @@ class Dispatcher:
         self._gate = AdmissionGate(limits.max_pending_bytes)
         self._in_flight = asyncio.Semaphore(limits.max_in_flight)
         self._lanes: dict[tuple[str, str], _Lane] = {}
-        self._spare: dict[tuple[str, str], list[Sender]] = {}
+        self._senders: set[Sender] = set()  # every sender open now
+        # Workers holding an open sender and not sending, least recently used first (the LRU).
+        self._parked: OrderedDict[_Worker, None] = OrderedDict()
         self._closing = False
         self._stopping = False  # the workers must end (seen even by one whose cancel was lost)
 
@@ -185,6 +220,16 @@ class Dispatcher:
 
     def pending_messages(self) -> int:
         return sum(len(g.messages) for lane in self._lanes.values() for g in lane.pending)
+
+    @property
+    def open_senders(self) -> int:
+        """Senders open now, all destinations."""
+        return len(self._senders)
+
+    @property
+    def lanes(self) -> int:
+        """Destinations with a lane now (sent to recently, or with requests pending)."""
+        return len(self._lanes)
 
     # -- API -----------------------------------------------------------------------------
 
@@ -218,6 +263,9 @@ class Dispatcher:
             group = _Group(messages, size, loop.create_future(), deadline, trace)
             lane.pending.append(group)
             lane.wakeup.set()
+            free = lane.idle + lane.starting
+            if not free and len(lane.workers) < self._limits.senders_per_entity:
+                self._spawn(lane)  # no worker free: the lane grows with its load
             if lane.expiry is None:
                 lane.expiry = loop.call_at(deadline, self._expire, lane)
             try:
@@ -232,16 +280,6 @@ class Dispatcher:
             # the failure: a cycle only the cycle collector frees, with the request's memory.
             group = None
 
-    async def warm(self, dests: Iterable[Destination]) -> dict[str, str | None]:
-        """Create lanes and open their senders now (opening one costs ~0.5 s).
-
-        Returns, per destination, None if every sender opened, else the error. Never raises:
-        a destination that cannot be opened now is retried on first use.
-        """
-        lanes = [self._lane(d) for d in dests]
-        results = await asyncio.gather(*(self._open_all(lane) for lane in lanes))
-        return {str(lane.dest): err for lane, err in zip(lanes, results, strict=True)}
-
     async def close(self, grace: float) -> None:
         """Stop taking work, let pending sends finish for up to `grace` seconds, then stop
         every worker; whatever did not go out fails with a 503-class error. Takes at most
@@ -254,20 +292,21 @@ class Dispatcher:
                 break
             await asyncio.sleep(0.01)
         self._stopping = True
-        for lane in self._lanes.values():
+        lanes = list(self._lanes.values())
+        for lane in lanes:
             lane.wakeup.set()
-        workers = [t for lane in self._lanes.values() for t in lane.workers]
+        workers = [w.task for lane in lanes for w in lane.workers if w.task is not None]
         # A cancelled worker closes its sender (SENDER_CLOSE_TIMEOUT) before it ends.
         await stop(workers, SENDER_CLOSE_TIMEOUT + CANCEL_GRACE, "dispatcher")
-        for lane in self._lanes.values():
+        for lane in lanes:
             if lane.expiry is not None:
                 lane.expiry.cancel()
                 lane.expiry = None
             self._fail(lane.pending, SendFailure(SHUTDOWN, "the gateway shut down"))
             lane.pending.clear()
-        spares = [s for group in self._spare.values() for s in group]
-        self._spare.clear()
-        await asyncio.gather(*(_close_quietly(s) for s in spares))
+        # A sender opened by a send that shutdown cancelled belongs to no worker any more.
+        left, self._senders = list(self._senders), set()
+        await asyncio.gather(*(_close_quietly(s) for s in left))
 
     # -- internals -----------------------------------------------------------------------
 
@@ -278,7 +317,7 @@ class Dispatcher:
         lane: groups are appended in deadline order."""
         lane.expiry = None
         loop = asyncio.get_running_loop()
-        if lane.claiming or (lane.idle and lane.wakeup.is_set()):
+        if lane.claiming or ((lane.idle or lane.starting) and lane.wakeup.is_set()):
             # A worker is about to take what is pending: look again once it has.
             lane.expiry = loop.call_later(0.01, self._expire, lane)
             return
@@ -315,44 +354,55 @@ class Dispatcher:
         if lane is None:
             lane = _Lane(dest)
             self._lanes[dest.key] = lane
-            for i in range(self._limits.senders_per_entity):
-                # A fresh context: a worker outlives the request whose send created its lane,
-                # and must not carry that request's context (its span, say) in its own.
-                worker = self._worker(lane, i)
-                lane.workers.append(
-                    asyncio.create_task(
-                        worker, name=f"sender {dest} #{i}", context=contextvars.Context()
-                    )
-                )
         return lane
 
-    async def _open_all(self, lane: _Lane) -> str | None:
-        """Open one sender per worker; they are handed to the workers on first use."""
+    def _spawn(self, lane: _Lane) -> None:
+        """One more worker for `lane`; it takes what is pending once it runs."""
+        w = _Worker(lane, asyncio.get_running_loop().time())
+        lane.workers.append(w)
+        lane.starting += 1
+        # A fresh context: a worker outlives the request whose send created it, and must not
+        # carry that request's context (its span, say) in its own.
+        w.task = asyncio.create_task(
+            self._worker(w), name=f"sender {lane.dest}", context=contextvars.Context()
+        )
 
-        async def open_one() -> Sender:
-            async with asyncio.timeout(self._timeouts.connect_timeout):
-                return await lane.dest.client.open_sender(lane.dest.path)
+    def _retire(self, w: _Worker) -> None:
+        """`w` ends: off its lane, and the lane off the map once it has no worker and nothing
+        pending (a later send makes a new one)."""
+        lane = w.lane
+        self._parked.pop(w, None)
+        with contextlib.suppress(ValueError):
+            lane.workers.remove(w)
+        if not lane.workers and not lane.pending and self._lanes.get(lane.dest.key) is lane:
+            if lane.expiry is not None:  # nothing pending: nothing to expire
+                lane.expiry.cancel()
+                lane.expiry = None
+            del self._lanes[lane.dest.key]
 
-        results = await asyncio.gather(*(open_one() for _ in lane.workers), return_exceptions=True)
-        error: str | None = None
-        for r in results:
-            if isinstance(r, BaseException):
-                if isinstance(r, asyncio.CancelledError):
-                    raise r
-                error = str(r) or type(r).__name__
-            else:
-                self._spare.setdefault(lane.dest.key, []).append(r)
-        return error
-
-    async def _worker(self, lane: _Lane, index: int) -> None:
-        sender: Sender | None = None
+    async def _park(self, w: _Worker) -> bool:
+        """Wait for work; False when `w` has sent nothing for `sender_idle_timeout` (it then
+        ends). Every parked worker of a lane wakes for each request, and only one takes
+        it: the idle time counts from the last send, not from the last wake-up, or a lane
+        with steady light traffic would never shrink."""
+        lane = w.lane
+        lane.idle += 1
         try:
+            async with asyncio.timeout_at(w.last_used + self._limits.sender_idle_timeout):
+                await lane.wakeup.wait()
+        except TimeoutError:
+            return bool(lane.pending)  # work arrived just as the wait ran out: take it
+        finally:
+            lane.idle -= 1
+        return True
+
+    async def _worker(self, w: _Worker) -> None:
+        lane = w.lane
+        try:
+            lane.starting -= 1
             while not self._stopping:
-                lane.idle += 1
-                try:
-                    await lane.wakeup.wait()
-                finally:
-                    lane.idle -= 1
+                if not await self._park(w):
+                    return
                 if self._stopping:
                     break
                 # Open the sender before taking anything, and outside the send slots: while
@@ -361,8 +411,8 @@ class Dispatcher:
                 # waiting it out, while other destinations (the backlog queues) keep their
                 # slots.
                 opening: BaseException | None = None
-                if sender is None and lane.pending:
-                    sender, opening = await self._open(lane)
+                if w.sender is None and lane.pending:
+                    w.sender, opening = await self._open(lane)
                 async with self._in_flight:
                     lane.claiming += 1  # from here to `take`, `_expire` leaves pending alone
                     try:
@@ -376,30 +426,48 @@ class Dispatcher:
                         continue
                     lane.busy += 1
                     self._observer.in_flight(1)
+                    self._parked.pop(w, None)  # in use: not a candidate for eviction
                     try:
-                        sender = await self._deliver(lane, sender, groups, opening)
+                        w.sender = await self._deliver(lane, w.sender, groups, opening)
                     finally:
                         lane.busy -= 1
                         self._observer.in_flight(-1)
+                        w.last_used = asyncio.get_running_loop().time()
+                        if w.sender is not None:
+                            self._parked[w] = None  # the most recently used
         finally:
+            self._retire(w)
+            sender, w.sender = w.sender, None
             if sender is not None:
+                self._senders.discard(sender)
                 await _close_quietly(sender)
 
     async def _open(self, lane: _Lane) -> tuple[Sender | None, BaseException | None]:
-        """A spare sender or a new one (within connect_timeout), or why there is none."""
-        sender = self._take_spare(lane)
-        if sender is not None:
-            return sender, None
+        """A new sender (within connect_timeout), or why there is none."""
         lane.opening += 1
         try:
-            async with asyncio.timeout(self._timeouts.connect_timeout):
-                return await lane.dest.client.open_sender(lane.dest.path), None
+            return await self._open_sender(lane), None
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # reported to the groups it fails, by `_deliver`
             return None, exc
         finally:
             lane.opening -= 1
+
+    async def _open_sender(self, lane: _Lane) -> Sender:
+        """Open a sender for `lane` within connect_timeout; at `max_open_senders`, close the
+        least recently used idle one first (its worker stays, and reopens on its next work).
+        Raises what opening raised."""
+        async with asyncio.timeout(self._timeouts.connect_timeout):
+            if len(self._senders) >= self._limits.max_open_senders and self._parked:
+                idle, _ = self._parked.popitem(last=False)
+                evicted, idle.sender = idle.sender, None
+                if evicted is not None:
+                    self._senders.discard(evicted)
+                    await _close_quietly(evicted)
+            sender = await lane.dest.client.open_sender(lane.dest.path)
+        self._senders.add(sender)
+        return sender
 
     async def _deliver(
         self,
@@ -435,10 +503,7 @@ class Dispatcher:
             if opening is not None:
                 raise opening
             if sender is None:
-                sender = self._take_spare(lane)
-            if sender is None:
-                async with asyncio.timeout(self._timeouts.connect_timeout):
-                    sender = await lane.dest.client.open_sender(lane.dest.path)
+                sender = await self._open_sender(lane)
             async with asyncio.timeout(self._timeouts.send_timeout):
                 await sender.send(messages)
         except asyncio.CancelledError:
@@ -499,12 +564,9 @@ class Dispatcher:
             self._settle(lane, part, started, failure)
         return sender
 
-    def _take_spare(self, lane: _Lane) -> Sender | None:
-        spares = self._spare.get(lane.dest.key)
-        return spares.pop() if spares else None
-
     async def _discard(self, lane: _Lane, sender: Sender | None) -> None:
         if sender is not None:
+            self._senders.discard(sender)
             self._observer.sender_recreated(str(lane.dest))
             await _close_quietly(sender)
         return None

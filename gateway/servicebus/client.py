@@ -1,8 +1,10 @@
 """The Service Bus adapter: the only module that drives the azure-servicebus SDK for sending.
 
-One `ServiceBusClient` per namespace, opened at start-up and closed at shutdown. Senders are
-opened once and reused (opening one costs ~0.5 s); the dispatcher uses each one for one
-send at a time (sharing a sender across concurrent sends is unreliable in the SDK, see
+One `ServiceBusClient` per namespace, opened at start-up and closed at shutdown. Every
+sender's link goes over the namespace's small pool of shared AMQP connections
+(`gateway.servicebus.pool`), not over a connection of its own. The dispatcher opens senders
+when an entity's load needs them and reuses them until they sit idle; it uses each one for
+one send at a time (sharing a sender across concurrent sends is unreliable in the SDK, see
 azure-sdk-for-python#36334) and asks for a new one when a failure makes the link suspect.
 """
 
@@ -24,6 +26,7 @@ from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, SendFailure
 from gateway.servicebus import encoding
 from gateway.servicebus.errors import map_exceptions, translate
+from gateway.servicebus.pool import ConnectionPool
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
@@ -34,6 +37,9 @@ log = logging.getLogger(__name__)
 # went away, can leave the SDK's close waiting indefinitely. Enforced by `Closer`, which holds
 # whether or not the SDK honours the cancellation (gateway/core/closing.py says why it may not).
 CLOSE_TIMEOUT = 5.0
+# Closing a namespace's pooled connections: each stops its reader after its current read
+# (0.5 s) and closes its connection within its own deadline (5 s), in parallel.
+POOL_CLOSE_TIMEOUT = 6.0
 
 T = TypeVar("T")
 
@@ -84,11 +90,17 @@ class SdkSender:
     owns what outlives a close; default: its own) bounds its close."""
 
     def __init__(
-        self, namespace: str, path: str, sender: ServiceBusSender, closer: Closer | None = None
+        self,
+        namespace: str,
+        path: str,
+        sender: ServiceBusSender,
+        closer: Closer | None = None,
+        release: Callable[[], None] = lambda: None,
     ) -> None:
         self._where = f"{namespace}/{path}"
         self._sender = sender
         self._closer = closer or Closer(f"sender {self._where}")
+        self._release: Callable[[], None] | None = release
 
     async def send(self, messages: Sequence[OutboundMessage]) -> None:
         if len(messages) == 1 or not encoding.applies():
@@ -137,8 +149,16 @@ class SdkSender:
 
     async def close(self) -> None:
         """Within `CLOSE_TIMEOUT` (+ `CANCEL_GRACE`); never raises but CancelledError. A broken
-        link may fail to close, or hang: it is discarded either way."""
-        await self._closer.run(f"closing sender {self._where}", self._sender.close(), CLOSE_TIMEOUT)
+        link may fail to close, or hang: it is discarded either way, and its place on the
+        pooled connection is given back once."""
+        try:
+            await self._closer.run(
+                f"closing sender {self._where}", self._sender.close(), CLOSE_TIMEOUT
+            )
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
 
 
 class SdkNamespaceClient:
@@ -147,6 +167,7 @@ class SdkNamespaceClient:
     A namespace given by name authenticates with `credential`, the process's shared one
     (gateway.servicebus.identity), which its owner closes: `close` leaves it open.
     `sdk_kwargs` go to the `ServiceBusClient` (tests: ``use_tls=False`` for the local broker).
+    Sender links share `connections` AMQP connections (`gateway.servicebus.pool`).
     """
 
     def __init__(
@@ -154,6 +175,8 @@ class SdkNamespaceClient:
         settings: NamespaceSettings,
         timeouts: TimeoutSettings,
         credential: AsyncTokenCredential | None = None,
+        *,
+        connections: int = 4,
         **sdk_kwargs: Any,
     ) -> None:
         self._settings = settings
@@ -176,6 +199,7 @@ class SdkNamespaceClient:
         # Owns the closes of this namespace's senders that outlive CLOSE_TIMEOUT, and the
         # cleanups of cancelled opens, until `close`.
         self._closer = Closer(f"namespace {settings.name}")
+        self.pool = ConnectionPool(self._client, connections, settings.name)
 
     @property
     def name(self) -> str:
@@ -191,13 +215,17 @@ class SdkNamespaceClient:
         self._topics.add(path.lower())
 
     async def open_sender(self, path: str) -> SdkSender:
-        """Open a sender. The open runs in a task of its own: cancelled (our deadline, or a
-        shutdown), this returns at once, and the open's end (the SDK's own cleanup close has
-        no deadline) and our close of the half-open sender go on, bounded, in the closer."""
+        """Open a sender on one of the pooled connections. The open runs in a task of its
+        own: cancelled (our deadline, or a shutdown), this returns at once, and the open's end
+        (the SDK's own cleanup close has no deadline) and our close of the half-open sender
+        go on, bounded, in the closer."""
+        # No keep-alive task per link (the SDK's default polls the connection every second
+        # per link): the links of a pooled connection are polled by their sends.
         if path.lower() in self._topics:
-            sender = self._client.get_topic_sender(path)
+            sender = self._client.get_topic_sender(path, keep_alive=None)
         else:
-            sender = self._client.get_queue_sender(path)
+            sender = self._client.get_queue_sender(path, keep_alive=None)
+        slot = self.pool.bind(sender)
         where = f"{self.name}/{path}"
         opening = asyncio.create_task(_enter(sender), name=f"opening sender {where}")
         opening.add_done_callback(_retrieve)
@@ -205,23 +233,33 @@ class SdkNamespaceClient:
             await asyncio.wait({opening})
         except asyncio.CancelledError:
             opening.cancel()
-            self._closer.spawn(f"abandoning the open of {where}", _abandon(opening, sender))
+            self._closer.spawn(
+                f"abandoning the open of {where}",
+                _abandon(opening, sender, lambda: self.pool.unbind(slot)),
+            )
             raise
         exc = opening.exception()
         if exc is not None:
             # The half-open sender is discarded either way.
-            await self._closer.run(
-                f"closing half-open sender {where}", sender.close(), CLOSE_TIMEOUT
-            )
+            try:
+                await self._closer.run(
+                    f"closing half-open sender {where}", sender.close(), CLOSE_TIMEOUT
+                )
+            finally:
+                self.pool.unbind(slot)
             if isinstance(exc, Exception):
                 raise translate(exc, where) from exc
             raise exc
-        return SdkSender(self.name, path, sender, self._closer)
+        return SdkSender(self.name, path, sender, self._closer, lambda: self.pool.unbind(slot))
 
     async def close(self) -> None:
-        """Within `CLOSE_TIMEOUT` + 2 * `CANCEL_GRACE`, whatever the SDK does; never raises
-        but CancelledError."""
+        """Within 2 * `CLOSE_TIMEOUT` + 3 * `CANCEL_GRACE` + the pool's reader wait, whatever
+        the SDK does; never raises but CancelledError. The pooled connections close after
+        the handlers: they end their sessions on them."""
         await self._closer.run(f"closing client {self.name}", self._client.close(), CLOSE_TIMEOUT)
+        await self._closer.run(
+            f"closing the connections of {self.name}", self.pool.close(), POOL_CLOSE_TIMEOUT
+        )
         await self._closer.aclose()
 
 
@@ -235,13 +273,18 @@ def _retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-async def _abandon(opening: asyncio.Task[None], sender: ServiceBusSender) -> None:
+async def _abandon(
+    opening: asyncio.Task[None], sender: ServiceBusSender, release: Callable[[], None]
+) -> None:
     """After a cancelled open: let it end (a cancel it lost may even have let it open), then
     close the sender, each within `CLOSE_TIMEOUT`; cancelled at the latest by its owner's
-    `Closer.aclose`."""
+    `Closer.aclose`. Its place on the pooled connection is given back in every case."""
     try:
-        await asyncio.wait({opening}, timeout=CLOSE_TIMEOUT)
+        try:
+            await asyncio.wait({opening}, timeout=CLOSE_TIMEOUT)
+        finally:
+            opening.cancel()  # nothing when it ended; else its first cancel was lost
+        async with asyncio.timeout(CLOSE_TIMEOUT):
+            await sender.close()
     finally:
-        opening.cancel()  # nothing when it ended; else its first cancel was lost
-    async with asyncio.timeout(CLOSE_TIMEOUT):
-        await sender.close()
+        release()

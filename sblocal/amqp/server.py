@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from proton import (
     Condition,
     Delivery,
+    Endpoint,
     Handler,
     Link,
     Message,
@@ -259,6 +260,9 @@ class _NamespaceHandler(Handler):
         if address == "$cbs" or address.lower().endswith(_MGMT_SUFFIX):
             link._sb_kind = "reply"
             link._sb_tag = 0
+            # Each SDK handler on a shared connection has its own session with its own
+            # `$cbs` reply link: a reply goes back on the requester's session.
+            _replies(link.session)[address.lower()] = link
             link.connection._sb_replies[address.lower()] = link
             link.open()
             return
@@ -313,9 +317,10 @@ class _NamespaceHandler(Handler):
             links = self._rt.receivers.get(id(entity), [])
             self._rt.receivers[id(entity)] = [lk for lk in links if lk is not link and lk != link]
         elif kind == "reply":
-            replies = link.connection._sb_replies
-            if replies.get(link._sb_address.lower()) is not None:
-                replies.pop(link._sb_address.lower(), None)
+            address = link._sb_address.lower()
+            for replies in (_replies(link.session), link.connection._sb_replies):
+                if replies.get(address) is link:
+                    replies.pop(address, None)
 
     def _close_link(self, link: Any, condition: str, description: str) -> None:
         self._unregister(link)
@@ -405,6 +410,10 @@ class _NamespaceHandler(Handler):
         delivery.settle()
 
     def _on_send(self, link: Any, delivery: Any, data: bytes) -> None:
+        if link.connection.state & Endpoint.LOCAL_CLOSED:
+            # We closed this connection (drop-connections): like Service Bus, nothing that
+            # arrives after our close is stored; the client sees the close, not an outcome.
+            return
         path: str = link._sb_entity_path
         rule = self._rt.faults.take(path, "send") if self._rt.faults else None
         if rule is not None:
@@ -557,10 +566,14 @@ class _NamespaceHandler(Handler):
         reply, granted = cbs.put_token(self._ns, request)
         if granted is not None:
             link.connection._sb_scopes.add(granted)
-        self._reply(link.connection, request.reply_to or "$cbs", reply)
+        self._reply(link, request.reply_to or "$cbs", reply)
 
-    def _reply(self, conn: Any, address: str, reply: Message) -> None:
-        link = conn._sb_replies.get(address.lower())
+    def _reply(self, request_link: Any, address: str, reply: Message) -> None:
+        """Send `reply` on the reply link for `address`: the one in the request's session,
+        else the connection's latest (a client may reply-to a link of another session)."""
+        key = address.lower()
+        conn = request_link.connection
+        link = _replies(request_link.session).get(key) or conn._sb_replies.get(key)
         if link is None:
             _log.warning("no reply link %r on connection %s", address, conn._sb_id)
             return
@@ -578,7 +591,7 @@ class _NamespaceHandler(Handler):
         request.decode(data)
         self._accept(delivery)
         reply = operations.reply(self._ns, request, link._sb_entity_path, self.pump)
-        self._reply(link.connection, request.reply_to or link._sb_address, reply)
+        self._reply(link, request.reply_to or link._sb_address, reply)
 
 
 class _ReactorHandler(Handler):
@@ -744,10 +757,47 @@ class AmqpServer:
 
         return self.call(drop)
 
+    def census(self, name: str) -> concurrent.futures.Future[dict[str, int]]:
+        """What clients hold open on a namespace now: connections, sessions, links (every
+        kind), and the links clients send messages on (``send_links``)."""
+
+        def count() -> dict[str, int]:
+            rt = self.runtimes[name]
+            sessions = links = send_links = 0
+            active = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
+            for conn in rt.connections.values():
+                session = conn.session_head(active)
+                while session is not None:
+                    sessions += 1
+                    session = session.next(active)
+                link = conn.link_head(active)
+                while link is not None:
+                    links += 1
+                    if getattr(link, "_sb_kind", None) == "send":
+                        send_links += 1
+                    link = link.next(active)
+            return {
+                "connections": len(rt.connections),
+                "sessions": sessions,
+                "links": links,
+                "send_links": send_links,
+            }
+
+        return self.call(count)
+
     def wake(self, name: str) -> None:
         """Any thread: messages may have become deliverable in this namespace."""
         if self._thread is not None and self._thread.is_alive():
             self.call(lambda: self.pump_namespace(name))
+
+
+def _replies(session: Any) -> dict[str, Any]:
+    """The reply links (by address, lower case) attached in `session`."""
+    try:
+        replies: dict[str, Any] = session._sb_replies
+    except AttributeError:
+        replies = session._sb_replies = {}
+    return replies
 
 
 def _cut(conn: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,14 +36,21 @@ def fast_config(**overrides: Any) -> BrokerConfig:
     return cfg
 
 
-@pytest.fixture
-async def broker() -> AsyncIterator[LocalBroker]:
-    b = LocalBroker(fast_config())
+@contextlib.asynccontextmanager
+async def running(config: BrokerConfig) -> AsyncIterator[LocalBroker]:
+    """An in-process broker with `config`, stopped on exit."""
+    b = LocalBroker(config)
     await b.start()
     try:
         yield b
     finally:
         await b.stop()
+
+
+@pytest.fixture
+async def broker() -> AsyncIterator[LocalBroker]:
+    async with running(fast_config()) as b:
+        yield b
 
 
 @pytest.fixture

@@ -188,13 +188,104 @@ async def test_cancelled_request_that_was_not_handed_over_is_never_sent(make):
     assert client.sent_ids() == ["first"]
 
 
-async def test_warm_opens_senders_before_traffic(make):
+async def test_nothing_opens_before_an_entity_is_sent_to_and_then_one_sender(make):
     client = FakeClient()
     d = make()
-    result = await d.warm([Destination(client, "orders")])
-    assert result == {"primary/orders": None} and client.opened == LIMITS.senders_per_entity
+    dests = [Destination(client, f"q{i}") for i in range(1000)]  # declared, never used
+    await d.send(dests[7], [msg(1)])
+    assert client.opened == 1 and d.open_senders == 1 and d.lanes == 1
+
+
+async def _grow(d: Dispatcher, client: FakeClient, n: int) -> list[asyncio.Task[None]]:
+    """`n` requests to "orders", each sent once the one before is with the broker (its
+    behaviour holds them): each finds every sender busy, so the lane grows to `n`."""
+    sends: list[asyncio.Task[None]] = []
+    for i in range(n):
+        sends.append(asyncio.create_task(d.send(Destination(client, "orders"), [msg(i)])))
+        await eventually(lambda: len(client.batches) == len(sends))
+    return sends
+
+
+def _holding(client: FakeClient, release: asyncio.Event, first: int) -> None:
+    """`client` holds the sends of messages with ids below `first` until `release`."""
+
+    async def held(path: str, messages: Sequence[OutboundMessage]) -> None:
+        if int(messages[0].message_id) < first:
+            await release.wait()
+
+    client.behaviour = held
+
+
+async def test_a_lane_grows_with_its_load_up_to_senders_per_entity_and_no_further(make):
+    client, release = FakeClient(), asyncio.Event()
+    _holding(client, release, first=1000)
+    d = make(
+        LimitSettings(max_in_flight=16, senders_per_entity=3, admission_timeout=60.0),
+        TimeoutSettings(send_timeout=60.0),
+    )
+    dest = Destination(client, "orders")
+    sends = await _grow(d, client, 3)
+    assert client.opened == 3
+    sends += [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(3, 40)]
+    await next_tick(5)
+    assert client.opened == 3 and len(client.batches) == 3  # at the cap: the rest wait
+    release.set()
+    await asyncio.gather(*sends)
+    assert client.opened == 3 and sorted(client.sent_ids(), key=int) == [str(i) for i in range(40)]
+
+
+async def test_an_idle_sender_is_closed_and_its_lane_dropped(make):
+    client = FakeClient()
+    d = make(LimitSettings(senders_per_entity=2, sender_idle_timeout=0.05), TIMEOUTS)
     await d.send(Destination(client, "orders"), [msg(1)])
-    assert client.opened == LIMITS.senders_per_entity
+    await eventually(lambda: client.closed_senders == client.opened == 1)
+    await eventually(lambda: d.lanes == 0 and d.open_senders == 0)
+    await d.send(Destination(client, "orders"), [msg(2)])  # it comes back on demand
+    assert client.sent_ids() == ["1", "2"] and client.opened == 2
+
+
+async def test_a_grown_lane_shrinks_back_under_steady_light_traffic(make):
+    """Every parked worker wakes for each request and one takes it: the others' idle time
+    runs on from their last send, so they end while the lane keeps serving."""
+    client, release = FakeClient(), asyncio.Event()
+    _holding(client, release, first=2)
+    d = make(
+        LimitSettings(senders_per_entity=2, sender_idle_timeout=0.3, admission_timeout=5.0),
+        TimeoutSettings(send_timeout=60.0),
+    )
+    burst = await _grow(d, client, 2)
+    release.set()
+    await asyncio.gather(*burst)
+    assert client.opened == 2
+    sent = 2
+
+    async def one_more_request_then_shrunk() -> bool:
+        nonlocal sent
+        sent += 1
+        await d.send(Destination(client, "orders"), [msg(sent)])
+        return client.closed_senders == 1
+
+    await eventually(one_more_request_then_shrunk, within=20.0)
+    assert d.open_senders == 1 and d.lanes == 1
+
+
+async def test_at_max_open_senders_the_least_recently_used_idle_one_is_closed(make):
+    client = FakeClient()
+    d = make(LimitSettings(max_open_senders=2, sender_idle_timeout=600), TIMEOUTS)
+
+    async def send(path: str) -> None:
+        await d.send(Destination(client, path), [msg(path)])
+        await next_tick()  # the worker parks (joins the LRU) once it has settled
+
+    for path in ("a", "b", "a", "c"):  # at c, b is the least recently used: closed
+        await send(path)
+    assert (client.opened, client.closed_senders, d.open_senders) == (3, 1, 2)
+    await send("a")  # still open
+    assert client.opened == 3
+    await send("b")  # reopened; c goes (a was used since)
+    await send("a")
+    assert (client.opened, client.closed_senders, d.open_senders) == (4, 2, 2)
+    assert client.sent_ids() == ["a", "b", "a", "c", "a", "b", "a"]
 
 
 async def _fail_with(make, behaviour, retry_after: float) -> SendFailure:
@@ -315,13 +406,12 @@ async def test_a_namespace_whose_opens_hang_leaves_the_send_slots_to_the_others(
         await asyncio.gather(*stuck)
 
 
-async def test_a_zero_admission_timeout_still_sends_through_idle_warm_senders(make):
+async def test_a_zero_admission_timeout_still_sends_through_idle_senders(make):
     """`_expire` runs at the deadline; a worker woken for the request but not yet past
     `take` must keep it (admission_timeout 0 is a valid setting)."""
     client = FakeClient()
     d = make(LimitSettings(admission_timeout=0.0), TIMEOUTS)
     dest = Destination(client, "orders")
-    assert (await d.warm([dest])) == {"primary/orders": None}
     for i in range(20):
         await d.send(dest, [msg(i)])
     assert client.sent_ids() == [str(i) for i in range(20)]

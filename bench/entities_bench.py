@@ -1,0 +1,241 @@
+"""E1: one gateway in front of a whole namespace — 1, 100, 1,000 and 10,000 declared entities.
+
+For each count, in one run: the local broker (its own process, second CPU) with that many
+queues; one `gateway serve` (first CPU; failover and the syphon on, defaults) declaring every
+one of them; then `bench.loadgen` (64 connections, 1 KB bodies) POSTing round-robin over all
+of them. Printed per count:
+
+* time to ready — from starting the gateway process to its READY line (listening, every
+  start-up resource up; Python's imports included);
+* RSS after start and after the load;
+* req/s, and the gateway's CPU per request, each also as a ratio to the 1-entity run;
+* what the gateway holds open at the broker (its census: connections and sender links);
+* the 201 share;
+* the first send to a cold entity (its sender opens) and the next one, one request each,
+  before the load;
+
+then the issue's goals (at 1,000: ready <= 5 s, RSS <= 250 MB, throughput >= 0.5x of one
+entity, <= 16 connections per namespace, 100% 201; at 10,000: ready <= 30 s and serves).
+The load includes every entity's first send (no warm-up): a cold entity's senders open on
+demand. `--quick`: 3 s of load per count instead of 12.
+
+    .venv/bin/python -m bench.entities_bench [--quick] [--counts 1,100,1000,10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.harness import Cores, Server, pin, run_child
+from bench.memwatch import broker_env, rss_bytes
+
+MiB = 1024 * 1024
+_GOALS_AT = 1000
+
+
+@dataclass
+class Row:
+    entities: int
+    ready_s: float
+    rss_start: float  # MiB
+    rss_load: float
+    rate: float
+    cpu_per_req_us: float
+    connections: int
+    send_links: int
+    links: int
+    ok_share: float
+    statuses: dict[str, int]
+    cold_ms: float
+    warm_ms: float
+
+
+def _broker_config(path: Path, n: int) -> None:
+    """`primary` with queues q0..q<n-1>; `secondary` (the backlog queues' namespace)."""
+    lines = ['[[namespaces]]\nname = "primary"\n']
+    lines += [f'[[namespaces.queues]]\npath = "q{i}"\n' for i in range(n)]
+    lines.append('[[namespaces]]\nname = "secondary"\n')
+    path.write_text("\n".join(lines))
+
+
+def _gateway_config(path: Path, n: int) -> None:
+    path.write_text("".join(f'[[entities]]\npath = "q{i}"\n' for i in range(n)))
+
+
+async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Row:
+    from sblocal.testing import BrokerProcess
+
+    broker_cfg, gateway_cfg = work / f"broker-{n}.toml", work / f"gateway-{n}.toml"
+    _broker_config(broker_cfg, n)
+    _gateway_config(gateway_cfg, n)
+    broker = BrokerProcess(config=broker_cfg, startup_timeout=120)
+    await broker.astart()
+    try:
+        pin(broker.pid, cores.rest)
+        env = broker_env(
+            broker, {"SBGATE_CONFIG": str(gateway_cfg), "SBGATE_ENABLE_SYPHON": "true"}
+        )
+        started = time.monotonic()
+        gateway = await Server.start(
+            "gateway", "gateway", env, cpus=cores.subject, sink="sdk", within=300
+        )
+        ready_s = time.monotonic() - started
+        try:
+            rss_start = (rss_bytes(gateway.pid) or 0) / MiB
+            cold_ms, warm_ms = await _first_sends(gateway.url + f"/q{n - 1}/messages")
+            window = await run_child(
+                "loadgen",
+                "bench.loadgen",
+                [
+                    "--url",
+                    gateway.url + "/q{i}/messages",
+                    "--entities",
+                    str(n),
+                    "--connections",
+                    str(args.connections),
+                    "--warmup",
+                    "0",
+                    "--duration",
+                    str(args.duration),
+                    "--body-size",
+                    "1024",
+                ],
+                watch={"gateway": gateway.pid},
+                cpus=cores.rest,
+                within=args.duration + 120,
+            )
+            rss_load = (rss_bytes(gateway.pid) or 0) / MiB
+            census = await broker.control.connections("primary")
+        finally:
+            await gateway.close()
+    finally:
+        await broker.astop()
+    result = window.result
+    requests = max(1, int(result["requests"]))
+    statuses = {str(k): int(v) for k, v in result["statuses"].items()}
+    return Row(
+        entities=n,
+        ready_s=ready_s,
+        rss_start=rss_start,
+        rss_load=rss_load,
+        rate=float(result["rate"]),
+        cpu_per_req_us=window.cpu["gateway"] / requests * 1e6,
+        connections=int(census["connections"]),
+        send_links=int(census["send_links"]),
+        links=int(census["links"]),
+        ok_share=statuses.get("201", 0) / requests,
+        statuses=statuses,
+        cold_ms=cold_ms,
+        warm_ms=warm_ms,
+    )
+
+
+async def _first_sends(url: str) -> tuple[float, float]:
+    """Milliseconds for one POST to a cold entity (its sender opens), then for the next."""
+    import aiohttp
+
+    times: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            async with asyncio.timeout(30), session.post(url, data=b"{}") as resp:
+                await resp.read()
+                if resp.status != 201:
+                    raise RuntimeError(f"the first sends got {resp.status}")
+            times.append((time.perf_counter() - t0) * 1000)
+    return times[0], times[1]
+
+
+def _table(rows: list[Row]) -> list[str]:
+    base = rows[0] if rows and rows[0].entities == 1 else None
+    out = [
+        "| entities | ready | RSS start | RSS after load | req/s | x 1 entity | CPU/req "
+        "| x 1 entity | connections | sender links (all links) | 201 share | cold / warm send |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        rate_x = f"{r.rate / base.rate:.2f}x" if base and base.rate else "—"
+        cpu_x = f"{r.cpu_per_req_us / base.cpu_per_req_us:.2f}x" if base else "—"
+        out.append(
+            f"| {r.entities:,} | {r.ready_s:.1f} s | {r.rss_start:.0f} MB | {r.rss_load:.0f} MB "
+            f"| {r.rate:,.0f} | {rate_x} | {r.cpu_per_req_us:,.0f} µs | {cpu_x} "
+            f"| {r.connections} | {r.send_links:,} ({r.links:,}) | {r.ok_share:.1%} "
+            f"| {r.cold_ms:.0f} / {r.warm_ms:.0f} ms |"
+        )
+    return out
+
+
+def _goals(rows: list[Row], pool: int) -> list[str]:
+    by = {r.entities: r for r in rows}
+    base = by.get(1)
+    out: list[str] = []
+
+    def check(ok: bool, what: str) -> None:
+        out.append(f"{'PASS' if ok else 'FAIL'}  {what}")
+
+    if (r := by.get(_GOALS_AT)) is not None:
+        check(r.ready_s <= 5, f"1,000 entities: ready {r.ready_s:.1f} s <= 5 s")
+        check(r.rss_load <= 250, f"1,000 entities: RSS {r.rss_load:.0f} MB <= 250 MB (after load)")
+        if base is not None and base.rate:
+            ratio = r.rate / base.rate
+            check(ratio >= 0.5, f"1,000 entities: throughput {ratio:.2f}x of one entity >= 0.5x")
+        check(
+            r.connections <= 16,
+            f"1,000 entities: {r.connections} connections to the namespace <= 16 (pool {pool})",
+        )
+        check(r.ok_share == 1.0, f"1,000 entities: {r.ok_share:.2%} answered 201 (100%)")
+    if (r := by.get(10_000)) is not None:
+        check(r.ready_s <= 30, f"10,000 entities: ready {r.ready_s:.1f} s <= 30 s")
+        check(
+            r.statuses.get("201", 0) > 0 and r.ok_share > 0.99,
+            f"10,000 entities: serves ({r.rate:,.0f} req/s, {r.ok_share:.2%} 201)",
+        )
+    return out
+
+
+async def _main(args: argparse.Namespace) -> list[Row]:
+    cores = Cores.split()
+    counts = [int(c) for c in args.counts.split(",")]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="entities-bench-") as tmp:
+        for n in counts:
+            row = await _one(n, args, cores, Path(tmp))
+            rows.append(row)
+            print(f"  {n:>6,} entities: {row.rate:,.0f} req/s, statuses {row.statuses}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 s of load per count")
+    parser.add_argument("--counts", default="1,100,1000,10000")
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=12.0)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration = 3.0
+    cores = Cores.split()
+    print(
+        f"E1 entities: {args.connections} connections, 1 KB bodies, round-robin over every "
+        f"entity, {args.duration:g} s each (no warm-up); {cores.describe}; "
+        f"{os.cpu_count()} CPUs",
+        flush=True,
+    )
+    rows = asyncio.run(_main(args))
+    print()
+    for line in _table(rows):
+        print(line)
+    print()
+    for line in _goals(rows, pool=4):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,407 @@
+"""A namespace's AMQP connections: a small, bounded pool that every sender link shares.
+
+Why: the azure-servicebus SDK opens one AMQP connection per `ServiceBusSender` (its handler
+creates a pyamqp `Connection` when it is given none). At four senders per entity that is
+four connections per entity: Basic's 100 connections are gone at 25 entities, and each
+connection costs a socket, buffers and a keep-alive task in this process.
+
+How: the SDK's handlers already accept an external connection (`open_async(connection=...)`:
+they then add their own session, `$cbs` token links and link to it, and leave the connection
+open when they close) — the path the SDK keeps switched off (`_connection_sharing = False`)
+because its own connection factory does not build a usable connection for pyamqp. Here the
+pool builds the connection itself, exactly as the handler would (same SASL, TLS options,
+properties and socket timeout, `connection_for`), and `bind` hands it to one sender: every
+time that sender (re)opens its link, it first asks its slot for a live connection, so a
+connection the broker dropped is replaced once and the SDK's own retry then succeeds on the
+new one, as it would on a private connection. Frames read by any handler on a connection are
+dispatched by pyamqp to the session and link they belong to, so handlers polling one socket
+in turn see each other's dispositions (tests/broker/test_pooled_links.py holds this to the
+local broker).
+
+One reader per connection. pyamqp has no reader task: every handler waiting for an answer
+reads the socket itself (`connection.listen(wait=0.2)`), under the lock that also guards
+writes. Shared by many links, that serializes them all behind whichever handler holds the
+lock waiting for a frame that may not come for 0.2 s, even when its own answer was already
+read by another. So each pooled connection gets its own reader task (`Slot._read`), owned
+by its slot, which reads and dispatches every frame; a handler's `listen` only waits until
+a frame for its own session was dispatched (or its own deadline) and then looks at its own
+state — each handler sees the connection through a `_View` that knows its session, so a
+frame wakes the one handler it is for, not every handler of the connection; and writes take
+a lock of their own, so a send never waits for a read (asyncio's stream reader
+and writer are independent). A reader ends when its connection fails; the handlers then see
+the connection's error, and the slot replaces the connection on the next open.
+
+Each slot opens its connection on first use; a link goes to the slot with the fewest links.
+Cancellation: `connection()` may be cancelled (the caller owns the deadline); a half-opened
+connection is then closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import uuid
+import weakref
+from typing import Any
+
+import certifi
+from azure.servicebus._common.utils import create_properties
+from azure.servicebus._pyamqp.aio import Connection
+from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport
+from azure.servicebus._pyamqp.constants import ConnectionState
+from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
+from azure.servicebus.aio._async_utils import create_authentication
+
+from gateway.servicebus import pyamqp_sharing
+
+log = logging.getLogger(__name__)
+
+# Our deadline on closing a connection (the caller's deadline bounds opening one).
+_CLOSE_TIMEOUT = 5.0
+# How long the reader waits for a frame before it looks at the connection again (idle
+# connections: it also sends the empty frames that keep the peer's idle timer reset).
+_READ_WAIT = 0.5
+# States in which a connection will not carry another frame.
+_DEAD = frozenset(
+    {
+        ConnectionState.END,
+        ConnectionState.CLOSE_RCVD,
+        ConnectionState.CLOSE_SENT,
+        ConnectionState.CLOSE_PIPE,
+        ConnectionState.OC_PIPE,
+        ConnectionState.DISCARDING,
+    }
+)
+
+
+def _alive(conn: Connection) -> bool:
+    return conn._error is None and conn.state not in _DEAD
+
+
+class Slot:
+    """One connection of the pool and the number of links bound to it."""
+
+    def __init__(self, pool: ConnectionPool, index: int) -> None:
+        self._pool = pool
+        self.index = index
+        self.links = 0
+        self._conn: Connection | None = None
+        self._lock = asyncio.Lock()
+        self._reader: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._frame = asyncio.Event()  # set (and replaced) each time the reader dispatched
+        # Each handler's view, by the session it began: who to wake for a session's frame.
+        self._views: weakref.WeakKeyDictionary[Any, _View] = weakref.WeakKeyDictionary()
+
+    @property
+    def reading(self) -> bool:
+        return self._reader is not None and not self._reader.done()
+
+    def view(self, conn: Connection) -> _View:
+        """A new handler's view of `conn` (this slot's connection)."""
+        return _View(self, conn)
+
+    def watch(self, session: Any, view: _View) -> None:
+        self._views[session] = view
+
+    @property
+    def open(self) -> bool:
+        return self._conn is not None and _alive(self._conn)
+
+    async def connection(self) -> Connection:
+        """A live connection: the current one, or a new one in place of a dead one."""
+        conn = self._conn
+        if conn is not None and _alive(conn):
+            return conn
+        async with self._lock:  # one opener per slot; the others wait for its connection
+            conn = self._conn
+            if conn is not None and _alive(conn):
+                return conn
+            self._conn = None
+            await self._stop_reader()
+            if conn is not None:
+                await _close_quietly(conn)
+            conn = await self._pool.connection_for(self.index)
+            self._conn = conn
+            self._start_reader(conn)
+            return conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        await self._stop_reader()
+        if conn is not None:
+            await _close_quietly(conn)
+
+    def _start_reader(self, conn: Connection) -> None:
+        """Give `conn` its reader, its handlers a `listen` that waits for it, and its writes
+        a lock of their own (see the module docstring). Only for the plain TCP/TLS
+        transport; another one (AMQP over WebSockets) keeps pyamqp's own polling."""
+        transport: Any = conn._transport
+        if not isinstance(transport, AsyncTransport):
+            return
+        write_lock = asyncio.Lock()
+        raw_write: Any = transport._write
+
+        async def write(data: bytes) -> None:
+            async with write_lock:
+                try:
+                    await raw_write(data)
+                except OSError:
+                    transport.connected = False
+                    raise
+
+        wire: Any = transport  # the instance's own `write` shadows the class's
+        wire.write = write
+        patched: Any = conn
+        read: Any = patched.listen  # pyamqp's own, for the reader
+        socket_timeout = patched._socket_timeout
+
+        async def listen(wait: float | bool = False, batch: int = 1, **kwargs: Any) -> None:
+            if conn._error:
+                raise conn._error
+            if not self.reading:
+                await read(wait=wait, batch=batch, **kwargs)
+                return
+            timeout = socket_timeout if wait is False or wait is True else wait
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._frame.wait()
+            if conn._error:
+                raise conn._error
+
+        patched.listen = listen
+        dispatch: Any = patched._process_incoming_frame
+        incoming = patched._incoming_endpoints
+
+        async def process(channel: int | None, frame: Any) -> Any:
+            # Wake the handler whose session the frame is for (looked up before: an END
+            # unmaps it; and after: a BEGIN answer maps it), or every handler (connection
+            # frames, and sessions no view began).
+            session = incoming.get(channel) if channel is not None else None
+            try:
+                return await dispatch(channel, frame)
+            finally:
+                if session is None and channel is not None:
+                    session = incoming.get(channel)
+                view = self._views.get(session) if session is not None else None
+                if view is not None:
+                    view.wake()
+                elif frame is not None:
+                    self._wake_all()
+
+        patched._process_incoming_frame = process
+
+        async def reader() -> None:
+            try:
+                while not self._stopping and conn._error is None and conn.state not in _DEAD:
+                    await read(wait=_READ_WAIT)
+                    self._pulse()
+            except Exception:
+                if _alive(conn):
+                    # A frame pyamqp failed to process, the connection still up: its handlers
+                    # go back to reading it themselves (`listen`), as without a pool.
+                    log.warning(
+                        "namespace %s: connection %d reader failed; its links poll it",
+                        self._pool.name,
+                        self.index,
+                        exc_info=True,
+                    )
+                else:  # the connection failed: its handlers see its error
+                    log.debug("namespace %s: reader %d ended", self._pool.name, self.index)
+            finally:
+                self._wake_all()
+
+        self._reader = asyncio.create_task(reader(), name=f"amqp reader {self._pool.name}")
+
+    def _pulse(self) -> None:
+        frame, self._frame = self._frame, asyncio.Event()
+        frame.set()
+
+    def _wake_all(self) -> None:
+        for view in list(self._views.values()):
+            view.wake()
+        self._pulse()
+
+    async def _stop_reader(self) -> None:
+        """Stop the reader after its current read (at most `_READ_WAIT`): cancelling it
+        mid-read can leave pyamqp's read waiting for its own cancelled read forever."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            self._stopping = True
+            try:
+                async with asyncio.timeout(_READ_WAIT + _CLOSE_TIMEOUT):
+                    await asyncio.shield(reader)
+            except TimeoutError:
+                reader.cancel()  # our deadline: the connection is closed next anyway
+                log.debug("namespace %s: reader %d did not stop", self._pool.name, self.index)
+            finally:
+                self._stopping = False
+
+
+class _View:
+    """One SDK handler's view of a pooled connection: the pyamqp `Connection` in everything
+    but `listen`, which waits until the slot's reader dispatched a frame to a session this
+    handler began (or to the connection), at most the handler's own wait."""
+
+    def __init__(self, slot: Slot, conn: Connection) -> None:
+        self._slot = slot
+        self._conn: Any = conn
+        self._event = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def create_session(self, **kwargs: Any) -> Any:
+        session = self._conn.create_session(**kwargs)
+        self._slot.watch(session, self)
+        return session
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def listen(self, wait: float | bool = False, batch: int = 1, **kwargs: Any) -> None:
+        conn = self._conn
+        if conn._error:
+            raise conn._error
+        if not self._slot.reading:
+            await conn.listen(wait=wait, batch=batch, **kwargs)
+            return
+        timeout = conn._socket_timeout if wait is False or wait is True else wait
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
+        # Cleared before the handler looks at its state: a frame dispatched from here on
+        # sets it again, so none is missed.
+        self._event.clear()
+        if conn._error:
+            raise conn._error
+
+
+class ConnectionPool:
+    """Up to `size` AMQP connections to the namespace of `client`, shared by sender links.
+
+    `bind(sender)` makes a new, unopened `ServiceBusSender` open its link on the pool;
+    `unbind` gives the slot back when the sender is closed. `close` closes the connections
+    (never raises); the senders must be closed first."""
+
+    def __init__(self, client: ServiceBusClient, size: int, name: str) -> None:
+        if size < 1:
+            raise ValueError("a connection pool needs at least one connection")
+        self._client = client
+        self.name = name
+        self._slots = [Slot(self, i) for i in range(size)]
+        self._opened = itertools.count(1)
+        # pyamqp shares a connection safely only once patched (the pinned SDK only): without
+        # it, each sender keeps the SDK's own connection.
+        self.sharing = pyamqp_sharing.install()
+
+    @property
+    def size(self) -> int:
+        return len(self._slots)
+
+    def open_connections(self) -> int:
+        """Connections open now (for metrics and tests)."""
+        return sum(1 for s in self._slots if s.open)
+
+    def links(self) -> int:
+        """Sender links bound to the pool now."""
+        return sum(s.links for s in self._slots)
+
+    def bind(self, sender: ServiceBusSender) -> Slot:
+        """Attach `sender` (not opened yet) to the least loaded slot.
+
+        Each time the SDK (re)opens the sender's link it gets the slot's live connection: the
+        SDK's `_open` builds its credential and handler, then opens the handler on the
+        connection we set (`open_handler_with_deadline(handler, sender._connection, ...)`)."""
+        slot = min(self._slots, key=lambda s: s.links)
+        slot.links += 1
+        if not self.sharing:
+            return slot
+        open_link = sender._open
+        create_handler = sender._create_handler
+        pending: list[_View] = []
+
+        async def _open(timeout: float | None = None) -> None:  # noqa: ASYNC109 (the SDK's)
+            if sender._running:
+                return
+            pending[:] = [slot.view(await slot.connection())]
+            sender._connection = None  # so `_open` builds this link's own CBS auth
+            await open_link(timeout)
+
+        def _create_handler(auth: Any) -> None:
+            create_handler(auth)
+            sender._connection = pending[0] if pending else None
+            _ready_at_once(sender._handler)
+
+        patched: Any = sender  # instance attributes shadowing the SDK's methods
+        patched._open = _open
+        patched._create_handler = _create_handler
+        return slot
+
+    def unbind(self, slot: Slot) -> None:
+        slot.links -= 1
+
+    async def connection_for(self, index: int) -> Connection:
+        """A new connection, opened (frames sent; the broker's answer is read by the first
+        handler that polls it), built as the SDK's handler builds its own."""
+        client: Any = self._client
+        config = client._config
+        auth = await create_authentication(client)  # type: ignore[no-untyped-call]
+        if client._ssl_context:
+            ssl_opts: dict[str, Any] = {"context": client._ssl_context}
+        else:
+            ssl_opts = {"ca_certs": client._connection_verify or certifi.where()}
+        scheme = "amqps://" if config.use_tls else "amqp://"
+        conn = Connection(
+            scheme + config.hostname,
+            sasl_credential=auth.sasl,
+            ssl_opts=ssl_opts,
+            container_id=f"sbgate-{self.name}-{index}-{uuid.uuid4().hex[:8]}",
+            properties=create_properties(config.user_agent, amqp_transport=client._amqp_transport),
+            network_trace=config.logging_enable,
+            transport_type=config.transport_type,
+            http_proxy=config.http_proxy,
+            custom_endpoint_address=config.custom_endpoint_address,
+            socket_timeout=config.socket_timeout,
+            use_tls=config.use_tls,
+        )
+        try:
+            await conn.open()
+        except BaseException:
+            await _close_quietly(conn)
+            raise
+        log.debug("namespace %s: connection %d opened (#%d)", self.name, index, next(self._opened))
+        return conn
+
+    async def close(self) -> None:
+        await asyncio.gather(*(slot.close() for slot in self._slots))
+
+
+def _ready_at_once(handler: Any) -> None:
+    """Make `handler.client_ready_async` return only once the link is ready.
+
+    The SDK opens a link by calling it until it answers True, sleeping 50 ms after each
+    False: with the session, the `$cbs` exchange and the attach, four calls and ~150 ms of
+    sleep per cold sender (docs/deploy.md#sizing). Every False path already waited for a
+    frame (`listen`: here, for one to this handler's session), so looping at once costs no
+    busy wait; the SDK's deadline around each call still bounds it (it is cancellable)."""
+    ready: Any = handler.client_ready_async
+
+    async def client_ready_async() -> bool:
+        while not await ready():  # noqa: ASYNC110 (each False already waited for a frame)
+            await asyncio.sleep(0)  # a yield, should one ever not have
+        return True
+
+    handler.client_ready_async = client_ready_async
+
+
+async def _close_quietly(conn: Connection) -> None:
+    try:
+        async with asyncio.timeout(_CLOSE_TIMEOUT):
+            await conn.close()
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # a dead connection may fail to close in any way; it is gone either way
+        log.debug("closing a connection failed", exc_info=True)

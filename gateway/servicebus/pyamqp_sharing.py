@@ -1,0 +1,184 @@
+"""What the SDK's pyamqp needs to let several handlers share one connection safely.
+
+pyamqp has no reader task: each handler polls the socket itself (`connection.listen`), and
+a frame it reads is dispatched to whichever session and link it belongs to. On a connection
+of its own a handler is the only poller, so pyamqp can write a frame and set the endpoint's
+state *after* the write returns. On a shared connection another handler polls meanwhile and
+may read the peer's answer in that window, which then meets the old state:
+
+* `Link.attach` writes ATTACH, then sets ATTACH_SENT: the peer's ATTACH read in between
+  leaves ATTACHED, which the late ATTACH_SENT overwrites — the link never becomes ready and
+  its open times out. And the session's BEGIN answer, read while `attach` waits for the
+  socket, makes the session attach its still-DETACHED links a second time: the peer closes
+  the whole connection ("link name already attached"), failing every link on it.
+* `Session.begin` writes BEGIN, then sets BEGIN_SENT: an answer read in between finds the
+  session UNMAPPED, takes it for the peer's own BEGIN and answers with a second one.
+* `Session.end` and `Link.detach` likewise: the answer read in between finds the endpoint
+  still mapped or attached, and pyamqp answers a close that needs none — a frame on an
+  ended channel or a detached handle, which the peer may treat as a protocol error.
+* A queued delivery is marked sent, and the session's next delivery id advanced, only after
+  its TRANSFER is written: a link ATTACH answer read meanwhile sends the same delivery again
+  (`update_pending_deliveries`) with the same delivery id, and the peer closes the
+  connection ("sequencing error").
+
+`install` makes each of these set the state first and write second (the frame is built from
+the same fields), sends each delivery once, and writes one TRANSFER at a time per session;
+answers then always meet the state the frame implies. It patches the
+classes of the pinned azure-servicebus (`encoding.SDK_VERSION`) only, once per process;
+with any other version it returns False and the pool does not share connections
+(`gateway.servicebus.pool`). tests/broker/test_pooled_links.py and
+tests/gateway/test_many_entities.py fail without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from azure.servicebus._pyamqp.aio._link_async import Link
+from azure.servicebus._pyamqp.aio._sender_async import SenderLink
+from azure.servicebus._pyamqp.aio._session_async import Session
+from azure.servicebus._pyamqp.constants import LinkState, SessionState
+
+from gateway.servicebus.encoding import VERSION_MATCHES
+
+_installed = False
+
+# What `install` replaces or wraps, and the SDK code the pool relies on besides, as they were
+# before any patch: tests/gateway/test_pyamqp_sharing.py pins their sources, so that an SDK
+# change cannot slip past this module and gateway/servicebus/pool.py unread.
+ORIGINALS: dict[str, Any] = {
+    "Session._outgoing_attach": Session._outgoing_attach,
+    "Session.begin": Session.begin,
+    "Session.end": Session.end,
+    "Session._outgoing_transfer": Session._outgoing_transfer,
+    "Link.attach": Link.attach,
+    "Link.detach": Link.detach,
+    "Link._set_state": Link._set_state,
+    "Link._on_session_state_change": Link._on_session_state_change,
+    "Link._outgoing_attach": Link._outgoing_attach,
+    "SenderLink._outgoing_transfer": SenderLink._outgoing_transfer,
+    "SenderLink.update_pending_deliveries": SenderLink.update_pending_deliveries,
+    "SenderLink._incoming_attach": SenderLink._incoming_attach,
+}
+
+
+async def _session_outgoing_attach(self: Any, frame: Any) -> None:
+    # The frame is built (with the DETACHED-only fields); mark its link sent before writing.
+    link = self.links.get(frame.name)
+    if link is not None and link.state == LinkState.DETACHED:
+        link.state = LinkState.ATTACH_SENT
+    await self._connection._process_outgoing_frame(self.channel, frame)
+
+
+async def _link_attach(self: Any) -> None:
+    if self._is_closed:
+        raise ValueError("Link already closed.")
+    if self.state != LinkState.DETACHED:
+        return  # the session attached it when its BEGIN answer was read
+    await self._outgoing_attach()
+    await self._set_state(LinkState.ATTACH_SENT)
+
+
+_link_set_state: Any = Link._set_state
+
+
+async def _link_set_state_patched(self: Any, new_state: Any) -> None:
+    if new_state == LinkState.ATTACH_SENT and self.state == LinkState.ATTACHED:
+        return  # the answer was read while the ATTACH was being written
+    await _link_set_state(self, new_state)
+
+
+async def _link_detach(self: Any, close: bool = False, error: Any = None) -> None:
+    if self.state in (LinkState.DETACHED, LinkState.DETACH_SENT, LinkState.ERROR):
+        return
+    try:
+        self._check_if_closed()
+        if self.state in (LinkState.ATTACH_SENT, LinkState.ATTACH_RCVD):
+            await self._outgoing_detach(close=close, error=error)
+            await self._set_state(LinkState.DETACHED)
+        elif self.state == LinkState.ATTACHED:
+            await self._set_state(LinkState.DETACH_SENT)
+            await self._outgoing_detach(close=close, error=error)
+    except Exception:  # as pyamqp: a failed detach leaves the link detached
+        await self._set_state(LinkState.DETACHED)
+
+
+async def _session_begin(self: Any, wait: bool = False) -> None:
+    if self.state == SessionState.UNMAPPED:
+        await self._set_state(SessionState.BEGIN_SENT)
+        await self._outgoing_begin()
+    else:  # answering the peer's BEGIN: pyamqp's own order (its frame reads the state)
+        await self._outgoing_begin()
+        await self._set_state(SessionState.BEGIN_SENT)
+    if wait:
+        await self._wait_for_response(wait, SessionState.BEGIN_SENT)
+    elif not self.allow_pipelined_open:
+        raise ValueError(
+            "Connection has been configured to not allow piplined-open. "
+            "Please set 'wait' parameter."
+        )
+
+
+async def _session_end(self: Any, error: Any = None, wait: bool = False) -> None:
+    try:
+        new_state = SessionState.DISCARDING if error else SessionState.END_SENT
+        if self.state not in (SessionState.UNMAPPED, SessionState.DISCARDING):
+            links = list(self.links.values())
+            for link in links:  # before END: no DETACH may follow it on this channel
+                await link.detach()
+            await self._set_state(new_state)
+            await self._outgoing_end(error=error)
+        else:
+            await self._set_state(new_state)
+        await self._wait_for_response(wait, SessionState.UNMAPPED)
+    except Exception:  # as pyamqp: a failed end leaves the session unmapped
+        await self._set_state(SessionState.UNMAPPED)
+
+
+_session_transfer: Any = Session._outgoing_transfer
+_sender_transfer: Any = SenderLink._outgoing_transfer
+
+
+async def _session_outgoing_transfer(self: Any, delivery: Any, trace: Any) -> None:
+    # One TRANSFER at a time per session: the delivery id is read before the write and
+    # advanced after it.
+    lock = self.__dict__.get("_sbgate_transfers")
+    if lock is None:
+        lock = self.__dict__["_sbgate_transfers"] = asyncio.Lock()
+    async with lock:
+        await _session_transfer(self, delivery, trace)
+
+
+async def _sender_outgoing_transfer(self: Any, delivery: Any) -> bool:
+    # Each delivery once: `sent` is only set after the write, so mark it before.
+    if delivery.__dict__.get("_sbgate_sending"):
+        return False
+    delivery.__dict__["_sbgate_sending"] = True
+    try:
+        return bool(await _sender_transfer(self, delivery))
+    finally:
+        if not delivery.sent:  # not written (session busy or unmapped): may be sent later
+            delivery.__dict__["_sbgate_sending"] = False
+
+
+def install() -> bool:
+    """Patch pyamqp for shared connections (idempotent); False when the installed SDK is
+    not the pinned one (the pool then gives each sender its own connection)."""
+    global _installed
+    if not VERSION_MATCHES:
+        return False
+    if not _installed:
+        patched: Any = Session
+        patched._outgoing_attach = _session_outgoing_attach
+        patched.begin = _session_begin
+        patched.end = _session_end
+        link: Any = Link
+        link.attach = _link_attach
+        link._set_state = _link_set_state_patched
+        link.detach = _link_detach
+        patched._outgoing_transfer = _session_outgoing_transfer
+        sender: Any = SenderLink
+        sender._outgoing_transfer = _sender_outgoing_transfer
+        _installed = True
+    return True
