@@ -330,6 +330,7 @@ async def ledger_ctx(app: web.Application) -> AsyncIterator[None]:
     """The event ledger: flushed and closed after everything that emits."""
     edge = app[EDGE]
     edge.metrics.bind_ledger(edge.ledger)
+    edge.ledger.task_observer = edge.metrics  # its writer is supervised
     async with edge.ledger:
         yield
 

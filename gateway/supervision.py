@@ -1,7 +1,10 @@
 """Supervised long-running loops: one that raises is logged, counted and restarted.
 
 Every background loop of the gateway (a syphon queue, the syphon's supervisor, a pinger, the
-state store's writer and supervisor) runs inside `supervised`. A loop that returns is done; a
+state store's writer and supervisor, the ledger's writer) runs inside `supervised`. The
+dispatcher's sender workers are not restarted in place: one that meets an unexpected error
+fails the requests it held, is logged and counted the same way, and the lane's next request
+starts another. A loop that returns is done; a
 loop that is cancelled stops (its owner cancels and awaits it); a loop that raises anything
 else has met a bug or a value nobody foresaw: its traceback is logged, the restart is counted
 (`sbgate_task_restarts_total{task=...}`, alert `SbgateTaskRestarting`) and the loop starts

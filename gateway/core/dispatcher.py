@@ -113,6 +113,9 @@ class DispatchObserver:
     def batch_split(self, dest: str) -> None:
         """One extra broker send made to isolate a refused message (`Dispatcher._isolate`)."""
 
+    def task_restarted(self, task: str) -> None:
+        """A worker met an unexpected error and ended (the next request starts another)."""
+
 
 class _Worker:
     """One worker task of a lane and the sender it owns (None until it needs one)."""
@@ -397,10 +400,16 @@ class Dispatcher:
         return True
 
     async def _worker(self, w: _Worker) -> None:
+        """Send what the lane has pending until idle or stopped. An unexpected error (a bug)
+        fails the requests it held, is logged with its traceback and counted
+        (`sbgate_task_restarts_total{task="sender_worker"}`); the worker ends, and the lane's
+        next request starts another (never at once: a bug that recurs must not spin)."""
         lane = w.lane
+        groups: list[_Group] = []
         try:
             lane.starting -= 1
             while not self._stopping:
+                groups = []
                 if not await self._park(w):
                     return
                 if self._stopping:
@@ -435,6 +444,16 @@ class Dispatcher:
                         w.last_used = asyncio.get_running_loop().time()
                         if w.sender is not None:
                             self._parked[w] = None  # the most recently used
+        except asyncio.CancelledError:
+            # Shutdown (or a lost cancel's second one): whatever this worker held and did not
+            # settle — halves `_isolate` had not sent yet, a batch whose suspect sender was
+            # being discarded — fails now, or its callers would wait for ever.
+            self._fail(groups, SendFailure(SHUTDOWN, "the gateway shut down during the send"))
+            raise
+        except Exception:
+            log.exception("sender worker for %s failed; the next request starts another", lane.dest)
+            self._observer.task_restarted("sender_worker")
+            self._fail(groups, SendFailure(UNKNOWN, "unexpected error in the gateway"))
         finally:
             self._retire(w)
             sender, w.sender = w.sender, None
@@ -542,6 +561,9 @@ class Dispatcher:
         while todo:
             part = [g for g in todo.pop() if not g.future.done()]
             if not part:
+                continue
+            if self._stopping:  # a worker whose cancel was lost sends nothing more
+                self._fail(part, SendFailure(SHUTDOWN, "the gateway shut down"))
                 continue
             if budget <= 0:
                 self._fail(

@@ -20,6 +20,7 @@ import orjson
 
 from gateway.ledger.events import LEDGER_VERSION, LedgerEvent, Route, format_ts, new_event_ids
 from gateway.ledger.sinks import EncodedLine, LedgerSink
+from gateway.supervision import TaskObserver, supervised
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ class EventLedger(Protocol):
     def write_errors(self) -> int: ...
     @property
     def queue_depth(self) -> int: ...
+
+    # Told when the writer task raised and is restarted (metrics); set before `start`.
+    task_observer: TaskObserver | None
 
     def emit(
         self,
@@ -121,6 +125,8 @@ class Ledger:
         self._closing = False
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+        # Told when the writer raised and is restarted (metrics; set by the app before `start`).
+        self.task_observer: TaskObserver | None = None
         self._executor: ThreadPoolExecutor | None = None
         # flush() waiters: (number of events that must be done, future to resolve)
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -187,7 +193,10 @@ class Ledger:
             raise RuntimeError("ledger is closed")
         if self._task is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="ledger-writer")
+            # Supervised: a bug or an unforeseen value never ends the writer quietly.
+            self._task = asyncio.get_running_loop().create_task(
+                supervised("ledger_writer", self._run, self.task_observer), name="ledger-writer"
+            )
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -421,6 +430,7 @@ class NullLedger:
     dropped: Final = 0
     write_errors: Final = 0
     queue_depth: Final = 0
+    task_observer: TaskObserver | None = None  # no writer task
 
     def emit(
         self,

@@ -253,8 +253,8 @@ class SdkNamespaceClient:
         return SdkSender(self.name, path, sender, self._closer, lambda: self.pool.unbind(slot))
 
     async def close(self) -> None:
-        """Within 2 * `CLOSE_TIMEOUT` + 3 * `CANCEL_GRACE` + the pool's reader wait, whatever
-        the SDK does; never raises but CancelledError. The pooled connections close after
+        """Within `CLOSE_TIMEOUT` + `POOL_CLOSE_TIMEOUT` + 2 * `CANCEL_GRACE`, whatever the SDK
+        does; never raises but CancelledError. The pooled connections close after
         the handlers: they end their sessions on them."""
         await self._closer.run(f"closing client {self.name}", self._client.close(), CLOSE_TIMEOUT)
         await self._closer.run(

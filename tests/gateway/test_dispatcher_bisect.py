@@ -135,3 +135,135 @@ async def test_a_batch_failing_for_the_namespace_is_not_bisected():
         await d.close(grace=1.0)
     assert all(isinstance(o, SendFailure) and o.classification is CONNECTION for o in outcomes)
     assert observer.splits == 0 and len(client.batches) == 2
+
+
+# -- shutdown and bugs in the middle of a bisection (the review of the merged dispatcher) ----
+
+
+async def _all_settled(tasks: Sequence[asyncio.Task[None]]) -> list[BaseException | None]:
+    """Every request's outcome; fails the test if one is still waiting (a liveness bound)."""
+    async with asyncio.timeout(10):
+        await asyncio.wait(tasks)
+    return [t.exception() for t in tasks]
+
+
+async def test_shutdown_during_a_bisection_settles_every_request() -> None:
+    gate = asyncio.Event()
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        if len(client.batches) == 1:
+            await gate.wait()
+            raise SendFailure(MESSAGE_REFUSED, "amqp:decode-error")
+        await asyncio.Event().wait()  # the halves hang until shutdown
+
+    client = FakeClient(behaviour=behaviour)
+    d = Dispatcher(LIMITS, TIMEOUTS)
+    dest = Destination(client, "orders")
+    tasks = [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(4)]
+    while not client.batches:
+        await asyncio.sleep(0)
+    gate.set()
+    while len(client.batches) < 2:  # the first half is out
+        await asyncio.sleep(0)
+    await d.close(grace=0.0)
+    outcomes = await _all_settled(tasks)
+    assert all(isinstance(e, SendFailure) and e.kind.value == "shutdown" for e in outcomes)
+
+
+async def test_shutdown_while_a_suspect_sender_is_discarded_settles_the_request() -> None:
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        raise SendFailure(CONNECTION, "the link broke")  # the sender is discarded
+
+    client = FakeClient(behaviour=behaviour)
+    closing = asyncio.Event()
+    open_sender = client.open_sender
+
+    async def slow_close_sender(path: str):  # type: ignore[no-untyped-def]
+        sender = await open_sender(path)
+
+        async def close() -> None:
+            closing.set()
+            await asyncio.Event().wait()  # a close that hangs (bounded by our deadline)
+
+        sender.close = close  # type: ignore[method-assign]
+        return sender
+
+    client.open_sender = slow_close_sender  # type: ignore[method-assign]
+    d = Dispatcher(LIMITS, TIMEOUTS)
+    task = asyncio.create_task(d.send(Destination(client, "orders"), [msg(1)]))
+    async with asyncio.timeout(10):
+        await closing.wait()
+    await d.close(grace=0.0)
+    (outcome,) = await _all_settled([task])
+    assert isinstance(outcome, SendFailure)
+
+
+async def test_a_worker_whose_cancel_was_lost_stops_bisecting_at_shutdown() -> None:
+    sent_after_stop = 0
+    stopping = False
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        nonlocal sent_after_stop
+        if stopping:
+            sent_after_stop += 1
+        if len(client.batches) == 1:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                pass  # the SDK lost the cancel (CPython gh-86296)
+        raise SendFailure(MESSAGE_REFUSED, "amqp:decode-error")
+
+    client = FakeClient(behaviour=behaviour)
+    d = Dispatcher(LIMITS, TIMEOUTS)
+    dest = Destination(client, "orders")
+    tasks = [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(16)]
+    while not client.batches:
+        await asyncio.sleep(0)
+    stopping = True
+    await d.close(grace=0.0)
+    outcomes = await _all_settled(tasks)
+    assert sent_after_stop <= 1  # the send whose cancel was lost, and nothing more
+    assert all(e is not None for e in outcomes)
+
+
+async def test_a_bug_in_a_worker_fails_its_requests_is_counted_and_the_lane_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Restarts(DispatchObserver):
+        def __init__(self) -> None:
+            self.tasks: list[str] = []
+
+        def task_restarted(self, task: str) -> None:
+            self.tasks.append(task)
+
+    calls = 0
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise AssertionError("a bug nobody foresaw")  # not an Exception the send maps
+
+    client = FakeClient(behaviour=behaviour)
+    observer = Restarts()
+    d = Dispatcher(LIMITS, TIMEOUTS, observer=observer)
+    dest = Destination(client, "orders")
+    original = d._settle
+
+    def settle_once_broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if calls == 1:
+            raise RuntimeError("a bug in settling")
+        return original(*args, **kwargs)
+
+    d._settle = settle_once_broken  # type: ignore[method-assign]
+    try:
+        with caplog.at_level("ERROR", logger="gateway.core.dispatcher"):
+            with pytest.raises(SendFailure):
+                async with asyncio.timeout(10):
+                    await d.send(dest, [msg(1)])
+        assert observer.tasks == ["sender_worker"]
+        assert any(r.exc_info for r in caplog.records), "logged with its traceback"
+        async with asyncio.timeout(10):
+            await d.send(dest, [msg(2)])  # a new worker serves the lane
+    finally:
+        await d.close(grace=0.0)
