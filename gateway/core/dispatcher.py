@@ -261,6 +261,8 @@ class Dispatcher:
             await self._gate.acquire(size, self._limits.admission_timeout)
         group: _Group | None = None
         try:
+            if self._closing:  # shutdown began while this request waited for room
+                raise Draining("the gateway is shutting down")
             lane = self._lane(dest)
             trace = tracer.current() if tracer.enabled else None
             group = _Group(messages, size, loop.create_future(), deadline, trace)
@@ -420,7 +422,9 @@ class Dispatcher:
                 # waiting it out, while other destinations (the backlog queues) keep their
                 # slots.
                 opening: BaseException | None = None
+                open_started: float | None = None
                 if w.sender is None and lane.pending:
+                    open_started = self._clock()
                     w.sender, opening = await self._open(lane)
                 async with self._in_flight:
                     lane.claiming += 1  # from here to `take`, `_expire` leaves pending alone
@@ -437,7 +441,15 @@ class Dispatcher:
                     self._observer.in_flight(1)
                     self._parked.pop(w, None)  # in use: not a candidate for eviction
                     try:
-                        w.sender = await self._deliver(lane, w.sender, groups, opening)
+                        # A failed open is reported as of when it began (failover weighs
+                        # it against the entity's last success and this replica's lag).
+                        w.sender = await self._deliver(
+                            lane,
+                            w.sender,
+                            groups,
+                            opening,
+                            started=open_started if opening is not None else None,
+                        )
                     finally:
                         lane.busy -= 1
                         self._observer.in_flight(-1)
@@ -494,12 +506,14 @@ class Dispatcher:
         sender: Sender | None,
         groups: list[_Group],
         opening: BaseException | None = None,
+        *,
+        started: float | None = None,
     ) -> Sender | None:
         """Send `groups` as one batch; settle every group's future. Returns the sender to
         keep (None when it must be reopened). `opening`: why the sender could not be
-        opened just before; the groups fail with it. A batch of several requests refused
-        for a message's sake is bisected (`_isolate`)."""
-        started = self._clock()
+        opened just before (`started`: when that open began); the groups fail with it. A
+        batch of several requests refused for a message's sake is bisected (`_isolate`)."""
+        started = self._clock() if started is None else started
         sender, failure = await self._attempt(lane, sender, groups, opening)
         if failure is not None and failure.classification.message_fault and len(groups) > 1:
             self._observe(lane, groups, started, failure)

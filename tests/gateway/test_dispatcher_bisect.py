@@ -267,3 +267,24 @@ async def test_a_bug_in_a_worker_fails_its_requests_is_counted_and_the_lane_goes
             await d.send(dest, [msg(2)])  # a new worker serves the lane
     finally:
         await d.close(grace=0.0)
+
+
+async def test_a_failed_open_is_reported_as_of_when_the_open_began() -> None:
+    """Failover weighs a failure by when its broker operation began (stale reports, our own
+    loop lag): for a sender that could not be opened, that is the open's start, not the
+    moment the failure was settled."""
+    now = [1000.0]
+
+    class SlowFailingOpen(FakeClient):
+        async def open_sender(self, path: str):  # type: ignore[no-untyped-def]
+            now[0] += 7.0  # the open took 7 s (of this clock) and failed
+            raise SendFailure(CONNECTION, "connection refused")
+
+    d = Dispatcher(LIMITS, TIMEOUTS, clock=lambda: now[0])
+    try:
+        with pytest.raises(SendFailure) as info:
+            async with asyncio.timeout(10):
+                await d.send(Destination(SlowFailingOpen(), "orders"), [msg(1)])
+        assert info.value.started == 1000.0
+    finally:
+        await d.close(grace=0.0)
