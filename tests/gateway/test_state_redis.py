@@ -95,6 +95,10 @@ async def replicas(
     for s, r in zip(stores, recs, strict=True):
         s.subscribe(r.on_entity, r.on_backlog, r.on_write)
     await asyncio.gather(*(s.start() for s in stores))
+    # `start` waits for the first attempt only: on a loaded machine it may fail (op_timeout
+    # 0.5 s) and the next one connect. A test that begins with every replica connected must
+    # wait for that — a store not connected yet fails open (a lease is granted to all).
+    await eventually(lambda: all(s.connected for s in stores), what="every replica connected")
     try:
         yield stores, recs
     finally:
@@ -521,7 +525,7 @@ async def test_start_with_redis_down_returns_then_connects_when_it_comes_up() ->
 async def test_close_is_bounded_while_redis_is_paused(redis_server: RedisServer) -> None:
     store = RedisStateStore(target(redis_server), "r0", **FAST)  # type: ignore[arg-type]
     await store.start()
-    assert store.connected
+    await eventually(lambda: store.connected, what="connected")
     tasks = list(store._tasks)
     redis_server.pause()
     try:
