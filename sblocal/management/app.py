@@ -170,21 +170,18 @@ class _ManagementApi:
 
     def _put_queue(self, path: str, body: ET.Element | None, update: bool) -> QueueProperties:
         if not update:
-            props = atom.read_description(
-                body, "QueueDescription", atom.QUEUE_FIELDS, QueueProperties()
-            )
-            atom.validate(props)
+            props = atom.described(body, "QueueDescription", atom.QUEUE_FIELDS, QueueProperties())
             return self._registry.create_queue(path, props)
         current = self._registry.get_queue(path)
         if current is None:
             raise HttpError(404, f"The queue {path!r} does not exist.")
-        props = atom.read_description(body, "QueueDescription", atom.QUEUE_FIELDS, current)
-        atom.validate(props)
-        atom.check_immutable(
+        props = atom.described(
+            body,
+            "QueueDescription",
+            atom.QUEUE_FIELDS,
             current,
-            props,
-            ("requires_session", "requires_duplicate_detection", "enable_partitioning"),
-            "queue",
+            immutable=("requires_session", "requires_duplicate_detection", "enable_partitioning"),
+            what="queue",
         )
         registry = self._registry
         if not isinstance(registry, SupportsQueueUpdate):
@@ -193,18 +190,18 @@ class _ManagementApi:
 
     def _put_topic(self, path: str, body: ET.Element | None, update: bool) -> TopicProperties:
         if not update:
-            props = atom.read_description(
-                body, "TopicDescription", atom.TOPIC_FIELDS, TopicProperties()
-            )
-            atom.validate(props)
+            props = atom.described(body, "TopicDescription", atom.TOPIC_FIELDS, TopicProperties())
             return self._registry.create_topic(path, props)
         current = self._registry.get_topic(path)
         if current is None:
             raise HttpError(404, f"The topic {path!r} does not exist.")
-        props = atom.read_description(body, "TopicDescription", atom.TOPIC_FIELDS, current)
-        atom.validate(props)
-        atom.check_immutable(
-            current, props, ("requires_duplicate_detection", "enable_partitioning"), "topic"
+        props = atom.described(
+            body,
+            "TopicDescription",
+            atom.TOPIC_FIELDS,
+            current,
+            immutable=("requires_duplicate_detection", "enable_partitioning"),
+            what="topic",
         )
         registry = self._registry
         if not isinstance(registry, SupportsTopicUpdate):
@@ -264,10 +261,9 @@ class _ManagementApi:
         self, request: web.Request, topic: str, name: str, body: ET.Element | None
     ) -> web.Response:
         if "If-Match" not in request.headers:
-            props = atom.read_description(
+            props = atom.described(
                 body, "SubscriptionDescription", atom.SUBSCRIPTION_FIELDS, SubscriptionProperties()
             )
-            atom.validate(props)
             if self._registry.get_topic(topic) is None:
                 raise HttpError(404, f"The topic {topic!r} could not be found.")
             created = self._registry.create_subscription(topic, name, props)
@@ -276,11 +272,14 @@ class _ManagementApi:
         current = self._registry.get_subscription(topic, name)
         if current is None:
             raise HttpError(404, f"The subscription {topic}|{name} could not be found.")
-        props = atom.read_description(
-            body, "SubscriptionDescription", atom.SUBSCRIPTION_FIELDS, current
+        props = atom.described(
+            body,
+            "SubscriptionDescription",
+            atom.SUBSCRIPTION_FIELDS,
+            current,
+            immutable=("requires_session",),
+            what="subscription",
         )
-        atom.validate(props)
-        atom.check_immutable(current, props, ("requires_session",), "subscription")
         registry = self._registry
         if not isinstance(registry, SupportsSubscriptionUpdate):
             raise HttpError(501, "This sblocal registry cannot update subscriptions.")

@@ -337,6 +337,23 @@ def validate(props: Props) -> None:
         )
 
 
+def described(
+    element: ET.Element | None,
+    expected: str,
+    fields: Iterable[Field],
+    base: _P,
+    *,
+    immutable: Iterable[str] = (),
+    what: str = "",
+) -> _P:
+    """`base` with `element`'s settable fields applied and the service's checks run: its
+    ranges, and on an update (`immutable` given) the fields that may not change."""
+    props = read_description(element, expected, fields, base)
+    validate(props)
+    check_immutable(base, props, immutable, what)
+    return props
+
+
 def check_immutable(old: _P, new: _P, names: Iterable[str], what: str) -> None:
     """The service refuses to change these on an existing entity (400)."""
     for name in names:
