@@ -15,6 +15,7 @@ from gateway.core.dispatcher import Destination, Dispatcher, DispatchObserver, s
 from gateway.core.message import OutboundMessage
 from gateway.errors import CONNECTION, MESSAGE_REFUSED, Saturated, SendFailure
 from tests.support.fakes import FakeClient, msg
+from tests.support.waiting import eventually
 
 LIMITS = LimitSettings(senders_per_entity=1, admission_timeout=5.0, max_batch_messages=200)
 TIMEOUTS = TimeoutSettings(send_timeout=5.0, connect_timeout=1.0)
@@ -140,6 +141,15 @@ async def test_a_batch_failing_for_the_namespace_is_not_bisected():
 # -- shutdown and bugs in the middle of a bisection (the review of the merged dispatcher) ----
 
 
+async def _sending(client: FakeClient, n: int) -> tuple[Dispatcher, list[asyncio.Task[None]]]:
+    """`n` one-message requests to `orders`, once the first batch is at the broker."""
+    d = Dispatcher(LIMITS, TIMEOUTS)
+    dest = Destination(client, "orders")
+    tasks = [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(n)]
+    await eventually(lambda: bool(client.batches), every=0, what="the first batch sent")
+    return d, tasks
+
+
 async def _all_settled(tasks: Sequence[asyncio.Task[None]]) -> list[BaseException | None]:
     """Every request's outcome; fails the test if one is still waiting (a liveness bound)."""
     async with asyncio.timeout(10):
@@ -157,14 +167,9 @@ async def test_shutdown_during_a_bisection_settles_every_request() -> None:
         await asyncio.Event().wait()  # the halves hang until shutdown
 
     client = FakeClient(behaviour=behaviour)
-    d = Dispatcher(LIMITS, TIMEOUTS)
-    dest = Destination(client, "orders")
-    tasks = [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(4)]
-    while not client.batches:
-        await asyncio.sleep(0)
+    d, tasks = await _sending(client, 4)
     gate.set()
-    while len(client.batches) < 2:  # the first half is out
-        await asyncio.sleep(0)
+    await eventually(lambda: len(client.batches) >= 2, every=0, what="the first half out")
     await d.close(grace=0.0)
     outcomes = await _all_settled(tasks)
     assert all(isinstance(e, SendFailure) and e.kind.value == "shutdown" for e in outcomes)
@@ -214,11 +219,7 @@ async def test_a_worker_whose_cancel_was_lost_stops_bisecting_at_shutdown() -> N
         raise SendFailure(MESSAGE_REFUSED, "amqp:decode-error")
 
     client = FakeClient(behaviour=behaviour)
-    d = Dispatcher(LIMITS, TIMEOUTS)
-    dest = Destination(client, "orders")
-    tasks = [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(16)]
-    while not client.batches:
-        await asyncio.sleep(0)
+    d, tasks = await _sending(client, 16)
     stopping = True
     await d.close(grace=0.0)
     outcomes = await _all_settled(tasks)
