@@ -1,7 +1,7 @@
 """The docs say what the code does: the reference tables are rendered from the code; each
 reference page lists every setting, route, metric, error code and `make` target, and the
 README, an entrance, links to it and to every other page; and every setting, metric, `make`
-target, module and link the pages name exists."""
+target, module, file and link the pages name exists."""
 
 from __future__ import annotations
 
@@ -151,10 +151,22 @@ def _commands(pattern: str, page: Path) -> set[str]:
     return set(re.findall(pattern, "\n".join(_CODE.findall(text(page)))))
 
 
+_REPO_PATH = re.compile(
+    r"`((?:gateway|sblocal|pipeline|tests|bench|loadtests|scripts|helm|dev|fuzz|docs|requirements)"
+    r"/[^`\s]*)`"
+)
+_NOT_COMMITTED = {"bench/out/"}  # written by the benchmarks
+
+
+def _exists(path: str) -> bool:
+    path = path.partition("::")[0]  # tests/x.py::test_name
+    return any(ROOT.glob(path)) if any(c in path for c in "*?[") else (ROOT / path).exists()
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_every_setting_metric_make_target_and_module_a_page_names_exists(page):
-    """Text moved between pages, or a renamed setting, leaves no name behind that the code
-    no longer has."""
+def test_every_setting_metric_make_target_module_and_file_a_page_names_exists(page):
+    """Text moved between pages, or a renamed setting or file, leaves no name behind that the
+    code no longer has."""
     settings = _named(r"\bSBGATE_[A-Z0-9_]*[A-Z0-9]\b(?!\*)", page) - _NOT_SETTINGS
     assert not settings - env_names(), f"unknown settings: {sorted(settings - env_names())}"
     series = set().union(*_metric_families().values())
@@ -165,6 +177,8 @@ def test_every_setting_metric_make_target_and_module_a_page_names_exists(page):
     modules = _commands(r"python -m ([a-z_][\w.]*)", page)
     absent = sorted(m for m in modules if importlib.util.find_spec(m) is None)
     assert not absent, f"`python -m` of modules that do not exist: {absent}"
+    files = sorted(f for f in _named(_REPO_PATH.pattern, page) - _NOT_COMMITTED if not _exists(f))
+    assert not files, f"files that do not exist: {files}"
 
 
 def _anchor(heading: str) -> str:
