@@ -87,7 +87,7 @@ def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = Fals
         if info is not None:
             exports.append(f"CTRL={info['control']}")
             primary = info["namespaces"].get("primary")
-            if primary is not None:  # for `gateway drain` (README: the audit)
+            if primary is not None:  # for `gateway drain` (docs/pipeline.md: the audit)
                 exports.append(f"PRIMARY='{primary['connection_string']}'")
         auth = '-H "Authorization: $SEND" ' if tokens else ""
         lines.append("try (paste the export line first, in the shell you run curl from):")

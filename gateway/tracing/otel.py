@@ -7,7 +7,7 @@ process, so no app of its own per test), records HTTP metrics that /metrics alre
 is a 0.x package pinned to exact SDK releases. Ours is a dozen lines on the stable API, uses
 this app's own provider, and names spans by the route as the HTTP conventions say.
 
-Spans (the names are the README's):
+Spans (the names are docs/observability.md's):
 
 * ``POST /{kind}/{name}/messages`` (server; ``POST /{name}/messages`` for the short path):
   one per request, a child of the client's

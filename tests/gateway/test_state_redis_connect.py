@@ -233,7 +233,7 @@ def sentinel_group() -> Iterator[SentinelGroup]:
 async def test_after_a_sentinel_failover_the_replicas_follow_the_promoted_master(
     sentinel_group: SentinelGroup,
 ) -> None:
-    # As the README's recipe says, through the settings.
+    # As docs/configuration.md#redis-on-azure says, through the settings.
     env = {"SBGATE_REDIS_URL": sentinel_group.url, "SBGATE_REDIS_MODE": "sentinel"}
     target = redis_target(load_settings(env))
     async with two([target, target]) as stores:
