@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= dev
 
 .PHONY: run test venv sysdeps lint typecheck pytest packaging broker bench fuzz load chaos clean \
-	tools lock lock-check wheel pipeline-dist
+	tools lock lock-check wheel pipeline-dist chart-readme
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -50,14 +50,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-## packaging: the lock, hadolint on both Dockerfile targets, Helm's own lint, a render of the
-## chart and its manifests validated against Kubernetes' schemas
-packaging:
+## packaging: the lock, hadolint on both Dockerfile targets, and tests/packaging: Helm's own
+## lint, renders of the chart for several value sets validated against Kubernetes' schemas, the
+## alerts and the dashboard, the chart README's tables against values.yaml
+packaging: $(STAMP) sysdeps
 	scripts/lint-packaging.sh
 
-## tools: the packaging tools (.venv-tools: hadolint, Helm's library, uv, kubernetes-validate)
+## tools: the packaging tools (.venv-tools: hadolint, Helm's library, uv, kubernetes-validate;
+## .tools: bitnami's readme-generator-for-helm, which needs Node.js 20+ and npm)
 tools:
 	scripts/lint-packaging.sh --install-only
+
+## chart-readme: rewrite helm/sbgate/README.md's parameter tables from values.yaml's `## @param` lines
+chart-readme: tools
+	.tools/node_modules/.bin/readme-generator --values helm/sbgate/values.yaml --readme helm/sbgate/README.md
 
 ## lock: re-resolve uv.lock and requirements/*.txt after editing pyproject.toml's dependencies
 lock: tools
@@ -75,8 +81,9 @@ wheel:
 pipeline-dist:
 	$(PY) scripts/pipeline_dist.py
 
+## pytest: every test but tests/packaging, which `make packaging` runs
 pytest: $(STAMP) sysdeps
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q --durations=15 --ignore=tests/packaging
 
 ## test-fast: unit tests and the fast integration tests, not the `slow` ones (gateway end to
 ## end, Spark, chaos, fuzzing): about a minute, for the edit-test loop. `make test` runs all.

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Lint the packaging: the lock, hadolint on the Dockerfile (both targets), what each image may
-# contain, Helm's own lint and render checks on helm/sbgate (default values and
-# helm/sbgate/ci/production-values.yaml), and every rendered manifest validated against the
-# Kubernetes schemas of the oldest and newest supported versions. Exits non-zero on any finding.
-# Called by `make test`; a few seconds once the tools are installed.
+# contain, then tests/packaging with the project's .venv: the Helm chart linted and rendered with
+# Helm's own library for several value sets, every rendered manifest validated against the
+# Kubernetes schemas of the oldest and newest supported versions, the alerts and the dashboard,
+# and the chart README's parameter tables against values.yaml. Exits non-zero on any finding.
+# Called by `make packaging` (part of `make test`); `--install-only` installs the tools and stops.
 #
-# The tools live in .venv-tools, apart from the project's .venv: helm-sdkpy (Helm's Go library
-# with Python bindings) declares Python >= 3.12 but works on 3.11, so it is installed with
-# --ignore-requires-python where it cannot disturb the project's own dependencies.
+# The Python tools live in .venv-tools, apart from the project's .venv: helm-sdkpy (Helm's Go
+# library with Python bindings) declares Python >= 3.12 but works on 3.11, so it is installed with
+# --ignore-requires-python where it cannot disturb the project's own dependencies. The Node tools
+# (bitnami's readme-generator-for-helm) live in .tools; they need Node.js 20+ and npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +40,30 @@ if [[ "$(cat "$STAMP" 2>/dev/null)" != "$REQUIREMENTS" ]]; then
     echo "$REQUIREMENTS" >"$STAMP"
 fi
 
+# Pinned with their dependencies in scripts/node/package-lock.json; `npm ci` installs exactly that.
+NODE_TOOLS=${NODE_TOOLS:-.tools}
+NODE_STAMP=$NODE_TOOLS/.installed
+NODE_LOCK=$(cat scripts/node/package.json scripts/node/package-lock.json | sha256sum | cut -d' ' -f1)
+if [[ "$(cat "$NODE_STAMP" 2>/dev/null)" != "$NODE_LOCK" ]]; then
+    if ! command -v npm >/dev/null; then
+        echo "lint-packaging: npm is missing: install Node.js 20 or later with npm" \
+            "(Debian: apt-get install nodejs npm)" >&2
+        exit 1
+    fi
+    echo "lint-packaging: installing scripts/node/package-lock.json into $NODE_TOOLS"
+    mkdir -p "$NODE_TOOLS"
+    cp scripts/node/package.json scripts/node/package-lock.json "$NODE_TOOLS/"
+    log=$(mktemp)
+    if ! npm ci --prefix "$NODE_TOOLS" --ignore-scripts --no-audit --no-fund >"$log" 2>&1; then
+        cat "$log"
+        rm -f "$log"
+        echo "lint-packaging: could not install the Node tools" >&2
+        exit 1
+    fi
+    rm -f "$log"
+    echo "$NODE_LOCK" >"$NODE_STAMP"
+fi
+
 [[ ${1:-} == --install-only ]] && exit 0
 
 status=0
@@ -58,7 +84,13 @@ echo "== image contents"
 echo "== lock"
 UV=$TOOLS/bin/uv scripts/lock.sh --check || status=1
 
-echo "== helm chart"
-"$TOOLS/bin/python" scripts/helm_check.py check || status=1
+echo "== tests/packaging (the chart, the lock and the images)"
+PROJECT_PYTHON=${PROJECT_PYTHON:-.venv/bin/python}
+if [[ -x $PROJECT_PYTHON ]]; then
+    "$PROJECT_PYTHON" -m pytest -q tests/packaging || status=1
+else
+    echo "lint-packaging: $PROJECT_PYTHON is missing: run make venv" >&2
+    status=1
+fi
 
 exit $status

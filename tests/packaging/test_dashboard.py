@@ -1,7 +1,6 @@
 """The Grafana dashboard shipped in the chart (helm/sbgate/dashboards/sbgate.json) loads and
 shows what an operator looks for first. That each query parses and reads series the gateway
-exposes is checked where PromQL can be parsed: scripts/helm_check.py and
-tests/packaging/test_chart.py."""
+exposes is checked in tests/packaging/test_chart_observability.py."""
 
 from __future__ import annotations
 
