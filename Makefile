@@ -18,12 +18,14 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Tests start real redis-server processes on free ports, the audit pipeline runs real
-# Spark (pyspark 4 needs Java 17+), and the chart's alerts are evaluated by Prometheus' promtool
-# (Debian's prometheus package): install what is missing.
+# Spark (pyspark 4 needs Java 17+), the chart's alerts are evaluated by Prometheus' promtool
+# (Debian's prometheus package) and its README's tables written by a Node.js tool (npm installs
+# it): install what is missing.
 sysdeps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	{ command -v java >/dev/null && java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; } \
 	  || missing="$$missing openjdk-17-jre-headless"; \
 	if [ -n "$$missing" ]; then \
@@ -57,7 +59,7 @@ packaging: $(STAMP) sysdeps
 	scripts/lint-packaging.sh
 
 ## tools: the packaging tools (.venv-tools: hadolint, Helm's library, uv, kubernetes-validate;
-## .tools: bitnami's readme-generator-for-helm, which needs Node.js 20+ and npm)
+## .tools: bitnami's readme-generator-for-helm, which needs Node.js 18+ and npm)
 tools:
 	scripts/lint-packaging.sh --install-only
 

@@ -9,7 +9,7 @@
 # The Python tools live in .venv-tools, apart from the project's .venv: helm-sdkpy (Helm's Go
 # library with Python bindings) declares Python >= 3.12 but works on 3.11, so it is installed with
 # --ignore-requires-python where it cannot disturb the project's own dependencies. The Node tools
-# (bitnami's readme-generator-for-helm) live in .tools; they need Node.js 20+ and npm.
+# (bitnami's readme-generator-for-helm) live in .tools; they need Node.js 18+ and npm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,8 +46,8 @@ NODE_STAMP=$NODE_TOOLS/.installed
 NODE_LOCK=$(cat scripts/node/package.json scripts/node/package-lock.json | sha256sum | cut -d' ' -f1)
 if [[ "$(cat "$NODE_STAMP" 2>/dev/null)" != "$NODE_LOCK" ]]; then
     if ! command -v npm >/dev/null; then
-        echo "lint-packaging: npm is missing: install Node.js 20 or later with npm" \
-            "(Debian: apt-get install nodejs npm)" >&2
+        echo "lint-packaging: npm is missing: install Node.js 18 or later with npm" \
+            "(make sysdeps: Debian's nodejs and npm)" >&2
         exit 1
     fi
     echo "lint-packaging: installing scripts/node/package-lock.json into $NODE_TOOLS"
