@@ -191,12 +191,7 @@ def test_gateway_and_syphon_run_with_settings_the_gateway_knows(case: Case) -> N
 
 
 def test_the_grace_period_covers_prestop_drain_and_shutdown(case: Case) -> None:
-    (gateway,) = (
-        d
-        for d in case.of_kind("Deployment")
-        if d["spec"]["template"]["spec"]["containers"][0]["name"] == "gateway"
-    )
-    pod = gateway["spec"]["template"]["spec"]
+    pod = gateway_and_syphon(case)["gateway"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     sleep, seconds = c["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep == "sleep"
