@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
+# The declarations' vocabulary, under the short names the fields below read best with.
 from gateway.config.declare import namespace_field as _ns_field
 from gateway.config.declare import section, setting
 from gateway.config.values import Bool as _Bool
