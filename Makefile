@@ -47,7 +47,6 @@ broker: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/bandit -q -r gateway -s B101
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -362,7 +362,7 @@ def _audit_missing() -> str | None:
     return None
 
 
-DELEGATED = {  # nosec B105  # help texts, not secrets
+DELEGATED = {
     "token": "mint a SAS token for the gateway",
     "drain": "receive everything from entities and write the delivered ids",
     "audit": "run the Spark audit pipeline locally",

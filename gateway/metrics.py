@@ -48,15 +48,28 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
     """All of the gateway's metrics, and the dispatcher's and failover's observer."""
 
-    # One declaration per metric, in the order docs/metrics.md lists them. It is long, but a
-    # flat list reads better than helpers that would each set a few of these attributes.
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
         # The standard collectors (process_*, python_info, python_gc_*): the default
         # registry's instances describe this process, whichever app registry exports them.
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-            r.register(collector)
+            self.registry.register(collector)
+        # One declaration per metric, a family per method; docs/metrics.md lists them in
+        # the order they are registered.
+        self._requests(self.registry)
+        self._sending(self.registry)
+        self._edge_load(self.registry)
+        self._links(self.registry)
+        self._failover(self.registry)
+        self._syphon(self.registry)
+        self._health(self.registry)
+        # Labelled children of the per-request metrics, looked up once per label set (the
+        # sets are bounded: declared entities and "_unknown" x status codes x routes).
+        self._answered: dict[tuple[str, int, str], tuple[Counter, Histogram]] = {}
+        self._accepted: dict[tuple[str, str], Counter] = {}
+
+    def _requests(self, r: CollectorRegistry) -> None:
+        """Build information, and what each message request was answered."""
         self.build_info = Info("sbgate_build", "Version of the running gateway.", registry=r)
         self.build_info.info({"version": __version__, "python": platform.python_version()})
         self.http_requests = Counter(
@@ -78,6 +91,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             ["entity", "route"],
             registry=r,
         )
+
+    def _sending(self, r: CollectorRegistry) -> None:
+        """Broker send operations, and admission (waiting for room to send)."""
         self.broker_duration = Histogram(
             "sbgate_broker_send_duration_seconds",
             "Duration of one broker send operation (one batch), by destination and outcome.",
@@ -106,6 +122,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             "Requests waiting for room (admission).",
             registry=r,
         )
+
+    def _edge_load(self, r: CollectorRegistry) -> None:
+        """What the HTTP edge holds and sheds: connections, requests, bytes."""
         self.http_shed = Counter(
             "sbgate_http_shed_total",
             "Requests and connections answered 503 overloaded before any work, by reason: "
@@ -131,6 +150,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             "Bytes of accepted-but-unsettled messages held in memory.",
             registry=r,
         )
+
+    def _links(self, r: CollectorRegistry) -> None:
+        """Sender links and AMQP connections, restarted loops, readiness."""
         self.senders_recreated = Counter(
             "sbgate_senders_recreated_total",
             "Senders closed after a failure made their link suspect.",
@@ -163,6 +185,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             registry=r,
         )
         self.ready = Gauge("sbgate_ready", "1 when /readyz answers 200, 0 otherwise.", registry=r)
+
+    def _failover(self, r: CollectorRegistry) -> None:
+        """Failover state per entity, backlog sends and pings."""
         self.failover_state = Gauge(
             "sbgate_failover_state",
             "Failover state per entity: 0 healthy, 1 failing, 2 failed over "
@@ -200,6 +225,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             ["entity", "outcome"],
             registry=r,
         )
+
+    def _syphon(self, r: CollectorRegistry) -> None:
+        """The syphon's moves and the backlog queues' contents."""
         self.syphon_moved = Counter(
             "sbgate_syphon_moved_total",
             "Messages the syphon moved from a backlog queue to their entity, by entity.",
@@ -251,6 +279,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             ["queue"],
             registry=r,
         )
+
+    def _health(self, r: CollectorRegistry) -> None:
+        """The shared state backend and this replica's event loop."""
         self.redis_connected = Gauge(
             "sbgate_redis_connected",
             "1 while the shared state backend (Redis) is reachable; 1 without Redis.",
@@ -265,10 +296,6 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         )
         self.state_invalid_values = _StateCollector()
         r.register(self.state_invalid_values)
-        # Labelled children of the per-request metrics, looked up once per label set (the
-        # sets are bounded: declared entities and "_unknown" x status codes x routes).
-        self._answered: dict[tuple[str, int, str], tuple[Counter, Histogram]] = {}
-        self._accepted: dict[tuple[str, str], Counter] = {}
 
     def bind_state(self, invalid_values: Mapping[str, int]) -> None:
         """Export the state store's count of invalid values, by source (read at scrape)."""

@@ -60,8 +60,6 @@ def verdict(*, lost: int, pending: int, promised: int, grace_seconds: float) -> 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The report as Markdown: verdict first, then the numbers behind it."""
-    m = report["messages"]
-    counts: Mapping[str, int] = m["by_classification"]
     out: list[str] = []
     out.append("# sbgate audit report\n")
     out.append(f"**Verdict: {report['verdict']}** (exit code {report['exit_code']})\n")
@@ -72,6 +70,24 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         "pending, not lost).\n"
     )
 
+    out += _messages_md(report)
+    out += _anomalies_md(report)
+    out += _failover_md(report)
+    out += _backlog_md(report)
+    out += _latency_md(report)
+    out += _billing_md(report)
+    out += _inputs_md(report)
+    if report["charts"]:
+        out.append("\n## Charts\n")
+        out += [f"![{Path(c).stem}]({c})\n" for c in report["charts"]]
+    return "\n".join(out) + "\n"
+
+
+def _messages_md(report: Mapping[str, Any]) -> list[str]:
+    """Each classification's count, and the first lost messages."""
+    out: list[str] = []
+    m = report["messages"]
+    counts: Mapping[str, int] = m["by_classification"]
     out.append("## Messages\n")
     out.append(
         _table(
@@ -92,7 +108,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             )
         )
         out.append("")
+    return out
 
+
+def _anomalies_md(report: Mapping[str, Any]) -> list[str]:
+    """The anomalies by kind."""
+    out: list[str] = []
     a = report["anomalies"]
     out.append("## Anomalies\n")
     if a["total"]:
@@ -105,7 +126,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         out.append("")
     else:
         out.append("None.\n")
+    return out
 
+
+def _failover_md(report: Mapping[str, Any]) -> list[str]:
+    """The failover windows."""
+    out: list[str] = []
     f = report["failover"]
     out.append("## Failover windows\n")
     out.append(
@@ -131,7 +157,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             )
         )
         out.append("")
+    return out
 
+
+def _backlog_md(report: Mapping[str, Any]) -> list[str]:
+    """What went to a backlog queue, and how long it stayed."""
+    out: list[str] = []
     b = report["backlog"]
     d = b["dwell_seconds"]
     out.append("## Backlog\n")
@@ -141,7 +172,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"time p50 {_fmt(d['p50'], 2)} s, p90 {_fmt(d['p90'], 2)} s, p99 {_fmt(d['p99'], 2)} s, "
         f"max {_fmt(d['max'], 2)} s. Peak depth {_fmt(b['max_depth'])}.\n"
     )
+    return out
 
+
+def _latency_md(report: Mapping[str, Any]) -> list[str]:
+    """Latencies by source and route."""
+    out: list[str] = []
     out.append("## Latency (ms)\n")
     if report["latency_ms"]:
         out.append(
@@ -167,7 +203,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         out.append("")
     else:
         out.append("No latencies in the input.\n")
+    return out
 
+
+def _billing_md(report: Mapping[str, Any]) -> list[str]:
+    """Billed operations by stage, and what failover cost."""
+    out: list[str] = []
     bill = report["billing"]
     out.append("## Billed operations\n")
     out.append(
@@ -190,7 +231,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"receive, pings) {_fmt(bill['failover_overhead_operations'])} operations, cost "
         f"{_fmt(bill['failover_overhead_cost'], 4)}.\n"
     )
+    return out
 
+
+def _inputs_md(report: Mapping[str, Any]) -> list[str]:
+    """The inputs read, and the tables written."""
+    out: list[str] = []
     i = report["inputs"]
     out.append("## Inputs\n")
     out.append(
@@ -215,10 +261,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         + ", ".join(f"`{t}/`" for t in report["tables"])
         + "."
     )
-    if report["charts"]:
-        out.append("\n## Charts\n")
-        out += [f"![{Path(c).stem}]({c})\n" for c in report["charts"]]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def write_markdown(report: Mapping[str, Any], path: Path) -> Path:

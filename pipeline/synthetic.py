@@ -283,22 +283,7 @@ def generate(
     )
     end = START + dt.timedelta(seconds=duration)
 
-    # Failover transitions, pings every 10 s inside each window; two replicas log the start.
-    for plan in plans:
-        s = START + dt.timedelta(seconds=plan.start_s)
-        e = START + dt.timedelta(seconds=plan.end_s) if plan.end_s is not None else None
-        exp.windows.append((plan.entity, s, e))
-        w.ledger_event(s, "failover_start", entity=plan.entity, replica="gw-0")
-        w.ledger_event(
-            s + dt.timedelta(seconds=0.2), "failover_start", entity=plan.entity, replica="gw-1"
-        )
-        t = s + dt.timedelta(seconds=10)
-        stop = e if e is not None else end
-        while t < stop:
-            w.ledger_event(t, "ping", entity=plan.entity, size=0, replica="gw-0")
-            t += dt.timedelta(seconds=10)
-        if e is not None:
-            w.ledger_event(e, "failover_end", entity=plan.entity, replica="gw-1")
+    _failover_windows(w, plans, end)
 
     def in_window(entity: str, t: dt.datetime) -> tuple[dt.datetime, dt.datetime | None] | None:
         for ent, s, e in exp.windows:
@@ -380,107 +365,145 @@ def generate(
     return exp
 
 
+def _failover_windows(w: _Writer, plans: Iterable[FailoverPlan], end: dt.datetime) -> None:
+    """Failover transitions, pings every 10 s inside each window; two replicas log the start."""
+    exp = w.expected
+    for plan in plans:
+        s = START + dt.timedelta(seconds=plan.start_s)
+        e = START + dt.timedelta(seconds=plan.end_s) if plan.end_s is not None else None
+        exp.windows.append((plan.entity, s, e))
+        w.ledger_event(s, "failover_start", entity=plan.entity, replica="gw-0")
+        w.ledger_event(
+            s + dt.timedelta(seconds=0.2), "failover_start", entity=plan.entity, replica="gw-1"
+        )
+        t = s + dt.timedelta(seconds=10)
+        stop = e if e is not None else end
+        while t < stop:
+            w.ledger_event(t, "ping", entity=plan.entity, size=0, replica="gw-0")
+            t += dt.timedelta(seconds=10)
+        if e is not None:
+            w.ledger_event(e, "failover_end", entity=plan.entity, replica="gw-1")
+
+
 def _plant(w: _Writer, end: dt.datetime, grace_s: float) -> None:
     """One or more messages of every classification, at known times."""
+    _plant_lost_and_duplicated(w)
+    _plant_pending_and_expired(w, end, grace_s)
+    _plant_unexpected_and_answered(w)
+
+
+_EARLY = START + dt.timedelta(seconds=30)  # planted messages, early in the run
+
+
+def _at(seconds: float) -> dt.datetime:
+    return _EARLY + dt.timedelta(seconds=seconds)
+
+
+def _accepted(w: _Writer, t: dt.datetime, key: Key, route: str = "primary") -> None:
+    w.ledger_event(
+        t, "accepted", message_id=key[1], entity=key[0], route=route, size=300, latency_ms=3.0
+    )
+
+
+def _plant_lost_and_duplicated(w: _Writer) -> None:
+    """Lost, duplicated, and delivered once (a shadow in a backlog, a topic's fan-out)."""
     exp = w.expected
-    early = START + dt.timedelta(seconds=30)
-
-    def at(seconds: float) -> dt.datetime:
-        return early + dt.timedelta(seconds=seconds)
-
-    def accepted(t: dt.datetime, key: Key, route: str = "primary") -> None:
-        w.ledger_event(
-            t, "accepted", message_id=key[1], entity=key[0], route=route, size=300, latency_ms=3.0
-        )
-
     for n in range(3):  # lost: acked, gateway accepted, never delivered
         key = (QUEUE, f"lost-{n}")
-        accepted(at(n), key)
-        w.ack(at(n), key, "acked", route="primary", latency_ms=4.0)
+        _accepted(w, _at(n), key)
+        w.ack(_at(n), key, "acked", route="primary", latency_ms=4.0)
         exp.classification[key] = "lost"
     key = (QUEUE, "lost-client-only")  # acked by the client, no ledger line at all
-    w.ack(at(5), key, "acked", route="primary", latency_ms=4.0)
+    w.ack(_at(5), key, "acked", route="primary", latency_ms=4.0)
     exp.classification[key] = "lost"
 
     for n in range(2):  # duplicated: delivered twice to the same queue
         key = (QUEUE, f"dup-{n}")
-        accepted(at(10 + n), key)
-        w.ack(at(10 + n), key, "acked", route="primary")
-        w.deliver(at(10 + n), key)
-        w.deliver(at(10.5 + n), key)
+        _accepted(w, _at(10 + n), key)
+        w.ack(_at(10 + n), key, "acked", route="primary")
+        w.deliver(_at(10 + n), key)
+        w.deliver(_at(10.5 + n), key)
         exp.classification[key] = "duplicated"
     key = (QUEUE, "shadow-0")  # at the primary and left in a backlog: delivered, shadow
-    accepted(at(14), key, route="backlog")
-    w.ack(at(14), key, "acked", route="backlog")
-    w.deliver(at(15), key)
-    w.deliver(at(14), key, source="backlog", queue=f"{BACKLOG_PREFIX}1")
+    _accepted(w, _at(14), key, route="backlog")
+    w.ack(_at(14), key, "acked", route="backlog")
+    w.deliver(_at(15), key)
+    w.deliver(_at(14), key, source="backlog", queue=f"{BACKLOG_PREFIX}1")
     exp.classification[key] = "delivered"
     exp.shadows.add(key)
     key = (QUEUE, "dup-backlog")  # never at the primary, twice in the backlogs
-    accepted(at(15), key, route="backlog")
-    w.ack(at(15), key, "acked", route="backlog")
-    w.deliver(at(15), key, source="backlog", queue=f"{BACKLOG_PREFIX}1")
-    w.deliver(at(15), key, source="backlog", queue=f"{BACKLOG_PREFIX}2")
+    _accepted(w, _at(15), key, route="backlog")
+    w.ack(_at(15), key, "acked", route="backlog")
+    w.deliver(_at(15), key, source="backlog", queue=f"{BACKLOG_PREFIX}1")
+    w.deliver(_at(15), key, source="backlog", queue=f"{BACKLOG_PREFIX}2")
     exp.classification[key] = "duplicated"
 
     key = (TOPIC, "fanout-ok")  # once per subscription: delivered, not duplicated
-    accepted(at(16), key)
-    w.ack(at(16), key, "acked", route="primary")
-    w.deliver(at(16), key)
+    _accepted(w, _at(16), key)
+    w.ack(_at(16), key, "acked", route="primary")
+    w.deliver(_at(16), key)
     exp.classification[key] = "delivered"
 
+
+def _plant_pending_and_expired(w: _Writer, end: dt.datetime, grace_s: float) -> None:
+    """Pending (inside the grace window) and expired (dead-lettered, or in a backlog)."""
+    exp = w.expected
     for n in range(2):  # pending: acked inside the grace window, not delivered yet
         key = (QUEUE, f"late-{n}")
         t = end - dt.timedelta(seconds=grace_s / 3 + n)
-        accepted(t, key)
+        _accepted(w, t, key)
         w.ack(t, key, "acked", route="primary")
         exp.classification[key] = "pending"
 
     key = (QUEUE, "expired-dlq")  # dead-lettered on expiry
-    accepted(at(20), key)
-    w.ack(at(20), key, "acked", route="primary")
+    _accepted(w, _at(20), key)
+    w.ack(_at(20), key, "acked", route="primary")
     w.deliver(
-        at(20), key, source="dlq", queue=f"{QUEUE}/$DeadLetterQueue", reason="TTLExpiredException"
+        _at(20), key, source="dlq", queue=f"{QUEUE}/$DeadLetterQueue", reason="TTLExpiredException"
     )
     exp.classification[key] = "expired"
     key = (QUEUE, "expired-ledger")  # expired in a backlog queue, as the syphon logged it
-    accepted(at(21), key, route="backlog")
-    w.ack(at(21), key, "acked", route="backlog")
+    _accepted(w, _at(21), key, route="backlog")
+    w.ack(_at(21), key, "acked", route="backlog")
     w.ledger_event(
-        at(80), "expired", message_id=key[1], entity=QUEUE, backlog=f"{BACKLOG_PREFIX}2", size=300
+        _at(80), "expired", message_id=key[1], entity=QUEUE, backlog=f"{BACKLOG_PREFIX}2", size=300
     )
     exp.classification[key] = "expired"
 
+
+def _plant_unexpected_and_answered(w: _Writer) -> None:
+    """Delivered without a promise, timed out, and answered 4xx/5xx (stored or not)."""
+    exp = w.expected
     key = (QUEUE, "unexpected-0")  # delivered, nobody ever acknowledged it: anomaly
-    w.deliver(at(25), key)
+    w.deliver(_at(25), key)
     exp.classification[key] = "unexpected"
     key = (QUEUE, "timeout-stored")  # client timed out, the gateway had stored it: allowed
-    accepted(at(26), key)
-    w.ack(at(26), key, "indeterminate", route=None)
-    w.deliver(at(26), key)
+    _accepted(w, _at(26), key)
+    w.ack(_at(26), key, "indeterminate", route=None)
+    w.deliver(_at(26), key)
     exp.classification[key] = "unexpected"
     key = (QUEUE, "timeout-lost")  # client timed out, nothing stored: fine
-    w.ack(at(27), key, "indeterminate")
+    w.ack(_at(27), key, "indeterminate")
     exp.classification[key] = "indeterminate"
     key = (QUEUE, "retried")  # timeout, then a successful retry: one delivery
-    w.ack(at(28), key, "indeterminate")
-    accepted(at(29), key)
-    w.ack(at(29), key, "acked", route="primary")
-    w.deliver(at(29), key)
+    w.ack(_at(28), key, "indeterminate")
+    _accepted(w, _at(29), key)
+    w.ack(_at(29), key, "acked", route="primary")
+    w.deliver(_at(29), key)
     exp.classification[key] = "delivered"
 
     key = (QUEUE, "broken-5xx")  # 5xx answered, yet delivered: a broken promise
-    w.ack(at(30), key, "failed", status=500)
-    w.deliver(at(30), key)
+    w.ack(_at(30), key, "failed", status=500)
+    w.deliver(_at(30), key)
     exp.classification[key] = "failed-but-delivered"
     key = (QUEUE, "honest-5xx")  # 5xx answered, not stored
-    w.ledger_event(at(31), "rejected", message_id=key[1], entity=QUEUE, size=300)
-    w.ack(at(31), key, "failed", status=503)
+    w.ledger_event(_at(31), "rejected", message_id=key[1], entity=QUEUE, size=300)
+    w.ack(_at(31), key, "failed", status=503)
     exp.classification[key] = "failed"
     key = (QUEUE, "bad-request")  # 4xx, not stored
-    w.ack(at(32), key, "rejected", status=400)
+    w.ack(_at(32), key, "rejected", status=400)
     exp.classification[key] = "rejected"
     key = (QUEUE, "broken-4xx")  # 4xx, yet delivered
-    w.ack(at(33), key, "rejected", status=413)
-    w.deliver(at(33), key)
+    w.ack(_at(33), key, "rejected", status=413)
+    w.deliver(_at(33), key)
     exp.classification[key] = "rejected-but-delivered"

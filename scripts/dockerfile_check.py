@@ -113,41 +113,58 @@ def closure(stages: dict[str, Stage], target: str) -> list[Stage]:
 
 
 def check_dockerfile(text: str) -> list[str]:
-    errors: list[str] = []
     stages = parse(text)
+    errors: list[str] = []
     for target, allowed in TARGETS.items():
         if target not in stages:
             errors.append(f"Dockerfile: no stage named {target!r}")
             continue
-        chain = closure(stages, target)
-        for stage in chain:
-            for src, paths in stage.copies:
-                if src is None:
-                    errors += [
-                        f"target {target}: stage {stage.name} copies {p} into the image"
-                        for p in paths
-                        if p not in allowed
-                    ]
-        # USER and the entry point are inherited through FROM only.
-        lineage = []
-        name: str | None = target
-        while name in stages:
-            lineage.append(stages[name])
-            name = stages[name].base
-        user = next((s.user for s in lineage if s.user), None)
-        uid = (user or "").split(":")[0]
-        if not uid.isdigit() or int(uid) == 0:
-            errors.append(f"target {target}: runs as {user!r}, not a numeric non-root user")
-        entry = next((s.entry for s in lineage if s.entry), [])
-        if not entry:
-            errors.append(f"target {target}: no ENTRYPOINT or CMD")
-        for e in entry:
-            try:
-                ok = isinstance(json.loads(e), list)
-            except ValueError:
-                ok = False
-            if not ok:
-                errors.append(f"target {target}: {e!r} is not in exec (JSON) form")
+        errors += _check_copies(stages, target, allowed)
+        errors += _check_user_and_entry(stages, target)
+    return errors + _check_installs(stages)
+
+
+def _check_copies(stages: dict[str, Stage], target: str, allowed: set[str]) -> list[str]:
+    """What the target's stages copy from the build context is allowed in its image."""
+    return [
+        f"target {target}: stage {stage.name} copies {p} into the image"
+        for stage in closure(stages, target)
+        for src, paths in stage.copies
+        if src is None
+        for p in paths
+        if p not in allowed
+    ]
+
+
+def _check_user_and_entry(stages: dict[str, Stage], target: str) -> list[str]:
+    """A numeric non-root USER and an exec-form entry point."""
+    errors: list[str] = []
+    # USER and the entry point are inherited through FROM only.
+    lineage = []
+    name: str | None = target
+    while name in stages:
+        lineage.append(stages[name])
+        name = stages[name].base
+    user = next((s.user for s in lineage if s.user), None)
+    uid = (user or "").split(":")[0]
+    if not uid.isdigit() or int(uid) == 0:
+        errors.append(f"target {target}: runs as {user!r}, not a numeric non-root user")
+    entry = next((s.entry for s in lineage if s.entry), [])
+    if not entry:
+        errors.append(f"target {target}: no ENTRYPOINT or CMD")
+    for e in entry:
+        try:
+            ok = isinstance(json.loads(e), list)
+        except ValueError:
+            ok = False
+        if not ok:
+            errors.append(f"target {target}: {e!r} is not in exec (JSON) form")
+    return errors
+
+
+def _check_installs(stages: dict[str, Stage]) -> list[str]:
+    """Every `pip install` installs from the lock (or the project itself, without deps)."""
+    errors: list[str] = []
     for stage in stages.values():
         for run in stage.runs:
             for cmd in re.split(r"&&|;", run):

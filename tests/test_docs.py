@@ -41,6 +41,11 @@ def test_the_generated_tables_are_the_codes(name):
     )
 
 
+def test_the_loaders_names_and_the_tables_rows_name_the_same_variables():
+    # They are derived apart (the loader's tables, the documentation rows).
+    assert env_names() == {name for row in doc_tables.documentation() for name in row.env}
+
+
 def test_every_status_of_the_openapi_document_is_in_the_http_api_page():
     page = text(DOCS / "http-api.md")
     statuses = {

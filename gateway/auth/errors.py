@@ -20,11 +20,11 @@ from gateway.errors import RequestError
 class ErrorCode(StrEnum):
     """Stable machine-readable codes carried in `AuthError.code` (the body's ``error``)."""
 
-    MISSING_TOKEN = "missing_token"  # noqa: S105  # nosec B105  # an error code, not a credential
-    MALFORMED_TOKEN = "malformed_token"  # noqa: S105  # nosec B105  # an error code, not a credential
+    MISSING_TOKEN = "missing_token"  # noqa: S105  # an error code, not a credential
+    MALFORMED_TOKEN = "malformed_token"  # noqa: S105  # an error code, not a credential
     INVALID_SIGNATURE = "invalid_signature"
-    TOKEN_EXPIRED = "token_expired"  # noqa: S105  # nosec B105  # an error code, not a credential
-    TOKEN_LIFETIME_TOO_LONG = "token_lifetime_too_long"  # noqa: S105  # nosec B105  # an error code, not a credential
+    TOKEN_EXPIRED = "token_expired"  # noqa: S105  # an error code, not a credential
+    TOKEN_LIFETIME_TOO_LONG = "token_lifetime_too_long"  # noqa: S105  # an error code, not a credential
     INVALID_AUDIENCE = "invalid_audience"
     RESOURCE_MISMATCH = "resource_mismatch"
     MISSING_RIGHT = "missing_right"

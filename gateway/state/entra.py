@@ -100,7 +100,7 @@ class EntraIdCredentials(ExpiringCredentialProvider):
             user = object_id(token.token)
             now = self._clock()
             lifetime = max(0.0, token.expires_on - now)
-            jitter = random.uniform(0.0, min(self._jitter, lifetime / 4))  # noqa: S311  # nosec B311
+            jitter = random.uniform(0.0, min(self._jitter, lifetime / 4))  # noqa: S311  # jitter
             self._renew_at = token.expires_on - self._margin - jitter
             self._current = (user, token.token)
             log.info(

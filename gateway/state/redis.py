@@ -873,7 +873,7 @@ class RedisStateStore(LocalState):
             self._first_attempt.set()
             if self._sessions != sessions_before:
                 delay = first  # that session got up: start the backoff from the bottom
-            await asyncio.sleep(delay * random.uniform(0.75, 1.0))  # noqa: S311  # nosec B311  # jitter, not security
+            await asyncio.sleep(delay * random.uniform(0.75, 1.0))  # noqa: S311  # jitter, not security
             delay = min(cap, delay * 2)
 
     async def _session(self) -> None:

@@ -24,7 +24,7 @@ import orjson
 
 from gateway.core.backlog import REWRITE_KEYS
 from gateway.core.message import AppValue, OutboundMessage
-from gateway.errors import PayloadTooLarge, RequestError, UnsupportedMediaType
+from gateway.errors import PayloadTooLarge, RequestError
 
 BATCH_CONTENT_TYPE = "application/vnd.microsoft.servicebus.json"
 MAX_ID_LENGTH = 128
@@ -519,13 +519,3 @@ def _user_properties(user: dict[str, Any], where: str) -> dict[str, AppValue]:
             raise RequestError(f"{where}.UserProperties.{k} is out of the 64-bit range")
         app[k] = v
     return app
-
-
-def check_batch_content_type(content_type: str | None) -> None:
-    """Batch requests must say they are a Service Bus JSON batch."""
-    base = (content_type or "").split(";")[0].strip().lower()
-    if base != BATCH_CONTENT_TYPE:
-        raise UnsupportedMediaType(
-            f"a batch must be sent with Content-Type: {BATCH_CONTENT_TYPE}",
-            received=base or None,
-        )

@@ -7,15 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.config import (
-    SETTINGS,
-    ConfigError,
-    Secret,
-    SettingInfo,
-    Settings,
-    describe,
-    load_settings,
-)
+from gateway.config import ConfigError, Secret, Settings, load_settings
+from gateway.config.declare import SettingInfo
+from gateway.config.loading import DECLARED
 
 CS = "Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=secret"
 CS2 = "Endpoint=sb://fabrikam.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s2"
@@ -46,7 +40,7 @@ def test_env_builds_the_default_pair_and_entities():
     assert [(e.path, e.kind) for e in s.entities] == [("orders", "queue"), ("events", "topic")]
     assert s.limits.max_in_flight == 8 and s.failover.failover_interval == 2.5
     assert s.syphon.enabled is False
-    text = repr(s) + str(describe(s))
+    text = repr(s) + str(dataclasses.asdict(s))
     assert "secret" not in text and "pw" not in text
 
 
@@ -185,7 +179,7 @@ def _sample(info: SettingInfo) -> object:
     return Secret("sample") if info.spec.parse.accepts() == "a secret string" else "sample"
 
 
-@pytest.mark.parametrize("info", SETTINGS, ids=lambda i: i.env)
+@pytest.mark.parametrize("info", DECLARED, ids=lambda i: i.env)
 def test_each_setting_arrives_from_its_variable_and_its_toml_key(info, tmp_path):
     """Each declared setting is read from its environment variable and its TOML key, into
     its field; nothing else is declared for it."""

@@ -151,13 +151,6 @@ def test_oversized_property_is_413():
         single(headers=[("Big", "x" * 40_000)])
 
 
-def test_batch_content_type_check():
-    rest.check_batch_content_type("application/vnd.microsoft.servicebus.json; charset=utf-8")
-    with pytest.raises(RequestError) as info:
-        rest.check_batch_content_type("application/json")
-    assert info.value.status == 415
-
-
 # -- poison at the edge (issue 21) ----------------------------------------------------------
 
 RESERVED = [

@@ -13,9 +13,19 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from gateway.config import DocRow, documentation
+from gateway.config.declare import ENV_PREFIX, SettingInfo
+from gateway.config.loading import (
+    CONFIG_FILE_ENV,
+    DECLARED,
+    ENTITIES_ENV,
+    NAMESPACE_FIELDS,
+    NAMESPACE_ROLES,
+)
+from gateway.config.values import plain
 from gateway.errors import CLASSIFICATIONS, Classification
 from gateway.ledger import NullLedger
 from gateway.metrics import Metrics
@@ -36,7 +46,55 @@ def _code(items: Iterable[str]) -> str:
     return ", ".join(f"`{i}`" for i in items) or "—"
 
 
-# --- settings (gateway/config.py) ---------------------------------------------------------
+# --- settings (gateway/config/settings.py) -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DocRow:
+    """One row of the settings' table."""
+
+    env: tuple[str, ...]
+    toml: tuple[str, ...]
+    default: str
+    accepts: str
+    doc: str
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == ():
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return plain(value) if isinstance(value, float) else str(value)
+
+
+def _doc_row(info: SettingInfo) -> DocRow:
+    spec = info.spec
+    default = spec.shown_default if spec.shown_default is not None else _shown(info.default)
+    toml = () if spec.standard else (info.toml,)
+    return DocRow((info.env,), toml, default, spec.parse.accepts(), spec.doc)
+
+
+def documentation() -> list[DocRow]:
+    """Every setting, in the order the docs list them: derived from the declarations."""
+    rows = [DocRow((CONFIG_FILE_ENV,), (), "", "a file path", "the TOML file (or `--config`)")]
+    rows += [_doc_row(info) for info in DECLARED if info.section is None]
+    rows.append(
+        DocRow(
+            (ENTITIES_ENV,),
+            ("[[entities]] path, kind, pair",),
+            "",
+            "`queue:orders,topic:events@pair`",
+            "the entities clients may send to (`kind` defaults to `queue`, `pair` to "
+            "`default`); required with a namespace",
+        )
+    )
+    for suffix, (name, ns) in NAMESPACE_FIELDS.items():
+        env = tuple(f"{ENV_PREFIX}{role}_{suffix}" for role in NAMESPACE_ROLES)
+        toml = tuple(f"[pairs.<pair>.{role.lower()}] {name}" for role in NAMESPACE_ROLES)
+        rows.append(DocRow(env, toml, ns.shown_default or "", "", ns.doc))
+    rows += [_doc_row(info) for info in DECLARED if info.section is not None]
+    return rows
 
 
 def _setting_cells(row: DocRow) -> list[str]:
@@ -45,7 +103,7 @@ def _setting_cells(row: DocRow) -> list[str]:
 
 
 def settings_table() -> str:
-    """docs/configuration.md's table: every setting, from the declarations in config.py."""
+    """docs/configuration.md's table: every setting, from the declarations."""
     head = ["environment variable", "TOML key", "default", "accepts", "meaning"]
     return _table(head, (_setting_cells(r) for r in documentation()))
 
