@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
+# pytest's temporary directories live in the checkout, not in the shared /tmp/pytest-of-$USER:
+# another checkout's test run (a second worktree) keeps only its last three sessions there
+# and could remove a long run's directories under it.
+export PYTEST_DEBUG_TEMPROOT ?= $(CURDIR)/.pytest-tmp
 
 .PHONY: run test venv sysdeps lint typecheck pytest packaging broker bench fuzz load chaos clean \
 	tools lock lock-check wheel pipeline-dist chart-readme
@@ -84,12 +88,14 @@ pipeline-dist:
 
 ## pytest: every test but tests/packaging, which `make packaging` runs
 pytest: $(STAMP) sysdeps
+	mkdir -p $(PYTEST_DEBUG_TEMPROOT)
 	$(BIN)/pytest -q --durations=15 --ignore=tests/packaging
 
 ## test-fast: unit tests and the fast integration tests, not the `slow` ones (gateway end to
 ## end, Spark, chaos, fuzzing): about a minute, for the edit-test loop. `make test` runs all.
 .PHONY: test-fast
 test-fast: $(STAMP) sysdeps
+	mkdir -p $(PYTEST_DEBUG_TEMPROOT)
 	$(BIN)/pytest -q -m "not slow"
 
 ## test: everything CI runs, from a fresh clone
@@ -113,4 +119,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .run out .fuzz dist
+	rm -rf $(VENV) .pytest-tmp .pytest_cache .mypy_cache .ruff_cache *.egg-info .run out .fuzz dist

@@ -87,6 +87,7 @@ UV=$TOOLS/bin/uv scripts/lock.sh --check || status=1
 echo "== tests/packaging (the chart, the lock and the images)"
 PROJECT_PYTHON=${PROJECT_PYTHON:-.venv/bin/python}
 if [[ -x $PROJECT_PYTHON ]]; then
+    if [ -n "${PYTEST_DEBUG_TEMPROOT:-}" ]; then mkdir -p "$PYTEST_DEBUG_TEMPROOT"; fi
     "$PROJECT_PYTHON" -m pytest -q tests/packaging || status=1
 else
     echo "lint-packaging: $PROJECT_PYTHON is missing: run make venv" >&2

@@ -41,6 +41,10 @@ class Criterion:
     name: str
     ok: bool
     detail: str = ""
+    # A bound on time or on the share answered within clients' timeouts: it holds on an idle
+    # machine and is what `python -m loadtests chaos` reports, but a loaded machine can miss
+    # it, so the test suite (which never asserts timing) checks only the others.
+    timed: bool = False
 
 
 @dataclass
@@ -56,6 +60,11 @@ class ScenarioResult:
     @property
     def passed(self) -> bool:
         return all(c.ok for c in self.criteria)
+
+    @property
+    def correct(self) -> bool:
+        """Every criterion but the timed ones: nothing lost, misrouted or duplicated, ..."""
+        return all(c.ok for c in self.criteria if not c.timed)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -177,8 +186,8 @@ class Ctx:
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
-    def criterion(self, name: str, ok: bool, detail: str = "") -> None:
-        self.criteria.append(Criterion(name, ok, detail))
+    def criterion(self, name: str, ok: bool, detail: str = "", *, timed: bool = False) -> None:
+        self.criteria.append(Criterion(name, ok, detail, timed))
 
     def note(self, text: str) -> None:
         log.info("%s", text)

@@ -61,6 +61,7 @@ async def primary_outage(ctx: Ctx) -> None:
             failed_over is not None and worst <= interval + 1.0 + watch.interval,
             f"worst {worst:.2f} s from the first failure (interval {interval} s); "
             + "; ".join(details[:6]),
+            timed=True,
         )
         await ctx.at(ctx.s(35))
         await ctx.stack.control.up(PRIMARY)
@@ -74,7 +75,7 @@ async def primary_outage(ctx: Ctx) -> None:
         )
         await task
     ratio = ratio_2xx(c.stats.records)
-    ctx.criterion(">= 99% of requests answered 2xx", ratio >= 0.99, pct(ratio))
+    ctx.criterion(">= 99% of requests answered 2xx", ratio >= 0.99, pct(ratio), timed=True)
     backlogged = sum(r.messages for r in c.stats.records if r.route == "backlog")
     ctx.note(f"{backlogged} messages acknowledged from the backlog")
     ctx.criterion("messages were backlogged", backlogged > 0, f"{backlogged}")
@@ -98,7 +99,7 @@ async def broker_stall(ctx: Ctx) -> None:
     ctx.note(f"primary links flowing again at {ctx.elapsed():.1f} s")
     await task
     ratio = ratio_2xx(c.stats.records)
-    ctx.criterion(">= 99% of requests answered 2xx", ratio >= 0.99, pct(ratio))
+    ctx.criterion(">= 99% of requests answered 2xx", ratio >= 0.99, pct(ratio), timed=True)
     n5 = sum(1 for r in c.stats.records if r.status is not None and r.status >= 500)
     ctx.note(f"{n5} answers >= 500")
     ctx.expect_backlog_drained = True

@@ -59,7 +59,7 @@ async def redis_restart_empty(ctx: Ctx) -> None:
     )
     ctx.criterion("back on the primary after recovery", healthy is not None, "")
     ratio = ratio_2xx(c.stats.records)
-    ctx.criterion(">= 99% of requests answered 2xx", ratio >= 0.99, pct(ratio))
+    ctx.criterion(">= 99% of requests answered 2xx", ratio >= 0.99, pct(ratio), timed=True)
     ctx.expect_backlog_drained = True
 
 
@@ -95,7 +95,9 @@ async def redis_partition(ctx: Ctx) -> None:
     for i, gw in enumerate(ctx.stack.replicas):
         recs = [r for r in c.stats.records if r.url == gw.url and r.attempt == 0]
         ratio = sum(1 for r in recs if r.outcome == "acked") / max(1, len(recs))
-        ctx.criterion(f"gw{i}: >= 99% answered 2xx", ratio >= 0.99, f"{pct(ratio)} of {len(recs)}")
+        ctx.criterion(
+            f"gw{i}: >= 99% answered 2xx", ratio >= 0.99, f"{pct(ratio)} of {len(recs)}", timed=True
+        )
     n5 = sum(1 for r in c.stats.records if r.status is not None and r.status >= 500)
     ctx.criterion("no 5xx", n5 == 0, f"{n5}")
     ctx.expect_backlog_drained = True
