@@ -38,8 +38,7 @@ from schemathesis.specs.openapi.checks import (
 from gateway.auth import mint_token, resource_uri
 from gateway.web.openapi import DOCUMENT
 from sblocal.testing import BrokerProcess
-from tests.conftest import broker_env
-from tests.support.processes import free_port
+from tests.support.processes import broker_env, free_port
 
 # A `gateway serve` subprocess and hundreds of generated requests.
 pytestmark = pytest.mark.slow
