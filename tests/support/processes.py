@@ -34,7 +34,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Self
+from typing import Self
 
 import aiohttp
 
@@ -119,8 +119,9 @@ def broker_env(broker: BrokerProcess, **overrides: str) -> dict[str, str]:
 
 
 class GatewayProcess:
-    """``python -m gateway <command> [args]`` (``serve`` by default) that we own; its stdout
-    and stderr go to ``<log_dir>/<name>.log``.
+    """``python -m gateway <command> [args]`` (``serve`` by default) that we own; its logs
+    (stderr) go to ``<log_dir>/<name>.log``, what it prints (stdout: the banner) to
+    ``<log_dir>/<name>.out``.
 
     Only the ``SBGATE_*`` settings in `env` apply: inherited ones (a developer's shell) would
     change the configuration, or fail it (unknown settings are refused). Signals go to this
@@ -151,8 +152,8 @@ class GatewayProcess:
         self.port = port
         self.command = command
         self.log_path = log_dir / f"{name}.log"
+        self.out_path = log_dir / f"{name}.out"
         self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -175,17 +176,18 @@ class GatewayProcess:
         if self.running:
             raise RuntimeError(f"{self.name} is already running")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # closed once the process is reaped (`wait`)
-        self._log.write(f"--- start {time.strftime('%H:%M:%S')} {self.args}\n".encode())
-        self._log.flush()
-        self.proc = subprocess.Popen(
-            self.args,
-            env=self.env,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        # Appended to (a restart adds to them); the child has its own descriptors.
+        with open(self.log_path, "ab") as log, open(self.out_path, "ab") as out:
+            log.write(f"--- start {time.strftime('%H:%M:%S')} {self.args}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.args,
+                env=self.env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=log,
+            )
 
     async def start(self, within: float = 60.0) -> Self:
         """Spawn, and wait until ``GET /readyz`` answers 200 (when it has a port)."""
@@ -240,10 +242,7 @@ class GatewayProcess:
             if time.monotonic() > deadline:
                 return None
             await asyncio.sleep(0.05)
-        code = self.returncode
-        if self._log is not None and not self._log.closed:
-            self._log.close()
-        return code
+        return self.returncode
 
     async def stop(self, within: float = 15.0) -> int | None:
         """SIGTERM, wait up to `within` s, then SIGKILL; the exit code."""
@@ -263,11 +262,18 @@ class GatewayProcess:
         return rss_bytes(self.pid) if self.running else None
 
     def output(self) -> bytes:
-        """Everything it wrote so far (both streams, with a ``--- start`` line per start)."""
+        """Its logs so far (stderr, after a ``--- start`` line per start)."""
         try:
             return self.log_path.read_bytes()
         except OSError:
             return b""
+
+    def printed(self) -> str:
+        """What it printed so far (stdout: the banner)."""
+        try:
+            return self.out_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.output().decode(errors="replace").splitlines()[-lines:])
