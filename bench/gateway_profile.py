@@ -35,15 +35,13 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from bench.harness import IN_MEMORY_ENV, ROOT, cpu_per_request, pin_self_from_env, run_fast
+from bench.harness import IN_MEMORY_ENV, child_output, cpu_per_request, pin_self_from_env, run_fast
 from bench.loadgen import build_request, make_body
 
 VARIANTS = (
@@ -199,15 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         _child(args.child, args.requests, args.runs)
         return 0
     variants = args.variants or list(VARIANTS)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     best: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.processes):  # interleaved, so drift hits every variant alike
         for v in variants:
-            cmd = [sys.executable, "-m", "bench.gateway_profile", "--child", v]
-            cmd += ["--requests", str(args.requests), "--runs", str(args.runs)]
-            out = subprocess.run(
-                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=True
-            ).stdout
+            out = child_output(
+                "bench.gateway_profile",
+                ["--child", v, "--requests", str(args.requests), "--runs", str(args.runs)],
+                timeout=600,
+            )
             best[v].extend(float(x) for x in out.split())
     base = min(best["full"]) if best.get("full") else None
     print(f"{'variant':58s} {'best':>7s} {'median':>7s}  µs/request (Python work, no sockets)")

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -272,6 +273,27 @@ class Child:
                     self.proc.kill()
                 await self.proc.wait()
         self._stderr.close()
+
+
+def child_output(module: str, args: Sequence[str], *, timeout: float) -> str:
+    """Run ``python -m <module> <args>`` to its end in a fresh interpreter (this checkout on
+    its path, at most `timeout` s) and return its stdout; ChildError with its stderr's tail
+    if it fails."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise ChildError(
+            f"{module} {' '.join(args)} exited {done.returncode}:\n{done.stderr[-2000:]}"
+        )
+    return done.stdout
 
 
 async def run_child(

@@ -34,13 +34,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import timeit
 from collections.abc import Sequence
 from typing import Any
 
-from bench.harness import IN_MEMORY_ENV, ROOT, cpu_per_request, pin_self_from_env, run_fast
+from bench.harness import IN_MEMORY_ENV, child_output, cpu_per_request, pin_self_from_env, run_fast
 from bench.loadgen import build_request, make_body
 
 VARIANTS = ("baseline", "off", "off+traceparent", "on", "on+traceparent")
@@ -161,16 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child, args.requests, args.runs)
         return 0
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     families = [f for f in FAMILIES if f in args.families]
     costs: dict[str, list[float]] = {v: [] for f in families for v in FAMILIES[f]}
     for _ in range(args.processes):  # interleaved, so drift hits both families alike
         for family in families:
-            cmd = [sys.executable, "-m", "bench.tracing_bench", "--child", family]
-            cmd += ["--requests", str(args.requests), "--runs", str(args.runs)]
-            out = subprocess.run(
-                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=True
-            ).stdout
+            out = child_output(
+                "bench.tracing_bench",
+                ["--child", family, "--requests", str(args.requests), "--runs", str(args.runs)],
+                timeout=900,
+            )
             for v, values in json.loads(out.splitlines()[-1]).items():
                 costs[v].extend(values)
     base = costs.get("baseline")
