@@ -8,9 +8,8 @@
 
 Each module runs as its own ``python -m bench.<name>`` process (their set-ups pin CPUs, start
 brokers and servers; a fresh interpreter keeps them from disturbing one another), with a
-deadline. ``--quick`` passes ``--quick`` to modules whose command line has it, else the
-module's ``QUICK_ARGS`` (a module-level list of strings), else the short arguments listed
-below for modules that predate the flag.
+deadline. ``--quick`` passes ``--quick`` on: every benchmark takes it and knows its own short
+form (``python -m bench.<name> --help`` says what it is).
 
 Benchmarks print ratios measured in one run; they assert nothing and are not part of
 ``make test``. The exit status is 1 when a module exits non-zero or overruns its deadline.
@@ -19,7 +18,6 @@ Benchmarks print ratios measured in one run; they assert nothing and are not par
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import os
 import signal
@@ -31,39 +29,11 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 
-# Short runs for modules without --quick of their own (their own flags, nothing else).
-_FALLBACK_QUICK: dict[str, list[str]] = {
-    "ledger_bench": ["--requests", "5000", "--pairs", "3", "--skip-spin"],
-    "broker_bench": ["--messages", "5000"],
-    "state_bench": ["--transitions", "50"],
-    "pipeline_bench": ["--sizes", "100000"],
-}
-
 
 def discover() -> list[str]:
     """Module names of bench/*_bench.py, in a stable order (the gateway's first)."""
     names = sorted(p.stem for p in BENCH_DIR.glob("*_bench.py"))
     return sorted(names, key=lambda n: (n != "gateway_bench", n))
-
-
-def _source(name: str) -> str:
-    return (BENCH_DIR / f"{name}.py").read_text(encoding="utf-8")
-
-
-def quick_args(name: str) -> list[str] | None:
-    """How to run `name` briefly, read from its source without importing it."""
-    source = _source(name)
-    if '"--quick"' in source or "'--quick'" in source:
-        return ["--quick"]
-    for node in ast.parse(source).body:
-        if (
-            isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == "QUICK_ARGS" for t in node.targets)
-            and isinstance(node.value, ast.List | ast.Tuple)
-        ):
-            values = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
-            return [str(v) for v in values]
-    return _FALLBACK_QUICK.get(name)
 
 
 def resolve(selected: list[str], available: list[str]) -> list[str]:
@@ -120,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     available = discover()
     if args.list:
         for name in available:
-            quick = quick_args(name)
-            print(f"{name.removesuffix('_bench'):10s} quick: {' '.join(quick or ['(full run)'])}")
+            print(name.removesuffix("_bench"))
         return 0
     names = resolve(args.names, available) if args.names else available
 
@@ -129,13 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
     outcomes: list[tuple[str, str, float]] = []
     for name in names:
-        extra: list[str] = []
-        if args.quick:
-            quick = quick_args(name)
-            if quick is None:
-                print(f"note: {name} has no quick form; running it in full", flush=True)
-            extra = quick or []
-        cmd = [sys.executable, "-m", f"bench.{name}", *extra, *passthrough]
+        quick = ["--quick"] if args.quick else []
+        cmd = [sys.executable, "-m", f"bench.{name}", *quick, *passthrough]
         print(f"\n######## {' '.join(cmd[1:])}", flush=True)
         started = time.monotonic()
         outcome = run_module(cmd, env, args.deadline)

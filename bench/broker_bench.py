@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
+from bench.harness import parse_args
 from sblocal.testing import BrokerProcess
 
 QUEUE = "bench"
@@ -160,7 +161,7 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--receivers", type=int, default=4)
     p.add_argument("--json", action="store_true", help="print one JSON line instead")
-    return p.parse_args(argv)
+    return parse_args(p, argv, {"messages": 5000})
 
 
 def run(argv: list[str] | None = None) -> None:

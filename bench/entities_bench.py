@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness import Cores, Server, pin, run_child
-from bench.memwatch import broker_env, rss_bytes
+from bench.harness import Cores, Server, bench_env, pin, run_child
+from tests.support.processes import rss_bytes
 
 MiB = 1024 * 1024
 _GOALS_AT = 1000
@@ -78,9 +78,7 @@ async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Ro
     await broker.astart()
     try:
         pin(broker.pid, cores.rest)
-        env = broker_env(
-            broker, {"SBGATE_CONFIG": str(gateway_cfg), "SBGATE_ENABLE_SYPHON": "true"}
-        )
+        env = bench_env(broker, {"SBGATE_CONFIG": str(gateway_cfg), "SBGATE_ENABLE_SYPHON": "true"})
         started = time.monotonic()
         gateway = await Server.start(
             "gateway", "gateway", env, cpus=cores.subject, sink="sdk", within=300

@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from bench.syphon_bench import free_port, gateway_env
+from bench.harness import parse_args
 from gateway.app import (
     create_app,
     default_backlog_factory,
@@ -42,9 +42,9 @@ from gateway.core.ports import NamespaceClient, Sender
 from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import MIN_CHECK_SPACING
 from sblocal.testing import BrokerProcess, ControlClient
+from tests.support.processes import broker_wiring, free_port
 
 BOUND = MIN_CHECK_SPACING + SyphonSettings().receive_wait + TimeoutSettings().send_timeout
-QUICK_ARGS = ["--rounds", "8"]
 SLOW_LINK = 0.3  # seconds a backlog write spends on its way to the broker
 
 
@@ -117,17 +117,24 @@ async def one_round(
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    rounds = 8 if args.quick else args.rounds
+    args = parse_args(parser, argv, {"rounds": 8})
     rng = random.Random(7)
     times: list[float] = []
     with BrokerProcess() as broker:
         control = broker.control
         port = free_port()
-        env = gateway_env(broker, port, SBGATE_ENABLE_SYPHON="true", SBGATE_LOG_LEVEL="ERROR")
-        env = {k: v for k, v in env.items() if k.startswith("SBGATE_")}
-        env.pop("SBGATE_PING_PRIMARY_INTERVAL")  # every setting at its default but the wiring
+        # One queue, ten backlog queues, failover at the first failed send, no SDK retries,
+        # the built-in syphon; every other setting (syphon and timeouts) at its default.
+        env = {
+            **broker_wiring(broker),
+            "SBGATE_ENTITIES": "queue:orders",
+            "SBGATE_LISTEN_PORT": str(port),
+            "SBGATE_LOG_LEVEL": "ERROR",
+            "SBGATE_BACKLOG_QUEUE_COUNT": "10",
+            "SBGATE_FAILOVER_INTERVAL": "0",
+            "SBGATE_SDK_RETRY_TOTAL": "0",
+            "SBGATE_ENABLE_SYPHON": "true",
+        }
         settings = load_settings(env)
         make = default_client_factory(settings, shared_credential(settings))
 
@@ -144,7 +151,7 @@ async def main(argv: list[str] | None = None) -> None:
         await web.TCPSite(runner, "127.0.0.1", port).start()
         try:
             async with aiohttp.ClientSession() as http:
-                for n in range(rounds):
+                for n in range(args.rounds):
                     took = await one_round(http, f"http://127.0.0.1:{port}", control, n, rng)
                     if took is not None:
                         times.append(took)

@@ -40,14 +40,23 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bench.harness import Cores, RedisProcess, Server, Window, pin, run_child, run_together
+from bench.harness import (
+    Cores,
+    GatewayOnBroker,
+    Server,
+    Window,
+    gateway_on_broker,
+    run_child,
+    run_together,
+    start_redis,
+)
 
 # -- settings -------------------------------------------------------------------------------
 
@@ -415,63 +424,11 @@ async def bench_p1(p: Params, cores: Cores, log: Callable[[str], None]) -> list[
     return rows
 
 
-# -- the end-to-end set-up: local broker and the gateway on the SDK --------------------------
-
-
-@dataclass
-class EndToEnd:
-    broker: Any  # sblocal.testing.BrokerProcess
-    gateway: Server
-
-    @property
-    def conn(self) -> str:
-        return str(self.broker.connection_string("primary"))
-
-    @property
-    def control(self) -> Any:
-        return self.broker.control
-
-
-@contextlib.asynccontextmanager
-async def end_to_end(cores: Cores) -> AsyncIterator[EndToEnd]:
-    from sblocal.testing import BrokerProcess
-
-    broker = BrokerProcess()
-    await broker.astart()
-    try:
-        pin(broker.pid, cores.rest)
-        admin = {
-            f"SBGATE_{role.upper()}_ADMIN_CONNECTION_STRING": cs
-            for role in ("primary", "secondary")
-            if (cs := broker.management_connection_string(role))
-        }
-        env = {
-            **_COMMON,
-            "SBGATE_PRIMARY_CONNECTION_STRING": broker.connection_string("primary"),
-            "SBGATE_PRIMARY_NAME": "primary",
-            "SBGATE_SECONDARY_CONNECTION_STRING": broker.connection_string("secondary"),
-            "SBGATE_SECONDARY_NAME": "secondary",
-            **admin,
-            "SBGATE_ENABLE_FAILOVER": "true",
-        }
-        if broker.ca_cert:
-            env["SBGATE_SECONDARY_ADMIN_CA_CERT"] = broker.ca_cert
-            env["SBGATE_PRIMARY_ADMIN_CA_CERT"] = broker.ca_cert
-        gateway = await Server.start("gateway", "gateway", env, cpus=cores.subject, sink="sdk")
-        try:
-            await broker.control.reset()
-            yield EndToEnd(broker, gateway)
-        finally:
-            await gateway.close()
-    finally:
-        await broker.astop()
-
-
 # -- P2 and P3 ------------------------------------------------------------------------------
 
 
 async def bench_p2_p3(
-    p: Params, cores: Cores, e2e: EndToEnd, log: Callable[[str], None], which: set[str]
+    p: Params, cores: Cores, e2e: GatewayOnBroker, log: Callable[[str], None], which: set[str]
 ) -> list[Row]:
     broker_pid = e2e.broker.pid
     gw = Rate(f"gateway end to end, {p.e2e_connections} clients", "msg/s", "gateway")
@@ -546,7 +503,9 @@ async def bench_p2_p3(
 # -- P4 -------------------------------------------------------------------------------------
 
 
-async def bench_p4(p: Params, cores: Cores, e2e: EndToEnd, log: Callable[[str], None]) -> Row:
+async def bench_p4(
+    p: Params, cores: Cores, e2e: GatewayOnBroker, log: Callable[[str], None]
+) -> Row:
     n = p.burst
     await e2e.control.reset()
     await e2e.control.set_latency("primary", round_trip_ms=70, store_ms=10)
@@ -596,8 +555,8 @@ async def bench_p4(p: Params, cores: Cores, e2e: EndToEnd, log: Callable[[str], 
 
 async def bench_p7(p: Params, cores: Cores, log: Callable[[str], None]) -> Row:
     async with contextlib.AsyncExitStack() as stack:
-        redis = await RedisProcess().start(cores.rest)
-        stack.push_async_callback(redis.stop)
+        redis = await start_redis(cores.rest)
+        stack.push_async_callback(asyncio.to_thread, redis.close)
 
         async def start(label: str, env: dict[str, str]) -> Server:
             server = await Server.start(label, "gateway", env, cpus=cores.subject)
@@ -734,7 +693,7 @@ async def main_async(p: Params, which: set[str], cores: Cores) -> list[Row]:
 
         async def e2e_jobs() -> list[Row]:
             out: list[Row] = []
-            async with end_to_end(cores) as e2e:
+            async with gateway_on_broker(cores, {}) as e2e:
                 if e2e_which & {"p2", "p3"}:
                     log("-- P2/P3: gateway end to end vs the SDK alone (local broker)")
                     out += await bench_p2_p3(p, cores, e2e, log, e2e_which)

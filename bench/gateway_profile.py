@@ -35,15 +35,13 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from bench.harness import ROOT, pin_self_from_env
+from bench.harness import IN_MEMORY_ENV, child_output, cpu_per_request, pin_self_from_env, run_fast
 from bench.loadgen import build_request, make_body
 
 VARIANTS = (
@@ -59,19 +57,6 @@ VARIANTS = (
     "auth",
     "auth+nocache",
 )
-_ENV = {
-    "SBGATE_PRIMARY_CONNECTION_STRING": (
-        "Endpoint=sb://primary.invalid/;SharedAccessKeyName=b;SharedAccessKey=b"
-    ),
-    "SBGATE_PRIMARY_NAME": "primary",
-    "SBGATE_SECONDARY_CONNECTION_STRING": (
-        "Endpoint=sb://secondary.invalid/;SharedAccessKeyName=b;SharedAccessKey=b"
-    ),
-    "SBGATE_SECONDARY_NAME": "secondary",
-    "SBGATE_ENTITIES": "queue:orders,topic:events",
-    "SBGATE_REPLICA_ID": "profile",
-    "SBGATE_LOG_LEVEL": "WARNING",
-}
 _URL = "http://127.0.0.1:1/queues/orders/messages"
 _REQUEST = build_request(_URL, make_body(1024), {})
 _AUTH_KEY = "cHJvZmlsZS1rZXktZm9yLXRoZS1iZW5jaC0wMDAwMDAwMA=="
@@ -92,93 +77,6 @@ def _request(parts: set[str]) -> bytes:
 
     token = mint_token(resource_uri("127.0.0.1", "orders"), "bench", _AUTH_KEY, 3600)
     return build_request(_URL, make_body(1024), {"Authorization": token})
-
-
-class _FakeTransport(asyncio.Transport):
-    """Collects one connection's answers; each complete answer sends the next request."""
-
-    def __init__(self, driver: _Driver, index: int) -> None:
-        super().__init__()
-        self._driver = driver
-        self._index = index
-        self._buf = bytearray()
-        self._closing = False
-        self.protocol: Any = None
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        extra = {"peername": ("127.0.0.1", 40000 + self._index), "sockname": ("127.0.0.1", 1)}
-        return extra.get(name, default)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._buf += data
-        while (end := self._buf.find(b"\r\n\r\n")) >= 0:
-            head = bytes(self._buf[:end]).lower()
-            i = head.find(b"content-length:")
-            j = head.find(b"\r\n", i)
-            length = int(head[i + 15 : j if j > 0 else len(head)]) if i >= 0 else 0
-            if len(self._buf) < end + 4 + length:
-                return
-            del self._buf[: end + 4 + length]
-            self._driver.answered(self)
-
-    def writelines(self, list_of_data: Any) -> None:
-        self.write(b"".join(list_of_data))
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        self._closing = True
-
-    def pause_reading(self) -> None:
-        return None
-
-    def resume_reading(self) -> None:
-        return None
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        return None
-
-
-class _Driver:
-    def __init__(self, server: web.Server, connections: int, total: int, request: bytes) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._request = request
-        self._left = total
-        self._total = total
-        self._answered = 0
-        self.finished: asyncio.Future[None] = self._loop.create_future()
-        self.transports = [_FakeTransport(self, i) for i in range(connections)]
-        for t in self.transports:
-            t.protocol = server()
-            t.protocol.connection_made(t)
-
-    def start(self) -> None:
-        for t in self.transports:
-            self._send(t)
-
-    def _send(self, t: _FakeTransport) -> None:
-        if self._left > 0:
-            self._left -= 1
-            self._loop.call_soon(t.protocol.data_received, self._request)
-
-    def answered(self, t: _FakeTransport) -> None:
-        self._answered += 1
-        if self._answered >= self._total:
-            if not self.finished.done():
-                self.finished.set_result(None)
-        else:
-            self._send(t)
-
-    def close(self) -> None:
-        for t in self.transports:
-            t.protocol.connection_lost(None)
 
 
 def _build(parts: set[str]) -> tuple[web.AppRunner, Callable[[], None]]:
@@ -234,22 +132,16 @@ async def _measure(variant: str, requests: int, runs: int) -> list[float]:
     costs: list[float] = []
     try:
         for run in range(runs + 1):  # the first run warms up
-            driver = _Driver(server, 64, requests, request)
-            started = time.process_time()
-            driver.start()
-            async with asyncio.timeout(120):
-                await driver.finished
-            elapsed = time.process_time() - started
-            driver.close()
+            cost = await cpu_per_request(server, requests, request)
             if run:
-                costs.append(elapsed / requests * 1e6)
+                costs.append(cost)
     finally:
         await runner.cleanup()
     return costs
 
 
 def _child(variant: str, requests: int, runs: int) -> None:
-    os.environ.update(_ENV)
+    os.environ.update(IN_MEMORY_ENV)
     parts = set(variant.split("+"))
     if "info" in parts:
         os.environ["SBGATE_LOG_LEVEL"] = "INFO"
@@ -257,13 +149,7 @@ def _child(variant: str, requests: int, runs: int) -> None:
         os.environ.update(_AUTH_ENV)
     if "nocache" in parts:
         os.environ["SBGATE_AUTH_TOKEN_CACHE_SIZE"] = "0"
-    try:
-        import uvloop
-    except ImportError:
-        costs = asyncio.run(_measure(variant, requests, runs))
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-            costs = r.run(_measure(variant, requests, runs))
+    costs = run_fast(lambda: _measure(variant, requests, runs))
     print(" ".join(f"{c:.2f}" for c in costs), flush=True)
 
 
@@ -311,15 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         _child(args.child, args.requests, args.runs)
         return 0
     variants = args.variants or list(VARIANTS)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     best: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.processes):  # interleaved, so drift hits every variant alike
         for v in variants:
-            cmd = [sys.executable, "-m", "bench.gateway_profile", "--child", v]
-            cmd += ["--requests", str(args.requests), "--runs", str(args.runs)]
-            out = subprocess.run(
-                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=True
-            ).stdout
+            out = child_output(
+                "bench.gateway_profile",
+                ["--child", v, "--requests", str(args.requests), "--runs", str(args.runs)],
+                timeout=600,
+            )
             best[v].extend(float(x) for x in out.split())
     base = min(best["full"]) if best.get("full") else None
     print(f"{'variant':58s} {'best':>7s} {'median':>7s}  µs/request (Python work, no sockets)")

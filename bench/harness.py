@@ -14,24 +14,35 @@ Children written for the benchmarks (`bench.loadgen`, `bench.sdk_clients`,
 * ``RESULT <json>`` — the child's own figures; then it exits.
 
 Every wait on a child has a deadline, and every child is killed if the benchmark fails.
+
+What the benchmarks run against — the local broker, redis-server, ``gateway serve`` — comes
+from the launcher kit the tests use (`tests.support.processes`); `Server` here starts
+`bench.gateway_server`, the benchmarks' own instrumented server, under this protocol.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
-import socket
+import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import orjson
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from sblocal.testing import ControlClient
+    from tests.support.processes import BrokerProcess, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -97,11 +108,23 @@ def pin_self_from_env() -> None:
             os.sched_setaffinity(0, {int(c) for c in value.split(",")})
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def parse_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, quick: Mapping[str, Any]
+) -> argparse.Namespace:
+    """`parser`'s arguments plus ``--quick`` (what ``python -m bench --quick`` passes to every
+    benchmark): with it, the values in `quick` replace the defaults; an option given on the
+    command line still wins."""
+    shown = " ".join(
+        f"--{k.replace('_', '-')}"
+        + ("" if v is True else " " + " ".join(map(str, v if isinstance(v, list) else [v])))
+        for k, v in quick.items()
+    )
+    parser.add_argument("--quick", action="store_true", help=f"a short run ({shown})")
+    args = parser.parse_args(argv)
+    if args.quick:
+        parser.set_defaults(**quick)
+        args = parser.parse_args(argv)
+    return args
 
 
 def run_fast(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -252,6 +275,27 @@ class Child:
         self._stderr.close()
 
 
+def child_output(module: str, args: Sequence[str], *, timeout: float) -> str:
+    """Run ``python -m <module> <args>`` to its end in a fresh interpreter (this checkout on
+    its path, at most `timeout` s) and return its stdout; ChildError with its stderr's tail
+    if it fails."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise ChildError(
+            f"{module} {' '.join(args)} exited {done.returncode}:\n{done.stderr[-2000:]}"
+        )
+    return done.stdout
+
+
 async def run_child(
     name: str,
     module: str,
@@ -305,6 +349,132 @@ async def run_together(
             await c.close()
 
 
+# -- in-memory connections (bench.gateway_profile, bench.tracing_bench) ----------------------
+
+
+# Settings for an in-memory gateway: namespaces that are never reached (the null sink).
+IN_MEMORY_ENV = {
+    "SBGATE_PRIMARY_CONNECTION_STRING": (
+        "Endpoint=sb://primary.invalid/;SharedAccessKeyName=b;SharedAccessKey=b"
+    ),
+    "SBGATE_PRIMARY_NAME": "primary",
+    "SBGATE_SECONDARY_CONNECTION_STRING": (
+        "Endpoint=sb://secondary.invalid/;SharedAccessKeyName=b;SharedAccessKey=b"
+    ),
+    "SBGATE_SECONDARY_NAME": "secondary",
+    "SBGATE_ENTITIES": "queue:orders,topic:events",
+    "SBGATE_REPLICA_ID": "profile",
+    "SBGATE_LOG_LEVEL": "WARNING",
+}
+
+
+class _FakeTransport(asyncio.Transport):
+    """Collects one connection's answers; each complete answer sends the next request."""
+
+    def __init__(self, driver: InMemoryDriver, index: int) -> None:
+        super().__init__()
+        self._driver = driver
+        self._index = index
+        self._buf = bytearray()
+        self._closing = False
+        self.protocol: Any = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        extra = {"peername": ("127.0.0.1", 40000 + self._index), "sockname": ("127.0.0.1", 1)}
+        return extra.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._buf += data
+        while (end := self._buf.find(b"\r\n\r\n")) >= 0:
+            head = bytes(self._buf[:end]).lower()
+            i = head.find(b"content-length:")
+            j = head.find(b"\r\n", i)
+            length = int(head[i + 15 : j if j > 0 else len(head)]) if i >= 0 else 0
+            if len(self._buf) < end + 4 + length:
+                return
+            del self._buf[: end + 4 + length]
+            self._driver.answered(self)
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self._closing = True
+
+    def pause_reading(self) -> None:
+        return None
+
+    def resume_reading(self) -> None:
+        return None
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        return None
+
+
+class InMemoryDriver:
+    """`connections` fake connections to `server` (an aiohttp protocol factory), one request
+    in flight on each, each answer sending the next, until `total` are answered
+    (`finished`). No sockets: what is measured is the Python work per request."""
+
+    def __init__(self, server: web.Server, connections: int, total: int, request: bytes) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._request = request
+        self._left = total
+        self._total = total
+        self._answered = 0
+        self.finished: asyncio.Future[None] = self._loop.create_future()
+        self.transports = [_FakeTransport(self, i) for i in range(connections)]
+        for t in self.transports:
+            t.protocol = server()
+            t.protocol.connection_made(t)
+
+    def start(self) -> None:
+        for t in self.transports:
+            self._send(t)
+
+    def _send(self, t: _FakeTransport) -> None:
+        if self._left > 0:
+            self._left -= 1
+            self._loop.call_soon(t.protocol.data_received, self._request)
+
+    def answered(self, t: _FakeTransport) -> None:
+        self._answered += 1
+        if self._answered >= self._total:
+            if not self.finished.done():
+                self.finished.set_result(None)
+        else:
+            self._send(t)
+
+    def close(self) -> None:
+        for t in self.transports:
+            t.protocol.connection_lost(None)
+
+
+async def cpu_per_request(
+    server: web.Server, requests: int, request: bytes, connections: int = 64
+) -> float:
+    """CPU µs per request (`time.process_time`: every thread of this process) of `requests`
+    answers from `server` on `connections` in-memory connections (at most 120 s)."""
+    driver = InMemoryDriver(server, connections, requests, request)
+    try:
+        started = time.process_time()
+        driver.start()
+        async with asyncio.timeout(120):
+            await driver.finished
+        return (time.process_time() - started) / requests * 1e6
+    finally:
+        driver.close()
+
+
 # -- servers --------------------------------------------------------------------------------
 
 
@@ -353,64 +523,70 @@ class Server:
         await self.child.close()
 
 
-class RedisProcess:
-    """Our own ``redis-server`` on a free port: no persistence, never the system's 6379."""
+async def start_redis(cpus: frozenset[int]) -> RedisServer:
+    """The launcher kit's `RedisServer` (our own, on a free port, no persistence), started
+    off the event loop and pinned to `cpus`. The caller closes it (``close()``, blocking)."""
+    from tests.support.processes import RedisServer  # not in the children's imports
 
-    def __init__(self) -> None:
-        self.port = free_port()
-        self._dir = tempfile.TemporaryDirectory(prefix="bench-redis-")
-        self._proc: asyncio.subprocess.Process | None = None
+    server = RedisServer()
+    await asyncio.to_thread(server.start)
+    pin(server.pid, cpus)
+    return server
+
+
+# -- the gateway against the local broker ----------------------------------------------
+
+
+@dataclass
+class GatewayOnBroker:
+    """The local broker and a `bench.gateway_server` (SDK sink) in front of it."""
+
+    broker: BrokerProcess
+    gateway: Server
+    settings: dict[str, str]
 
     @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+    def control(self) -> ControlClient:
+        return self.broker.control
 
     @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+    def conn(self) -> str:
+        """The primary namespace's connection string (for SDK clients compared with it)."""
+        return self.broker.connection_string("primary")
 
-    async def start(self, cpus: frozenset[int], within: float = 10.0) -> RedisProcess:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        self._proc = await asyncio.create_subprocess_exec(
-            exe,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            self._dir.name,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        pin(self._proc.pid, cpus)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while True:  # poll the port with a deadline: redis prints nothing we could await
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            except OSError:
-                if loop.time() > deadline or self._proc.returncode is not None:
-                    await self.stop()
-                    raise RuntimeError("redis-server did not start") from None
-                await asyncio.sleep(0.05)
-            else:
-                writer.close()
-                await writer.wait_closed()
-                return self
 
-    async def stop(self) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            self._proc.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await self._proc.wait()
-            except TimeoutError:
-                self._proc.kill()
-                await self._proc.wait()
-        self._dir.cleanup()
+def bench_env(broker: BrokerProcess, extra: Mapping[str, str]) -> dict[str, str]:
+    """Gateway settings (`SBGATE_*`) for the local broker's `primary` and `secondary`
+    namespaces (the kit's `broker_wiring`; failover on, warnings only), then `extra`."""
+    from tests.support.processes import broker_wiring
+
+    return {
+        "SBGATE_REPLICA_ID": "bench",
+        "SBGATE_LOG_LEVEL": "WARNING",
+        "SBGATE_ENABLE_FAILOVER": "true",
+        **broker_wiring(broker),
+        **extra,
+    }
+
+
+@contextlib.asynccontextmanager
+async def gateway_on_broker(
+    cores: Cores, extra: Mapping[str, str]
+) -> AsyncIterator[GatewayOnBroker]:
+    """The local broker on the second CPU, the gateway (SDK sink, failover on, `extra`
+    settings) on the first; both stopped on the way out."""
+    from tests.support.processes import BrokerProcess
+
+    broker = BrokerProcess()
+    await broker.astart()
+    try:
+        pin(broker.pid, cores.rest)
+        env = bench_env(broker, {"SBGATE_ENTITIES": "queue:orders,topic:events", **extra})
+        gateway = await Server.start("gateway", "gateway", env, cpus=cores.subject, sink="sdk")
+        try:
+            await broker.control.reset()
+            yield GatewayOnBroker(broker, gateway, env)
+        finally:
+            await gateway.close()
+    finally:
+        await broker.astop()

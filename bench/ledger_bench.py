@@ -34,6 +34,7 @@ from pathlib import Path
 
 import orjson
 
+from bench.harness import parse_args
 from gateway.ledger import DirectorySink, EventLedger, Ledger, NullLedger
 
 _BODY = orjson.dumps(
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time each run from a ledger whose file is not open yet (once an hour in production)",
     )
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, {"requests": 5000, "pairs": 3, "skip_spin": True})
     ratio = asyncio.run(main_async(args))
     return 0 if ratio >= 0.95 else 1
 

@@ -2,8 +2,6 @@
 
 * `RssSampler`: the resident set size of one process, read from ``/proc/<pid>/status``
   (``VmRSS``) every `interval` seconds by a task it owns;
-* `gateway_on_broker`: the local broker (`sblocal`) and the gateway on the real SDK against
-  it, as `bench.gateway_bench`'s end-to-end set-up, with extra ``SBGATE_*`` settings;
 * `open_loop`: one `bench.openloop` child, with the moments of its window;
 * `stored_vs_ok`: the broker's stored messages against the 2xx answers;
 * `plot`: the RSS curve (and answers per second by status) as a PNG (matplotlib, Agg).
@@ -24,22 +22,11 @@ from typing import Any
 
 import orjson
 
-from bench.harness import Child, Cores, Server, pin
+from bench.harness import Child, Cores
+from tests.support.processes import rss_bytes
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 MiB = 1024 * 1024
-
-
-def rss_bytes(pid: int) -> int | None:
-    """``VmRSS`` of `pid` in bytes; None once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 @dataclass
@@ -80,59 +67,6 @@ class RssSampler:
         """The last sample at or before `moment` (the first one if none is)."""
         before = [v for t, v in self.samples if t <= moment]
         return before[-1] if before else self.samples[0][1]
-
-
-@dataclass
-class GatewayOnBroker:
-    broker: Any  # sblocal.testing.BrokerProcess
-    gateway: Server
-    settings: dict[str, str]
-
-    @property
-    def control(self) -> Any:
-        return self.broker.control
-
-
-def broker_env(broker: Any, extra: Mapping[str, str]) -> dict[str, str]:
-    """Gateway settings (`SBGATE_*`) for the local broker's `primary` and `secondary`
-    namespaces (failover on, warnings only), then `extra`."""
-    env = {
-        "SBGATE_REPLICA_ID": "bench",
-        "SBGATE_LOG_LEVEL": "WARNING",
-        "SBGATE_ENABLE_FAILOVER": "true",
-        "SBGATE_PRIMARY_NAME": "primary",
-        "SBGATE_SECONDARY_NAME": "secondary",
-    }
-    for role in ("primary", "secondary"):
-        env[f"SBGATE_{role.upper()}_CONNECTION_STRING"] = broker.connection_string(role)
-        if cs := broker.management_connection_string(role):
-            env[f"SBGATE_{role.upper()}_ADMIN_CONNECTION_STRING"] = cs
-        if broker.ca_cert:
-            env[f"SBGATE_{role.upper()}_ADMIN_CA_CERT"] = broker.ca_cert
-    env.update(extra)
-    return env
-
-
-@contextlib.asynccontextmanager
-async def gateway_on_broker(
-    cores: Cores, extra: Mapping[str, str]
-) -> AsyncIterator[GatewayOnBroker]:
-    """The local broker on the second CPU, the gateway (SDK sink, failover on) on the first."""
-    from sblocal.testing import BrokerProcess
-
-    broker = BrokerProcess()
-    await broker.astart()
-    try:
-        pin(broker.pid, cores.rest)
-        env = broker_env(broker, {"SBGATE_ENTITIES": "queue:orders,topic:events", **extra})
-        gateway = await Server.start("gateway", "gateway", env, cpus=cores.subject, sink="sdk")
-        try:
-            await broker.control.reset()
-            yield GatewayOnBroker(broker, gateway, env)
-        finally:
-            await gateway.close()
-    finally:
-        await broker.astop()
 
 
 @dataclass

@@ -36,13 +36,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Cores, RedisProcess, cpu_seconds
+from bench.harness import Cores, cpu_seconds, gateway_on_broker, parse_args, start_redis
 from bench.memwatch import (
     OUT_DIR,
     MiB,
     RssSampler,
     compare_dumps,
-    gateway_on_broker,
     open_loop,
     plot,
     run_bench,
@@ -94,7 +93,7 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
     ping = args.ping_interval or DEFAULT_PING_INTERVAL
     after = args.after if args.after is not None else ping + 30.0
     outage = args.minutes * 60.0
-    redis = await RedisProcess().start(cores.rest)
+    redis = await start_redis(cores.rest)
     try:
         extra = {"SBGATE_REDIS_URL": redis.url, "SBGATE_ENABLE_SYPHON": "false"}
         if args.ping_interval:
@@ -164,7 +163,7 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
             finally:
                 await rss.close()
     finally:
-        await redis.stop()
+        await asyncio.to_thread(redis.close)
 
     peak = max(rss.between(down, end), default=baseline)
     growth = peak - baseline
@@ -278,12 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         "--tracemalloc", action="store_true", help="also trace its allocations (slow)"
     )
     parser.add_argument("--out", default=str(OUT_DIR), help="where the PNG and JSON go")
-    args = parser.parse_args(argv)
+    # A one-minute outage with a 10 s ping interval (~2 minutes).
+    args = parse_args(parser, argv, {"minutes": 1.0, "ping_interval": 10.0, "warmup": 10.0})
     return run_bench("outage", lambda cores, log: bench(args, cores, log))
 
-
-# `python -m bench --quick`: a one-minute outage with a 10 s ping interval (~2 minutes).
-QUICK_ARGS = ["--minutes", "1", "--ping-interval", "10", "--warmup", "10"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

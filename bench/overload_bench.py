@@ -37,12 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Cores, run_child
+from bench.harness import Cores, gateway_on_broker, run_child
 from bench.memwatch import (
     OUT_DIR,
     MiB,
     RssSampler,
-    gateway_on_broker,
     open_loop,
     plot,
     run_bench,

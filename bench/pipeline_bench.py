@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.harness import parse_args
 from pipeline.job import EXIT_LOST, JobOptions, run
 from pipeline.session import build_local_session
 from pipeline.synthetic import generate
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="3g")
     parser.add_argument("--workdir", type=Path, help="keep generated data here (reused)")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, {"sizes": [100_000]})
 
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="pipeline-bench-")
     root = args.workdir or Path(tmp.name)  # type: ignore[union-attr]

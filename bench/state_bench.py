@@ -29,9 +29,11 @@ import timeit
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from bench.harness import parse_args
 from gateway.state import EntityState, MemoryStateStore, RedisStateStore
 from gateway.state.connect import RedisTarget
-from tests.support.redis import STATE_TAG, RedisClusterServers, RedisServer
+from tests.support.processes import RedisServer
+from tests.support.redis import STATE_TAG, RedisClusterServers
 
 REPLICAS = 3
 
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--transitions", type=int, default=200)
     parser.add_argument("--modes", default="standalone,cluster")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, {"transitions": 50})
     for mode in args.modes.split(","):
         bench_propagation(args.transitions, mode.strip())
     bench_get()

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
-import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bench.harness import parse_args
 from gateway.config import LimitSettings, SyphonSettings, TimeoutSettings
 from gateway.core.backlog import backlog_path
 from gateway.core.dispatcher import Dispatcher
@@ -28,30 +28,19 @@ from gateway.state.memory import MemoryStateStore
 from gateway.syphon.syphon import Syphon
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.support.fakes import FakeClient
+from tests.support.processes import GatewayProcess, broker_wiring, free_port
 from tests.support.syphon import FakeBacklog, FakeClock
 from tests.support.waiting import eventually
 
 QUEUES = 10
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def gateway_env(broker: BrokerProcess, port: int, **extra: str) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "SBGATE_PRIMARY_CONNECTION_STRING": broker.connection_string("primary"),
-        "SBGATE_PRIMARY_NAME": "primary",
-        "SBGATE_SECONDARY_CONNECTION_STRING": broker.connection_string("secondary"),
-        "SBGATE_SECONDARY_NAME": "secondary",
-        "SBGATE_SECONDARY_ADMIN_CONNECTION_STRING": broker.management_connection_string("secondary")
-        or "",
-        "SBGATE_SECONDARY_ADMIN_CA_CERT": broker.ca_cert or "",
+def gateway_env(broker: BrokerProcess, **extra: str) -> dict[str, str]:
+    """P8's gateway and syphon: one queue, failover at the first failed send, no pings, no
+    SDK retries, then `extra`."""
+    return {
+        **broker_wiring(broker),
         "SBGATE_ENTITIES": "queue:orders",
-        "SBGATE_LISTEN_PORT": str(port),
         "SBGATE_LOG_LEVEL": "WARNING",
         "SBGATE_BACKLOG_QUEUE_COUNT": str(QUEUES),
         "SBGATE_FAILOVER_INTERVAL": "0",
@@ -59,28 +48,6 @@ def gateway_env(broker: BrokerProcess, port: int, **extra: str) -> dict[str, str
         "SBGATE_SDK_RETRY_TOTAL": "0",
         **extra,
     }
-    return env
-
-
-async def start(mode: str, env: dict[str, str], port: int) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        mode,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    async with aiohttp.ClientSession() as http, asyncio.timeout(60):
-        while True:
-            try:
-                async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
-                    if r.status == 200:
-                        return proc
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
 
 
 async def depth(control: ControlClient, ns: str, path: str) -> int:
@@ -88,21 +55,25 @@ async def depth(control: ControlClient, ns: str, path: str) -> int:
 
 
 async def p8(n: int) -> dict[str, Any]:
-    with BrokerProcess() as broker:
+    with BrokerProcess() as broker, tempfile.TemporaryDirectory(prefix="bench-syphon-") as logs:
         control = broker.control
         await control.add_fault("primary", "amqp:internal-error", operation="send")
-        port = free_port()
-        serve = await start("serve", gateway_env(broker, port, SBGATE_ENABLE_SYPHON="false"), port)
+        serve = GatewayProcess(
+            "serve",
+            gateway_env(broker, SBGATE_ENABLE_SYPHON="false"),
+            port=free_port(),
+            log_dir=Path(logs),
+        )
         body = b"x" * 1024
         sem = asyncio.Semaphore(64)
-        try:
+        async with serve:
             async with aiohttp.ClientSession() as http:
 
                 async def one(i: int) -> int:
                     async with (
                         sem,
                         http.post(
-                            f"http://127.0.0.1:{port}/queues/orders/messages",
+                            f"{serve.url}/queues/orders/messages",
                             data=body,
                             headers={"Idempotency-Key": f"p8-{i}"},
                         ) as r,
@@ -119,32 +90,23 @@ async def p8(n: int) -> dict[str, Any]:
                 ]
             )
             await control.clear_faults("primary")
-            sport = free_port()
-            t0 = time.perf_counter()
-            syphon = await start(
+            syphon = GatewayProcess(
                 "syphon",
                 gateway_env(
-                    broker,
-                    sport,
-                    SBGATE_RECEIVE_WAIT="0.5",
-                    SBGATE_WORKERS="10",
-                    SBGATE_MAX_BATCH="100",
+                    broker, SBGATE_RECEIVE_WAIT="0.5", SBGATE_WORKERS="10", SBGATE_MAX_BATCH="100"
                 ),
-                sport,
+                port=free_port(),
+                log_dir=Path(logs),
+                command="syphon",
             )
-            try:
+            t0 = time.perf_counter()
+            async with syphon:
 
                 async def home() -> bool:
                     return await depth(control, "primary", "orders") >= backlogged
 
                 await eventually(home, within=600, every=0.1)
                 drain_s = time.perf_counter() - t0
-            finally:
-                syphon.terminate()
-                await syphon.wait()
-        finally:
-            serve.terminate()
-            await serve.wait()
     return {
         "accepted_202": statuses.count(202),
         "ingest_rate": n / ingest_s,
@@ -185,9 +147,8 @@ async def idle_ops() -> int:
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args(argv)
-    n = 1000 if args.quick else args.messages
+    args = parse_args(parser, argv, {"messages": 1000})
+    n = args.messages
     ops = await idle_ops()
     print(
         f"idle: {ops} broker operations per simulated hour with {QUEUES} backlog queues "

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.tracing_bench            # every variant, 3 processes x 8 runs
     .venv/bin/python -m bench.tracing_bench --quick
 
-The real app and runner on the in-memory transports of bench/gateway_profile.py (64
+The real app and runner on the in-memory transports of bench/harness.py (64
 connections, the null sink, no sockets): the figure is the Python work per request,
 `time.process_time()` over N requests (every thread of the process, so the span exporter's
 thread counts too), the best and the median of several runs.
@@ -31,19 +31,14 @@ far below the noise, and the paired ``off`` ratio is 1.00 within it.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
-import time
 import timeit
 from collections.abc import Sequence
 from typing import Any
 
-from bench.gateway_profile import _ENV, _Driver
-from bench.harness import ROOT, pin_self_from_env
+from bench.harness import IN_MEMORY_ENV, child_output, cpu_per_request, pin_self_from_env, run_fast
 from bench.loadgen import build_request, make_body
 
 VARIANTS = ("baseline", "off", "off+traceparent", "on", "on+traceparent")
@@ -70,7 +65,6 @@ FAMILIES = {"off": ("baseline", "off", "off+traceparent"), "on": ("on", "on+trac
 async def _measure(family: str, requests: int, runs: int) -> dict[str, list[float]]:
     """Each variant of `family` on one app in this process, alternating run by run (so the
     machine's drift hits them alike); µs of CPU per request, per run."""
-    from bench import gateway_profile
     from bench.gateway_server import gateway_runner
     from gateway.app import create_app
     from gateway.config import NamespaceSettings, load_settings
@@ -109,30 +103,18 @@ async def _measure(family: str, requests: int, runs: int) -> dict[str, list[floa
                 parts = set(v.split("+"))
                 propagation = without_propagation if "baseline" in parts else request_properties
                 setattr(handlers, "request_properties", propagation)  # noqa: B010
-                gateway_profile._REQUEST = traced if "traceparent" in parts else plain
-                driver = _Driver(server, 64, requests)
-                started = time.process_time()
-                driver.start()
-                async with asyncio.timeout(120):
-                    await driver.finished
-                elapsed = time.process_time() - started
-                driver.close()
+                request = traced if "traceparent" in parts else plain
+                cost = await cpu_per_request(server, requests, request)
                 if run:
-                    costs[v].append(elapsed / requests * 1e6)
+                    costs[v].append(cost)
     finally:
         await runner.cleanup()
     return costs
 
 
 def _child(family: str, requests: int, runs: int) -> None:
-    os.environ.update(_ENV)
-    try:
-        import uvloop
-    except ImportError:
-        costs = asyncio.run(_measure(family, requests, runs))
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-            costs = r.run(_measure(family, requests, runs))
+    os.environ.update(IN_MEMORY_ENV)
+    costs = run_fast(lambda: _measure(family, requests, runs))
     print(json.dumps(costs), flush=True)
 
 
@@ -177,16 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child, args.requests, args.runs)
         return 0
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     families = [f for f in FAMILIES if f in args.families]
     costs: dict[str, list[float]] = {v: [] for f in families for v in FAMILIES[f]}
     for _ in range(args.processes):  # interleaved, so drift hits both families alike
         for family in families:
-            cmd = [sys.executable, "-m", "bench.tracing_bench", "--child", family]
-            cmd += ["--requests", str(args.requests), "--runs", str(args.runs)]
-            out = subprocess.run(
-                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=True
-            ).stdout
+            out = child_output(
+                "bench.tracing_bench",
+                ["--child", family, "--requests", str(args.requests), "--runs", str(args.runs)],
+                timeout=900,
+            )
             for v, values in json.loads(out.splitlines()[-1]).items():
                 costs[v].extend(values)
     base = costs.get("baseline")

@@ -21,9 +21,10 @@ import orjson
 
 from loadtests.acks import read_acks
 from loadtests.checker import check
-from loadtests.procs import ROOT
 
 log = logging.getLogger("loadtests")
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _seconds(text: str) -> float:

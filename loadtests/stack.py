@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,9 @@ from typing import Any
 import aiohttp
 
 from gateway.core.backlog import backlog_path
-from loadtests.procs import GatewayProcess
 from loadtests.proxy import FaultProxy
 from sblocal.testing import BrokerProcess, ControlClient
+from tests.support.processes import GatewayProcess, RedisServer, broker_wiring, free_port
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +32,6 @@ SUBSCRIPTION = "audit"
 ENTITIES = ",".join([f"queue:{q}" for q in QUEUES] + [f"topic:{TOPIC}"])
 PRIMARY = "primary"
 SECONDARY = "secondary"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -106,7 +99,7 @@ class Stack:
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
         self.broker: BrokerProcess | None = None
-        self.redis: Any = None  # tests.support.redis.RedisServer
+        self.redis: RedisServer | None = None
         self.redis_proxies: list[FaultProxy] = []
         self.broker_proxies: list[dict[str, FaultProxy]] = []
         self.replicas: list[GatewayProcess] = []
@@ -158,8 +151,6 @@ class Stack:
         return self
 
     async def _start_redis(self) -> None:
-        from tests.support.redis import RedisServer
-
         self.redis = await asyncio.to_thread(RedisServer().start)
 
     async def _add_proxies(self, i: int) -> None:
@@ -178,15 +169,8 @@ class Stack:
         """The settings every gateway / syphon process shares."""
         assert self.broker is not None
         o = self.options
-        b = self.broker
         env = {
-            "SBGATE_PRIMARY_CONNECTION_STRING": b.connection_string(PRIMARY),
-            "SBGATE_PRIMARY_NAME": PRIMARY,
-            "SBGATE_SECONDARY_CONNECTION_STRING": b.connection_string(SECONDARY),
-            "SBGATE_SECONDARY_NAME": SECONDARY,
-            "SBGATE_SECONDARY_ADMIN_CONNECTION_STRING": b.management_connection_string(SECONDARY)
-            or "",
-            "SBGATE_SECONDARY_ADMIN_CA_CERT": b.ca_cert or "",
+            **broker_wiring(self.broker),
             "SBGATE_ENTITIES": ENTITIES,
             "SBGATE_FAILOVER_INTERVAL": str(o.failover_interval),
             "SBGATE_PING_PRIMARY_INTERVAL": str(o.ping_primary_interval),

@@ -16,6 +16,7 @@ from gateway.web.hardening import HardenedAppRunner
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.support import markers
 from tests.support.markers import forbid_real_components  # noqa: F401 (autouse fixture)
+from tests.support.processes import broker_env
 from tests.support.redis import redis_server, redis_server_factory  # noqa: F401 (fixtures)
 
 GatewayFactory = Callable[..., Awaitable[TestClient[Any, web.Application]]]
@@ -51,27 +52,6 @@ async def control(broker: BrokerProcess) -> AsyncIterator[ControlClient]:
     await ctl.reset()
     yield ctl
     await ctl.reset()
-
-
-def broker_env(broker: BrokerProcess, **overrides: str) -> dict[str, str]:
-    """Gateway settings (as SBGATE_* variables) for the local broker pair."""
-    env = {
-        "SBGATE_PRIMARY_CONNECTION_STRING": broker.connection_string("primary"),
-        "SBGATE_PRIMARY_NAME": "primary",
-        "SBGATE_SECONDARY_CONNECTION_STRING": broker.connection_string("secondary"),
-        "SBGATE_SECONDARY_NAME": "secondary",
-        "SBGATE_SECONDARY_ADMIN_CONNECTION_STRING": broker.management_connection_string("secondary")
-        or "",
-        "SBGATE_SECONDARY_ADMIN_CA_CERT": broker.ca_cert or "",
-        "SBGATE_ENTITIES": "queue:orders,topic:events",
-        "SBGATE_LOG_FORMAT": "text",
-        "SBGATE_SEND_TIMEOUT": "3",
-        "SBGATE_CONNECT_TIMEOUT": "5",
-        "SBGATE_ENABLE_FAILOVER": "false",
-        "SBGATE_ENABLE_SYPHON": "false",
-    }
-    env.update(overrides)
-    return {k: v for k, v in env.items() if v != ""}
 
 
 @pytest.fixture

@@ -19,19 +19,16 @@ Every ``127.0.0.1:8080`` (the README's port) becomes the free port the gateway l
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import re
 import shlex
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.processes import free_port
+from tests.support.processes import GatewayProcess, free_port
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -94,37 +91,35 @@ def test_the_matcher() -> None:
 
 
 def make_run_command(banner_file: Path) -> list[str]:
-    """The Makefile's `run` recipe, with `$(BIN)` this venv's and the banner file `banner_file`."""
+    """The Makefile's `run` recipe: the words after `$(BIN)/gateway`, with the banner file
+    `banner_file`."""
     makefile = (ROOT / "Makefile").read_text()
     recipe = re.search(r"^run:[^\n]*\n\t([^\n]+)", makefile, re.M)
     assert recipe is not None, "the Makefile has no run target"
     words = shlex.split(recipe[1])
     assert words[0] == "$(BIN)/gateway", words
-    words = [str(banner_file) if w == ".run/banner.txt" else w for w in words[1:]]
-    return [sys.executable, "-m", "gateway", *words]
+    return [str(banner_file) if w == ".run/banner.txt" else w for w in words[1:]]
 
 
 class Gateway:
-    """`make run`'s process: its stdout (the banner) and stderr (the logs) collected."""
+    """`make run`'s process (the launcher kit's `GatewayProcess`): what it printed (the
+    banner) and its logs."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.out = ""
-        self.err = ""
-        self._readers = [
-            asyncio.create_task(self._read(proc.stdout, "out")),
-            asyncio.create_task(self._read(proc.stderr, "err")),
-        ]
+    def __init__(self, process: GatewayProcess) -> None:
+        self.process = process
 
-    async def _read(self, stream: asyncio.StreamReader | None, name: str) -> None:
-        assert stream is not None
-        while line := await stream.readline():
-            setattr(self, name, getattr(self, name) + line.decode(errors="replace"))
+    @property
+    def out(self) -> str:
+        return self.process.printed()
+
+    @property
+    def err(self) -> str:
+        return self.process.output().decode(errors="replace")
 
     async def wait_for(self, what: str, text: str, within: float) -> None:
         def shown() -> bool:
-            if self.proc.returncode is not None:
-                raise AssertionError(f"the gateway exited ({self.proc.returncode})")
+            if not self.process.running:
+                raise AssertionError(f"the gateway exited ({self.process.returncode})")
             return matches(text, getattr(self, what), among_others=what == "err")
 
         try:
@@ -136,18 +131,13 @@ class Gateway:
             ) from None
 
     async def stop(self) -> float:
-        """Ctrl-C; how long it took to exit."""
+        """Ctrl-C; how long it took to exit (SIGKILL and a failure after 30 s)."""
         started = time.monotonic()
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            async with asyncio.timeout(30):
-                await self.proc.wait()
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
-            await asyncio.gather(*self._readers, return_exceptions=True)
+        self.process.signal(signal.SIGINT)
+        if await self.process.wait(30) is None:
+            self.process.kill()
+            await self.process.wait(10)
+            raise AssertionError(f"Ctrl-C did not stop the gateway within 30 s:\n{self.err}")
         return time.monotonic() - started
 
 
@@ -173,16 +163,17 @@ async def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     steps = blocks(section)
     assert [b.kind for b in steps].count("sh") >= 5, "the Quick start lost its commands"
     assert steps[0].kind == "sh" and steps[0].body.split("#")[0].strip() == "make run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SBGATE_")}
-    proc = await asyncio.create_subprocess_exec(
-        *make_run_command(tmp_path / "banner.txt"),
-        cwd=ROOT,
-        env={**env, "SBGATE_LISTEN_PORT": port, "PYTHONUNBUFFERED": "1"},
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    command, *args = make_run_command(tmp_path / "banner.txt")
+    process = GatewayProcess(
+        "make-run",
+        {"PYTHONUNBUFFERED": "1"},
+        port=int(port),
+        log_dir=tmp_path,
+        command=command,
+        args=args,
     )
-    gw = Gateway(proc)
+    process.spawn()  # ready when it prints the banner
+    gw = Gateway(process)
     try:
         banner = steps[1]
         assert banner.kind == "text"
@@ -224,4 +215,4 @@ async def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     stop = re.search(r"Ctrl-C stops it within (\d+) s", section)
     assert stop is not None, "the README no longer says how long Ctrl-C takes"
     assert took < float(stop[1]), f"Ctrl-C took {took:.1f} s"
-    assert gw.proc.returncode == 0, gw.err
+    assert gw.process.returncode == 0, gw.err

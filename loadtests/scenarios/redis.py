@@ -43,6 +43,7 @@ async def redis_restart_empty(ctx: Ctx) -> None:
         t_over = await watch.wait_all("failed_over", within=20)
         ctx.note(f"failed over at {ctx.elapsed():.1f} s")
         w_start = time.monotonic()
+        assert ctx.stack.redis is not None, "a Redis scenario runs with Redis"
         await asyncio.to_thread(ctx.stack.redis.restart, True)
         ctx.note(f"Redis restarted empty at {ctx.elapsed():.1f} s")
         await ctx.at(ctx.s(28))

@@ -7,8 +7,8 @@ import asyncio
 import datetime as dt
 import io
 import logging
-import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -16,7 +16,7 @@ import pytest
 
 from gateway.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
 from sblocal.testing import BrokerProcess
-from tests.support.processes import free_port, start_gateway, wait_ready
+from tests.support.processes import GatewayProcess, broker_env, free_port
 
 FIELDS = {
     "request_id": "r1",
@@ -107,34 +107,21 @@ def test_a_broken_stream_never_fails_the_request(access_level):
 
 
 @pytest.mark.integration
-async def test_the_last_line_before_sigterm_is_written(broker: BrokerProcess):
-    port = free_port()
-    proc = await start_gateway(
-        broker,
-        port,
-        SBGATE_LOG_LEVEL="INFO",
-        SBGATE_LOG_FORMAT="json",
-        SBGATE_DRAIN_DELAY="0",
+async def test_the_last_line_before_sigterm_is_written(broker: BrokerProcess, tmp_path: Path):
+    env = broker_env(
+        broker, SBGATE_LOG_LEVEL="INFO", SBGATE_LOG_FORMAT="json", SBGATE_DRAIN_DELAY="0"
     )
-    base = f"http://127.0.0.1:{port}"
-    try:
+    async with GatewayProcess("gateway", env, port=free_port(), log_dir=tmp_path) as gw:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
-            await wait_ready(http, base)
             async with http.post(
-                f"{base}/queues/orders/messages",
+                f"{gw.url}/queues/orders/messages",
                 data=b"x",
                 headers={"X-Request-Id": "the-last-one", "BrokerProperties": '{"MessageId":"m"}'},
             ) as r:
                 assert r.status == 201
-            proc.send_signal(signal.SIGTERM)  # at once: the line may still be in the buffer
-            assert proc.stderr is not None
-            async with asyncio.timeout(30):
-                err = await proc.stderr.read()
-                assert await proc.wait() == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        gw.terminate()  # at once: the line may still be in the buffer
+        assert await gw.wait(30) == 0
+    err = gw.output()
     lines = [orjson.loads(x) for x in err.splitlines() if x.startswith(b"{")]
     access = [x for x in lines if x.get("request_id") == "the-last-one"]
     assert len(access) == 1, err.decode(errors="replace")[-2000:]

@@ -10,8 +10,9 @@ import pytest
 
 from sblocal.testing import ControlClient
 from tests.conftest import GatewayFactory
-from tests.support.redis import RedisServer, redis_server_in
+from tests.support.processes import RedisServer
 from tests.support.redis import redis_cluster as redis_cluster  # the fixture
+from tests.support.redis import redis_server_in
 from tests.support.waiting import eventually
 
 CLUSTER = {

@@ -23,7 +23,8 @@ from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient, Sender
 from gateway.syphon.ports import BacklogPort
 from sblocal.testing import BrokerProcess, ControlClient
-from tests.conftest import GatewayFactory, broker_env
+from tests.conftest import GatewayFactory
+from tests.support.processes import broker_env
 from tests.support.waiting import eventually
 
 BACKLOGS = [f"primary/x-servicebus-transfer/{i}" for i in range(3)]

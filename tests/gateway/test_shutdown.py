@@ -18,9 +18,9 @@ a cut request from this check."""
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -34,9 +34,9 @@ from gateway.core.closing import CANCEL_GRACE, Closer
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.servicebus.client import CLOSE_TIMEOUT, SdkSender
 from sblocal.testing import BrokerProcess, ControlClient
-from tests.conftest import GatewayFactory, broker_env
+from tests.conftest import GatewayFactory
 from tests.support.fakes import FakeClient, FakeSender, msg
-from tests.support.processes import free_port, start_gateway, wait_ready
+from tests.support.processes import GatewayProcess, broker_env, free_port
 from tests.support.waiting import eventually, no_hang
 
 # On a loaded machine a bounded step can run late; a missing bound never ends at all.
@@ -201,23 +201,18 @@ async def test_every_cleanup_context_ends_within_its_bound_after_a_namespace_fau
 
 @pytest.mark.slow  # a `gateway serve` subprocess under load, then SIGTERM
 async def test_sigterm_under_load_cuts_no_accepted_request(
-    broker: BrokerProcess, control: ControlClient
+    broker: BrokerProcess, control: ControlClient, tmp_path: Path
 ):
-    port = free_port()
-    proc = await start_gateway(
-        broker,
-        port,
-        SBGATE_DRAIN_DELAY="1",
-        SBGATE_SHUTDOWN_TIMEOUT="10",
-        SBGATE_LOG_LEVEL="WARNING",
+    env = broker_env(
+        broker, SBGATE_DRAIN_DELAY="1", SBGATE_SHUTDOWN_TIMEOUT="10", SBGATE_LOG_LEVEL="WARNING"
     )
-    base = f"http://127.0.0.1:{port}"
+    gw = GatewayProcess("gateway", env, port=free_port(), log_dir=tmp_path)
+    base = gw.url
     outcomes: Counter[str] = Counter()
     accepted: set[str] = set()
     stop = asyncio.Event()
-    try:
+    async with gw:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
-            await wait_ready(http, base)
 
             async def client(n: int) -> None:
                 i = 0
@@ -241,7 +236,7 @@ async def test_sigterm_under_load_cuts_no_accepted_request(
 
             clients = [asyncio.create_task(client(n)) for n in range(16)]
             await eventually(lambda: len(accepted) >= 200, within=30)
-            proc.send_signal(signal.SIGTERM)
+            gw.terminate()
             signalled_at = len(accepted)
 
             async def not_ready() -> bool:
@@ -252,14 +247,9 @@ async def test_sigterm_under_load_cuts_no_accepted_request(
                     return False
 
             await eventually(not_ready, within=2, every=0.02)
-            async with asyncio.timeout(30):
-                assert await proc.wait() == 0
+            assert await gw.wait(30) == 0
             stop.set()
             await asyncio.gather(*clients)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert len(accepted) > signalled_at, "requests were still served during the drain delay"
     assert outcomes["refused"] > 0, f"the listener closed in the end: {dict(outcomes)}"
     assert not {k for k in outcomes if k.startswith("5")}, (

@@ -22,11 +22,10 @@ from redis.asyncio import Redis
 from gateway.state import BacklogState, EntityState, RedisStateStore, StateStore
 from gateway.state.connect import Client, RedisTarget
 from gateway.state.redis import _entity_from_hash
-from tests.support.processes import free_port
+from tests.support.processes import RedisServer, free_port
 from tests.support.redis import (
     STATE_TAG,
     RedisClusterServers,
-    RedisServer,
     TcpProxy,
     redis_server_in,
 )

@@ -21,10 +21,9 @@ from gateway.state import RedisStateStore
 from gateway.state.connect import RedisTarget, parse_sentinel_url
 from gateway.state.entra import EntraIdCredentials, TokenError, object_id
 from tests.support.identity import AZURE_ENV, TokenEndpoint
+from tests.support.processes import REDIS_SERVER, RedisServer
 from tests.support.redis import (
-    REDIS_SERVER,
     RedisClusterServers,
-    RedisServer,
     RotatingAclUsers,
     SentinelGroup,
 )

@@ -17,7 +17,7 @@ from gateway.supervision import supervised
 from gateway.syphon.syphon import Syphon
 from tests.conftest import GatewayFactory
 from tests.gateway.test_syphon import SYPHON as SYPHON_ENV
-from tests.support.redis import RedisServer
+from tests.support.processes import RedisServer
 from tests.support.waiting import eventually
 
 

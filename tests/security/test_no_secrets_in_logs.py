@@ -13,7 +13,8 @@ from azure.servicebus import parse_connection_string
 from gateway.auth import mint_token, resource_uri
 from gateway.logs import JsonFormatter
 from sblocal.testing import BrokerProcess
-from tests.conftest import GatewayFactory, broker_env
+from tests.conftest import GatewayFactory
+from tests.support.processes import broker_env
 
 SEND_KEY = "bm8tc2VjcmV0cy1pbi1sb2dzLXNlbmQta2V5LTAwMDAwMDA="
 ADMIN_KEY = "bm8tc2VjcmV0cy1pbi1sb2dzLWFkbWluLWtleS0wMDAwMDA="

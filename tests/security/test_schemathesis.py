@@ -9,11 +9,8 @@ room enough that one client at a time never saturates it: a 503 would be a findi
 
 from __future__ import annotations
 
+import asyncio
 import copy
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -38,8 +35,7 @@ from schemathesis.specs.openapi.checks import (
 from gateway.auth import mint_token, resource_uri
 from gateway.web.openapi import DOCUMENT
 from sblocal.testing import BrokerProcess
-from tests.conftest import broker_env
-from tests.support.processes import free_port
+from tests.support.processes import GatewayProcess, broker_env, free_port
 
 # A `gateway serve` subprocess and hundreds of generated requests.
 pytestmark = pytest.mark.slow
@@ -70,51 +66,26 @@ class LiveGateway:
 
 @pytest.fixture(scope="module")
 def live_gateway(broker: BrokerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    env = broker_env(
+        broker,
+        SBGATE_ENABLE_FAILOVER="true",
+        SBGATE_AUTH_RULES=orjson.dumps(RULES).decode(),
+        SBGATE_LOG_LEVEL="WARNING",
+        SBGATE_MAX_IN_FLIGHT="256",
+        SBGATE_ADMISSION_TIMEOUT="10",
+        SBGATE_DRAIN_DELAY="0",
+        SBGATE_SHUTDOWN_TIMEOUT="2",
+    )
     port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SBGATE_")},
-        **broker_env(
-            broker,
-            SBGATE_ENABLE_FAILOVER="true",
-            SBGATE_AUTH_RULES=orjson.dumps(RULES).decode(),
-            SBGATE_LOG_LEVEL="WARNING",
-            SBGATE_MAX_IN_FLIGHT="256",
-            SBGATE_ADMISSION_TIMEOUT="10",
-            SBGATE_DRAIN_DELAY="0",
-            SBGATE_SHUTDOWN_TIMEOUT="2",
-        ),
-    }
-    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    base_url = f"http://127.0.0.1:{port}"
+    gw = GatewayProcess("gateway", env, port=port, log_dir=tmp_path_factory.mktemp("gateway"))
+    asyncio.run(gw.start())  # a sync, module-wide fixture: schemathesis drives `requests`
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"gateway exited:\n{log.read_text()[-3000:]}"
-            try:
-                if requests.get(f"{base_url}/readyz", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, f"gateway not ready:\n{log.read_text()[-3000:]}"
-            time.sleep(0.1)  # polling a subprocess's readiness, under the deadline above
         token = mint_token(
             resource_uri(f"127.0.0.1:{port}", None, scheme="http"), "fuzz", KEY, 3600
         )
-        yield LiveGateway(base_url, token, log)
+        yield LiveGateway(gw.url, token, gw.log_path)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        asyncio.run(gw.stop(20))
 
 
 def fuzzable(document: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,7 @@
-"""A real `redis-server` process for tests: our own, on a free 127.0.0.1 port.
-
-Never touches a system Redis (e.g. on 6379). No persistence (`--save "" --appendonly no`), so
-a restart is empty unless asked otherwise. Faults are real signals: `kill()` (SIGKILL),
-`pause()`/`resume()` (SIGSTOP/SIGCONT, a stalled server whose TCP stays up), `stop()`
-(SIGTERM), `restart()` on the same port.
+"""Redis for tests, built from the launcher kit's `RedisServer` (`tests.support.processes`:
+our own redis-server on a free 127.0.0.1 port, never a system Redis, no persistence, real
+faults): a Redis Cluster and a Sentinel group of such servers, a TCP proxy a test can cut,
+rotating ACL users, and the fixtures.
 
 A conftest makes the fixtures available with::
 
@@ -13,17 +11,11 @@ A conftest makes the fixtures available with::
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Self
 
 import pytest
@@ -31,194 +23,9 @@ from redis import Redis as SyncRedis
 from redis.exceptions import RedisError
 
 from gateway.state.connect import ExpiringCredentialProvider
-from tests.support.processes import free_port
+from tests.support.processes import REDIS_SERVER, RedisServer, free_port
 
-REDIS_SERVER = os.environ.get("SBGATE_TEST_REDIS_SERVER") or shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
-
-
-class RedisServer:
-    """One redis-server process we own. Blocking methods; each bounded by `timeout`."""
-
-    def __init__(
-        self,
-        port: int | None = None,
-        *,
-        timeout: float = 10.0,
-        args: Sequence[str] = (),
-        tls: bool = False,
-        sentinel: str | None = None,
-    ) -> None:
-        if REDIS_SERVER is None:
-            raise RuntimeError("redis-server not found (apt-get install redis-server)")
-        self.port = port if port is not None else free_port()
-        self.timeout = timeout
-        self._dir = Path(tempfile.mkdtemp(prefix="sbgate-redis-"))
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._paused = False
-        self._args = tuple(args)  # more redis-server options (cluster, TLS, ACL...)
-        # A sentinel: its configuration (Sentinel rewrites the file, so it is ours, here).
-        self._sentinel = sentinel
-        self.mode = "standalone"  # how a client must talk to it (`RedisTarget.mode`)
-        self.client_url = self.url  # what a client is given (a cluster: another node's)
-        # TLS on a second port (the plain one stays for `command`), with a self-signed
-        # certificate for 127.0.0.1 that is its own CA: clients trust it with `ca_file`.
-        self.tls_port: int | None = None
-        self.ca_file: Path | None = None
-        if tls:
-            from sblocal.certs import ensure_dev_cert
-
-            cert, key = ensure_dev_cert(self._dir / "tls")
-            self.tls_port, self.ca_file = free_port(), cert
-            self._args += (
-                "--tls-port", str(self.tls_port),
-                "--tls-cert-file", str(cert),
-                "--tls-key-file", str(key),
-                "--tls-ca-cert-file", str(cert),
-                "--tls-auth-clients", "no",
-            )  # fmt: skip
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def tls_url(self) -> str:
-        """`rediss://` on the TLS port, as Azure Cache for Redis is reached on 6380."""
-        assert self.tls_port is not None, "started without tls=True"
-        return f"rediss://127.0.0.1:{self.tls_port}/0"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def start(self) -> RedisServer:
-        """Start it and wait until it answers PING."""
-        if self.running:
-            return self
-        first: list[str] = []
-        if self._sentinel is not None:
-            conf = self._dir / "sentinel.conf"
-            if not conf.exists():
-                conf.write_text(self._sentinel)
-            first = [str(conf), "--sentinel"]
-        args = [
-            str(REDIS_SERVER),
-            *first,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self._dir),
-            "--dbfilename", "dump.rdb",
-            "--protected-mode", "no",
-            "--daemonize", "no",
-            "--loglevel", "warning",
-            "--logfile", str(self._dir / "redis.log"),
-            *self._args,
-        ]  # fmt: skip
-        self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
-        self._paused = False
-        deadline = time.monotonic() + self.timeout
-        while True:
-            if self._proc.poll() is not None:
-                log = (self._dir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server exited {self._proc.returncode}: {log}")
-            if self.command("PING", check=False) == b"+PONG":
-                return self
-            if time.monotonic() > deadline:
-                self.kill()
-                raise TimeoutError(f"redis-server on {self.port} did not answer PING")
-            time.sleep(0.01)  # polling a process we just started, with a deadline
-
-    def command(self, *parts: str, check: bool = True) -> bytes | None:
-        """Send one command over a fresh socket; the first reply line (RESP), or None if
-        the server is unreachable and `check` is False."""
-        payload = f"*{len(parts)}\r\n".encode()
-        for p in parts:
-            b = p.encode()
-            payload += b"$%d\r\n%s\r\n" % (len(b), b)
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
-                s.sendall(payload)
-                buf = b""
-                while b"\r\n" not in buf:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    buf += chunk
-                return buf.split(b"\r\n", 1)[0]
-        except OSError:
-            if check:
-                raise
-            return None
-
-    def _signal(self, sig: signal.Signals) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(sig)
-
-    def _wait(self) -> None:
-        if self._proc is None:
-            return
-        try:
-            self._proc.wait(self.timeout)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait(self.timeout)
-        self._proc = None
-        self._paused = False
-
-    def stop(self) -> None:
-        """SIGTERM and wait (SIGKILL if it does not go)."""
-        if self._paused:
-            self.resume()
-        self._signal(signal.SIGTERM)
-        self._wait()
-
-    def kill(self) -> None:
-        """SIGKILL: the server vanishes, its sockets are reset."""
-        self._signal(signal.SIGKILL)
-        self._wait()
-
-    def pause(self) -> None:
-        """SIGSTOP: connections stay open but nothing is answered."""
-        self._signal(signal.SIGSTOP)
-        self._paused = True
-
-    def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-        self._paused = False
-
-    def restart(self, empty: bool = True) -> RedisServer:
-        """Stop and start again on the same port. `empty=False` keeps the data (SAVE first,
-        then it is loaded back from the dump file)."""
-        if empty:
-            self.kill()
-            with contextlib.suppress(FileNotFoundError):
-                (self._dir / "dump.rdb").unlink()
-        else:
-            if self._paused:
-                self.resume()
-            self.command("SAVE")
-            self.stop()
-        return self.start()
-
-    def close(self) -> None:
-        """Kill it (if running) and remove its directory."""
-        if self._paused:
-            self.resume()
-        self.kill()
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _ServerGroup:

@@ -1,0 +1,71 @@
+"""`python -m bench`: every benchmark takes ``--quick`` itself, and the runner only passes it on.
+
+The benchmarks' figures are not tested here (they are printed, never asserted); what is, is
+the contract between `bench/__main__.py` and the modules it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import __main__ as runner
+from bench.harness import parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--skip-spin", action="store_true")
+    return parser
+
+
+def test_quick_replaces_the_defaults() -> None:
+    quick = {"messages": 500, "skip_spin": True}
+    args = parse_args(_parser(), ["--quick"], quick)
+    assert (args.quick, args.messages, args.skip_spin) == (True, 500, True)
+    assert parse_args(_parser(), [], quick).messages == 20_000
+
+
+def test_an_option_given_wins_over_quick() -> None:
+    args = parse_args(_parser(), ["--quick", "--messages", "7"], {"messages": 500})
+    assert args.messages == 7
+
+
+def test_the_runner_passes_quick_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[list[str]] = []
+
+    def run_module(cmd: list[str], env: dict[str, str], deadline: float) -> str:
+        ran.append(cmd)
+        return "ok"
+
+    monkeypatch.setattr(runner, "run_module", run_module)
+    assert runner.main(["--quick", "syphon", "ledger_bench", "--", "--json"]) == 0
+    assert [cmd[1:] for cmd in ran] == [
+        ["-m", "bench.syphon_bench", "--quick", "--json"],
+        ["-m", "bench.ledger_bench", "--quick", "--json"],
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # an interpreter per benchmark, each importing what it measures
+def test_every_benchmark_takes_quick() -> None:
+    names = runner.discover()
+    assert "syphon_bench" in names and "failback_bench" in names
+    for name in names:
+        done = subprocess.run(
+            [sys.executable, "-m", f"bench.{name}", "--help"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
+        assert "--quick" in done.stdout, f"{name} has no --quick:\n{done.stdout}"
