@@ -33,7 +33,7 @@ from tests.support.waiting import eventually
 pytestmark = pytest.mark.timeout(60)
 
 FAST: dict[str, Any] = {
-    "op_timeout": 0.3,
+    "op_timeout": 1.0,  # a TLS handshake on a loaded machine can take longer than 0.3 s
     "health_interval": 0.2,
     "reconnect_backoff": (0.05, 0.3),
 }
@@ -50,10 +50,18 @@ def tls_server() -> Iterator[RedisServer]:
 
 
 @asynccontextmanager
-async def two(targets: list[RedisTarget]) -> AsyncIterator[list[RedisStateStore]]:
+async def two(
+    targets: list[RedisTarget], connect: bool = True
+) -> AsyncIterator[list[RedisStateStore]]:
+    """Replicas on `targets`; with `connect`, once every one is connected (`start()` waits
+    for the first attempt only, which a loaded machine can fail, and a later one succeed)."""
     stores = [RedisStateStore(t, f"r{i}", **FAST) for i, t in enumerate(targets)]
     await asyncio.gather(*(s.start() for s in stores))
     try:
+        if connect:
+            await eventually(
+                lambda: all(s.connected for s in stores), what="every replica connected"
+            )
         yield stores
     finally:
         await asyncio.gather(*(s.close() for s in stores))
@@ -79,7 +87,7 @@ async def test_tls_with_a_private_ca_file(tls_server: RedisServer) -> None:
 async def test_tls_refuses_a_server_the_system_store_does_not_trust(
     tls_server: RedisServer,
 ) -> None:
-    async with two([RedisTarget(tls_server.tls_url)]) as (store,):
+    async with two([RedisTarget(tls_server.tls_url)], connect=False) as (store,):
         await eventually(lambda: store.stats.redis_errors >= 1, what="a refused handshake")
         assert not store.connected
 
@@ -108,7 +116,8 @@ async def test_expiring_credentials_are_renewed_before_expiry_without_a_disconne
         for p in providers
     ]
     async with two(targets) as stores:
-        assert all(s.connected for s in stores)
+        # From here on (a first attempt that timed out on a loaded machine is not the subject).
+        before = [(s.stats.redis_errors, s.stats.reconnects) for s in stores]
         stop = asyncio.Event()
 
         async def expire() -> None:  # the service's side: credentials past their lifetime go
@@ -124,9 +133,9 @@ async def test_expiring_credentials_are_renewed_before_expiry_without_a_disconne
                 await exchange(stores, f"rot-{round_ % 4}")
                 round_ += 1
             stop.set()
-        for store in stores:
-            assert store.stats.redis_errors == 0, "no call failed"
-            assert store.stats.reconnects == 0, "no session was lost"
+        for store, (errors, reconnects) in zip(stores, before, strict=True):
+            assert store.stats.redis_errors == errors, "no call failed"
+            assert store.stats.reconnects == reconnects, "no session was lost"
             assert store.connected
         assert all(s.renewals >= 3 for s in stores)
 
