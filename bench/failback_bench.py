@@ -8,7 +8,7 @@ backlog link is slowed by 300 ms at the client port, as a backlog sender still o
 in the field report. The time measured is from the later of the failback and the last 202
 to the moment every message answered 202 has left the backlog and is at home.
 
-The README states the bound ``1 s + receive_wait + send_timeout`` (16 s at the defaults);
+docs/failover.md states the bound ``1 s + receive_wait + send_timeout`` (16 s at the defaults);
 the goal is p99 within it, and <= 2 s at the defaults. Without the wake-ups these rounds
 wait for the safety check (`idle_check_interval`, 15 min): they show as "not home".
 

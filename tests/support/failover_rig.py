@@ -38,7 +38,7 @@ FAILOVER = FailoverSettings(
 SYPHON = SyphonSettings(workers=2, max_batch=20, receive_wait=5.0, idle_check_interval=1e6)
 TIMEOUTS = TimeoutSettings(send_timeout=10.0)
 LIMITS = LimitSettings()
-# The bound the README states: check spacing + one receive already waiting + one move
+# The bound docs/failover.md states: check spacing + one receive already waiting + one move
 # already under way.
 TIME_TO_HOME = MIN_CHECK_SPACING + SYPHON.receive_wait + TIMEOUTS.send_timeout
 
