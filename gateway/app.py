@@ -373,6 +373,7 @@ async def router_ctx(app: web.Application) -> AsyncIterator[None]:
             observer=edge.metrics,
             ledger=edge.ledger,
             loop_lag=app[LOOP_LAG],
+            timeouts=settings.timeouts,
         )
         app[ROUTER] = app[FAILOVER] = failover
         failover.start(edge.catalog.all())

@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import FailoverSettings, LimitSettings
+from gateway.config import FailoverSettings, LimitSettings, TimeoutSettings
 from gateway.core.backlog import ping_message, rewrite, rewritten_size
 from gateway.core.closing import stop
 from gateway.core.dispatcher import Destination, Dispatcher
@@ -70,6 +70,12 @@ STOP_TIMEOUT = 5.0
 PING_DELIVERED = "ping delivered"
 MARKED_HEALTHY = "operator: marked healthy"
 FORCED = "operator: forced failover"
+
+
+def request_budget(limits: LimitSettings, timeouts: TimeoutSettings) -> float:
+    """How long a request's attempts may take in all, from when it reaches the router: one
+    wait for admission and one broker send. A backlog attempt gets what the primary left."""
+    return limits.admission_timeout + timeouts.send_timeout
 
 
 class NoBacklogAvailable(GatewayError):
@@ -123,8 +129,10 @@ class Failover:
         rng: random.Random | None = None,
         ledger: EventLedger | None = None,
         loop_lag: LoopLag | None = None,
+        timeouts: TimeoutSettings | None = None,
     ) -> None:
         self._dispatcher = dispatcher
+        self._budget = request_budget(limits, timeouts or TimeoutSettings())
         self._loop_lag = loop_lag
         self._pairs = pairs
         self._store = store
@@ -174,11 +182,18 @@ class Failover:
     # -- the router ----------------------------------------------------------------------
 
     async def submit(self, entity: EntityRef, messages: Sequence[OutboundMessage]) -> Delivery:
+        """Deliver `messages` to the primary, or to a backlog queue (the module docstring).
+
+        One deadline for all the attempts: `request_budget` from now. The primary attempt
+        is bounded by the dispatcher's own deadlines (its admission wait and one send), so
+        it is not timed here (no timer on the hot path); the backlog attempts get what it
+        left, and none at all when it left nothing (then its failure is the answer)."""
         key = entity.path.lower()
         pair = self._pairs[entity.pair]
         state = self._store.get(key)
+        deadline = asyncio.get_running_loop().time() + self._budget
         if state.status == "failed_over" and pair.backlog_queues:
-            return await self._to_backlog(entity, pair, messages, cause=None)
+            return await self._to_backlog(entity, pair, messages, None, deadline)
         try:
             await self._dispatcher.send(Destination(pair.primary, entity.path), messages)
         except SendFailure as failure:
@@ -190,7 +205,9 @@ class Failover:
                 raise  # not the broker's failure, as far as we know: the client retries
             if self._settings.strict_primary or not pair.backlog_queues:
                 raise
-            return await self._to_backlog(entity, pair, messages, cause=failure)
+            if asyncio.get_running_loop().time() >= deadline:
+                raise  # the primary used the whole budget: nothing left for a backlog
+            return await self._to_backlog(entity, pair, messages, failure, deadline)
         self._record_success(key)
         return Delivery("primary", entity.path)
 
@@ -260,7 +277,12 @@ class Failover:
         pair: PairClients,
         messages: Sequence[OutboundMessage],
         cause: SendFailure | None,
+        deadline: float,
     ) -> Delivery:
+        """Up to `MAX_BACKLOG_ATTEMPTS` backlog queues in turn, all before `deadline` (loop
+        time). An attempt cut by the deadline takes no queue out of rotation (the request's
+        budget ran out, which says little about the queue), but its write may still complete
+        (it may have been handed to a sender), so it is announced as any write is."""
         assert pair.secondary is not None
         for m in messages:
             size = rewritten_size(m, entity.path)
@@ -285,7 +307,17 @@ class Failover:
                 break
             tried.add(queue)
             try:
-                await self._dispatcher.send(Destination(pair.secondary, queue), rewritten)
+                async with asyncio.timeout_at(deadline) as within:
+                    await self._dispatcher.send(Destination(pair.secondary, queue), rewritten)
+            except TimeoutError:
+                if not within.expired():
+                    raise
+                self._written(key, queue)
+                raise NoBacklogAvailable(
+                    f"{entity.path!r} is unavailable at the primary and no backlog queue took "
+                    f"the message within the request's {self._budget:g}s deadline",
+                    entity=entity.path,
+                ) from None
             except SendFailure as failure:
                 last = failure
                 self._observer.backlog_send(queue, False)

@@ -84,6 +84,7 @@ class Replica:
             rng=random.Random(name),  # reproducible backlog choice
             observer=metrics,
             loop_lag=loop_lag,
+            timeouts=TIMEOUTS,
         )
         self.syphon = (
             Syphon(
