@@ -1,10 +1,11 @@
 """The server side of the HTTP benchmarks, in its own process: the gateway or a bare handler.
 
 Both modes are served as `gateway serve` serves (an `AppRunner` without an access log, a
-`TCPSite` with backlog 2048, uvloop when installed), on 127.0.0.1 and a port the kernel
-picks. The gateway gets the CLI's runner (`HardenedAppRunner`: per-connection head/body
-deadlines); the bare handler aiohttp's plain `web.AppRunner` — that difference is part of
-what P1 measures.
+listen backlog of 2048, uvloop when installed), on 127.0.0.1 and a port the kernel picks.
+The gateway gets the CLI's runner and site (`HardenedAppRunner`: per-connection head/body
+deadlines and the overload caps; `ShedSite`: no listening at the connection cap); the bare
+handler aiohttp's plain `web.AppRunner` and `TCPSite` — that difference is part of what P1
+measures.
 
     python -m bench.gateway_server --mode bare
     SBGATE_...=... python -m bench.gateway_server --mode gateway --sink null|sdk
@@ -137,6 +138,9 @@ def _snapshots(loop: asyncio.AbstractEventLoop) -> None:
 
 async def serve(mode: str, sink: str) -> None:
     _snapshots(asyncio.get_running_loop())
+    from gateway.web.hardening import ShedSite
+    from gateway.web.overload import LISTEN_BACKLOG
+
     if mode == "bare":
         runner = web.AppRunner(bare_app(), handle_signals=False, access_log=None)
     else:
@@ -144,7 +148,11 @@ async def serve(mode: str, sink: str) -> None:
         runner = gateway_runner(app, settings)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
+        site = (
+            web.TCPSite(runner, "127.0.0.1", 0, backlog=LISTEN_BACKLOG)
+            if mode == "bare"
+            else ShedSite(runner, "127.0.0.1", 0)
+        )
         await site.start()
         port = runner.addresses[0][1]
         stop = asyncio.Event()

@@ -131,7 +131,7 @@ async def _serve(
     banner_file: str | None = None,
 ) -> int:
     from gateway.app import create_app
-    from gateway.web.hardening import HardenedAppRunner
+    from gateway.web.hardening import HardenedAppRunner, ShedSite
 
     embedded = None
     if settings.embedded:
@@ -154,7 +154,7 @@ async def _serve(
             await runner.cleanup()
             print(f"configuration error: {exc}", file=sys.stderr)
             return 2
-        site = web.TCPSite(runner, settings.listen_host, settings.listen_port, backlog=2048)
+        site = ShedSite(runner, settings.listen_host, settings.listen_port)
         await site.start()
         if mode == "serve":
             banner = _banner(settings, embedded.info if embedded else None, dev=dev)

@@ -44,6 +44,7 @@ exercises every path over real sockets, passes on the new minor release.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import os
@@ -66,6 +67,7 @@ from gateway.config import Settings
 from gateway.errors import RequestError
 from gateway.web.overload import (
     EXEMPT_PREFIXES,
+    LISTEN_BACKLOG,
     OverloadLimits,
     Shedder,
     ShedReason,
@@ -515,3 +517,77 @@ class HardenedAppRunner(web.AppRunner):
         if edge is not None:
             edge.metrics.watch_http(self.shedder)
         return _HardenedServer(await super()._make_server(), self._deadlines, self.shedder)
+
+
+# After a pause, the closed listening socket may hold its port for a loop turn.
+REOPEN_RETRY = 0.01
+
+
+class ShedSite(web.TCPSite):
+    """`web.TCPSite` whose listener the runner's shedder pauses at the connection cap
+    (gateway.web.overload): pausing closes the listening socket, so the kernel refuses new
+    connections at once, at no cost to the event loop (connections already accepted are
+    untouched); resuming opens a new one on the same address, in a task this site owns
+    (`stop` cancels and awaits it)."""
+
+    __slots__ = ("_reopening", "_wanted")
+
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, *, backlog: int = LISTEN_BACKLOG
+    ) -> None:
+        super().__init__(runner, host, port, backlog=backlog, reuse_address=True)
+        self._reopening: asyncio.Task[None] | None = None
+        self._wanted = True  # whether the shedder wants this site listening
+
+    async def start(self) -> None:
+        await super().start()
+        shedder = getattr(self._runner, "shedder", None)
+        if isinstance(shedder, Shedder):
+            shedder.attach(self)
+
+    @property
+    def listening(self) -> bool:
+        return self._server is not None
+
+    def pause(self) -> None:
+        self._wanted = False
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def resume(self) -> None:
+        self._wanted = True
+        if self._server is None and self._reopening is None:
+            self._reopening = asyncio.get_running_loop().create_task(
+                self._reopen(), name=f"listen {self.name}"
+            )
+
+    async def _reopen(self) -> None:
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        try:
+            while self._wanted and self._server is None:
+                try:
+                    listening = await loop.create_server(
+                        server, self._host, self.port, backlog=self._backlog, reuse_address=True
+                    )
+                except OSError as exc:
+                    if exc.errno != errno.EADDRINUSE:
+                        log.warning("listening again on %s failed: %s; retrying", self.name, exc)
+                    await asyncio.sleep(REOPEN_RETRY)
+                    continue
+                if self._wanted:
+                    self._server = listening
+                else:  # paused again meanwhile
+                    listening.close()
+        finally:
+            self._reopening = None
+
+    async def stop(self) -> None:
+        self._wanted = False
+        task = self._reopening
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await super().stop()

@@ -5,9 +5,15 @@ off (``Retry-After``) and the autoscaler sees it, instead of every client timing
 CPython an HTTP-level 503 still costs a good part of a 201 (parsing is shared), so the caps
 act before any of the request's own work:
 
-* **Connections** (``http.max_connections``): a connection accepted over the cap is
+* **Connections** (``http.max_connections``): at the cap, the process **stops listening**
+  (`Listener.pause`), so the kernel refuses new connections at once (a reset: the client's
+  ``connect`` fails with "connection refused" within a round trip) at no cost to the event
+  loop; it listens again once the count is back to `RESUME_SHARE` of the cap. (A smaller
+  listen backlog would not do: a full accept queue makes Linux *drop* SYNs, and the client
+  then waits out its SYN retransmits, 1 + 2 + 4 + 8 s, instead of failing fast.) A
+  connection accepted over the cap all the same (accepted before the pause took effect) is
   answered ``503 overloaded`` at once (pre-encoded bytes, before its request is read) and
-  closed. That is the cheapest refusal: no parsing at all.
+  closed.
 * **Requests in progress** (``http.max_requests_in_progress``): a request whose head
   completes while that many handlers run is answered ``503 overloaded`` before its body is
   read or its token checked, and its connection is closed (the unread body is not worth
@@ -16,9 +22,11 @@ act before any of the request's own work:
   that for its handler (the event loop is behind) gets the same answer: by the time it
   would be served its client is likely to have given up, and serving it delays the rest.
 
-Probes, metrics and the admin API are never shed (nor counted): a liveness probe answered
-503 under load would have Kubernetes restart a replica that is merely busy, and an operator
-must be able to act during an overload.
+Probes, metrics and the admin API are never shed by the request caps (nor counted): a
+liveness probe answered 503 under load would have Kubernetes restart a replica that is
+merely busy, and an operator must be able to act during an overload. The connection cap
+cannot tell them apart (it acts before a request is read): a probe that opens a connection
+while the process is at its cap is refused like any other.
 
 The caps count this process; each replica sheds for itself. Shed requests are counted in
 ``sbgate_http_shed_total{reason}`` and nowhere else (no access line: a flood must not cost
@@ -30,7 +38,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 import orjson
 
@@ -40,6 +48,21 @@ ShedReason = Literal["connections", "in_progress", "head_wait"]
 SHED_REASONS: Final[tuple[ShedReason, ...]] = ("connections", "in_progress", "head_wait")
 OVERLOADED: Final = Overloaded.code
 EXEMPT_PREFIXES: Final = ("/healthz", "/readyz", "/metrics", "/admin/")
+# The listen backlog: connections the kernel completes before the process accepts them.
+LISTEN_BACKLOG: Final = 2048
+# A paused listener listens again once the connections are a tenth (at least one) under the
+# cap: not at the first close, or it would flap (listen, take a burst, pause) at every close.
+RESUME_SHARE: Final = 0.9
+
+
+class Listener(Protocol):
+    """The listening socket(s), as the shedder drives them (`gateway.web.hardening.ShedSite`)."""
+
+    def pause(self) -> None:
+        """Stop listening now: new connections are refused by the kernel."""
+
+    def resume(self) -> None:
+        """Listen again (soon: reopening may take a loop turn)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +80,17 @@ class Shedder:
 
     Not thread-safe: the event loop's thread alone calls it (from the protocol)."""
 
-    __slots__ = ("_limits", "_on_shed", "_raw_body", "_raw_head", "connections", "in_progress")
+    __slots__ = (
+        "_limits",
+        "_listener",
+        "_on_shed",
+        "_raw_body",
+        "_raw_head",
+        "_resume_at",
+        "connections",
+        "in_progress",
+        "paused",
+    )
 
     def __init__(
         self, limits: OverloadLimits, on_shed: Callable[[ShedReason], None] | None = None
@@ -66,6 +99,10 @@ class Shedder:
         self._on_shed = on_shed or (lambda _reason: None)
         self.connections = 0
         self.in_progress = 0
+        self._listener: Listener | None = None
+        self.paused = False  # the listener is paused: the process is at its connection cap
+        cap = limits.max_connections
+        self._resume_at = cap - max(1, round(cap * (1 - RESUME_SHARE)))
         self._raw_body = overloaded_body("connections")
         self._raw_head = (
             b"HTTP/1.1 503 Service Unavailable\r\n"
@@ -79,17 +116,29 @@ class Shedder:
     def retry_after(self) -> str:
         return str(max(1, round(self._limits.retry_after)))
 
+    def attach(self, listener: Listener) -> None:
+        """Pause `listener` while the connections are at the cap (no cap: never)."""
+        self._listener = listener
+
     def connection_opened(self) -> bool:
-        """Count a new connection; False (and counted as shed) when it is over the cap."""
+        """Count a new connection; False (and counted as shed) when it is over the cap. The
+        connection that reaches the cap pauses the listener."""
         cap = self._limits.max_connections
         if cap and self.connections >= cap:
             self._on_shed("connections")
             return False
         self.connections += 1
+        if cap and self.connections == cap and self._listener is not None and not self.paused:
+            self.paused = True
+            self._listener.pause()
         return True
 
     def connection_closed(self) -> None:
         self.connections -= 1
+        if self.paused and self.connections <= self._resume_at:
+            self.paused = False
+            assert self._listener is not None
+            self._listener.resume()
 
     def admit(self, waited: float) -> ShedReason | None:
         """Whether a request whose head waited `waited` seconds may run now; when it may,

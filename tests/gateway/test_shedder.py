@@ -64,3 +64,44 @@ def test_the_raw_answer_is_a_complete_503_with_a_fresh_request_id() -> None:
     assert f"Content-Length: {len(body)}".encode() in head
     assert b'"error":"overloaded"' in body
     assert first != second  # X-Request-Id
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+
+def test_the_listener_pauses_at_the_cap_and_resumes_a_tenth_under_it() -> None:
+    shedder, shed = _shedder(connections=20)
+    listener = _Listener()
+    shedder.attach(listener)
+    for _ in range(19):
+        assert shedder.connection_opened()
+    assert listener.calls == [] and not shedder.paused
+    assert shedder.connection_opened()  # the 20th reaches the cap: no more listening
+    assert listener.calls == ["pause"] and shedder.paused
+    assert not shedder.connection_opened(), "accepted before the pause: refused with a 503"
+    assert shed == ["connections"]
+    shedder.connection_closed()  # 19: still over the mark
+    assert listener.calls == ["pause"]
+    shedder.connection_closed()  # 18: 90% of the cap
+    assert listener.calls == ["pause", "resume"] and not shedder.paused
+    shedder.connection_closed()
+    assert listener.calls == ["pause", "resume"], "resumed once"
+
+
+def test_without_a_connection_cap_the_listener_never_pauses() -> None:
+    shedder, _ = _shedder(connections=0)
+    listener = _Listener()
+    shedder.attach(listener)
+    for _ in range(100):
+        assert shedder.connection_opened()
+    for _ in range(100):
+        shedder.connection_closed()
+    assert listener.calls == []

@@ -14,10 +14,12 @@ import asyncio
 import orjson
 import pytest
 
-from gateway.web.hardening import HardenedAppRunner
+from gateway.app import create_app
+from gateway.config import load_settings
+from gateway.web.hardening import HardenedAppRunner, ShedSite
 from gateway.web.overload import Shedder
-from sblocal.testing import ControlClient
-from tests.conftest import GatewayFactory
+from sblocal.testing import BrokerProcess, ControlClient
+from tests.conftest import GatewayFactory, broker_env
 from tests.gateway.test_auth_http import ENV as AUTH_ENV
 from tests.gateway.test_auth_http import token
 from tests.support.waiting import eventually
@@ -145,3 +147,44 @@ async def test_without_caps_nothing_is_shed(
     assert [a.status for a in answers] == [201] * 20
     for reason in ("connections", "in_progress", "head_wait"):
         assert await _shed_total(client, reason) == 0
+
+
+async def test_at_the_connection_cap_the_listener_pauses_and_connections_are_refused(
+    broker: BrokerProcess, control: ControlClient
+) -> None:
+    """As `gateway serve` listens (`ShedSite`): at the cap, new connections are refused by
+    the kernel (no answer to build, no work in the loop); under it again, served."""
+    settings = load_settings(broker_env(broker, SBGATE_MAX_CONNECTIONS="20"))
+    runner = HardenedAppRunner(create_app(settings), settings=settings)
+    await runner.setup()
+    try:
+        site = ShedSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        shedder = runner.shedder
+        assert shedder is not None
+        held = [await open_raw(port) for _ in range(20)]
+        await eventually(lambda: shedder.connections == 20, what="the connections counted")
+        assert shedder.paused and not site.listening
+        with pytest.raises(ConnectionRefusedError):
+            await open_raw(port)
+        assert shedder.connections == 20, "a refused connection is never accepted"
+        # One closed: 19 is over 90% of the cap, still paused (no flapping at every close).
+        held.pop()[1].close()
+        await eventually(lambda: shedder.connections == 19, what="a close counted")
+        assert shedder.paused
+        with pytest.raises(ConnectionRefusedError):
+            await open_raw(port)
+        # Another: back under the mark, listening again, and served.
+        held.pop()[1].close()
+        await eventually(lambda: site.listening, what="listening again")
+        reader, writer = await open_raw(port)
+        writer.write(request_head() + b"x")
+        status, _ = await read_response(reader)
+        assert status == 201
+        writer.close()
+        for _, w in held:
+            w.close()
+        assert await _stored(control) == 1
+    finally:
+        await runner.cleanup()
