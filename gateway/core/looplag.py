@@ -30,7 +30,7 @@ class LoopLag:
 
     def __init__(self, interval: float = 0.1, on_sample: Callable[[float], None] | None = None):
         self._interval = interval
-        self._on_sample = on_sample
+        self._watchers: list[Callable[[float], None]] = [on_sample] if on_sample else []
         self._samples: deque[tuple[float, float]] = deque()  # (woke at, how late)
         self._due: float | None = None  # when the sampler should wake next
         self._task: asyncio.Task[None] | None = None
@@ -47,6 +47,10 @@ class LoopLag:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    def watch(self, on_sample: Callable[[float], None]) -> None:
+        """Also call `on_sample(late)` with every sample (seconds)."""
+        self._watchers.append(on_sample)
 
     def lag_since(self, t: float) -> float:
         """How long in all the loop ran late between `t` and now, in seconds (delays under
@@ -72,5 +76,5 @@ class LoopLag:
                 self._samples.append((now, late))
             while self._samples and self._samples[0][0] < now - HORIZON:
                 self._samples.popleft()
-            if self._on_sample is not None:
-                self._on_sample(late)
+            for on_sample in self._watchers:
+                on_sample(late)

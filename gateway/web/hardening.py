@@ -48,6 +48,8 @@ import errno
 import ipaddress
 import logging
 import os
+import socket
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -68,6 +70,7 @@ from gateway.errors import RequestError
 from gateway.web.overload import (
     EXEMPT_PREFIXES,
     LISTEN_BACKLOG,
+    MAX_LOOP_LAG,
     OverloadLimits,
     Shedder,
     ShedReason,
@@ -506,58 +509,129 @@ class HardenedAppRunner(web.AppRunner):
             max_requests_in_progress=settings.http.max_requests_in_progress,
             max_head_wait=settings.http.max_head_wait,
             retry_after=settings.timeouts.retry_after,
+            max_loop_lag=MAX_LOOP_LAG,
         )
         self.shedder: Shedder | None = None
 
     async def _make_server(self) -> web.Server:
+        from gateway.app import LOOP_LAG  # the app's resources; the app imports much
         from gateway.web.handlers import EDGE  # the app's metrics; handlers import much
 
         edge = self.app.get(EDGE) if isinstance(self.app, web.Application) else None
         self.shedder = Shedder(self._limits, edge.metrics.shed if edge is not None else None)
         if edge is not None:
             edge.metrics.watch_http(self.shedder)
-        return _HardenedServer(await super()._make_server(), self._deadlines, self.shedder)
+        base = await super()._make_server()  # the app's start-up: LOOP_LAG exists after it
+        lag = self.app.get(LOOP_LAG) if isinstance(self.app, web.Application) else None
+        if lag is not None:
+            lag.watch(self.shedder.loop_sampled)
+        return _HardenedServer(base, self._deadlines, self.shedder)
 
 
 # After a pause, the closed listening socket may hold its port for a loop turn.
 REOPEN_RETRY = 0.01
+# How often the accept queue is looked at; over `MAX_ACCEPT_QUEUE` connections waiting
+# there, the listener closes for `QUEUE_PAUSE` (gateway.web.overload).
+QUEUE_CHECK = 0.05
+MAX_ACCEPT_QUEUE = 64
+QUEUE_PAUSE = 0.25
+_TCP_INFO_LEN = 104
+_TCPI_UNACKED = 24  # offset of tcpi_unacked: for a listening socket, its accept queue
 
 
 class ShedSite(web.TCPSite):
-    """`web.TCPSite` whose listener the runner's shedder pauses at the connection cap
-    (gateway.web.overload): pausing closes the listening socket, so the kernel refuses new
-    connections at once, at no cost to the event loop (connections already accepted are
-    untouched); resuming opens a new one on the same address, in a task this site owns
-    (`stop` cancels and awaits it)."""
+    """`web.TCPSite` that stops listening when this process cannot keep up
+    (gateway.web.overload): closing the listening socket makes the kernel refuse new
+    connections at once (and reset those still waiting in its accept queue), at no cost to
+    the event loop; connections already accepted are untouched. It closes:
 
-    __slots__ = ("_reopening", "_wanted")
+    * while the runner's shedder says so (`pause` / `resume`: the connection cap, a
+      lagging loop);
+    * for `QUEUE_PAUSE` when more than `MAX_ACCEPT_QUEUE` connections wait in the kernel's
+      accept queue at two looks in a row (every `QUEUE_CHECK`): the loop accepts them slower
+      than they come (measured: uvloop accepts a few per loop turn when the loop is busy),
+      and each would wait there, unseen by any cap, until its client gave up.
+
+    Listening again opens a new socket on the same address, in a task this site owns;
+    `stop` cancels and awaits it, and the timers."""
+
+    __slots__ = (
+        "_check",
+        "_quiet_until",
+        "_reopening",
+        "_shedder_wants",
+        "_stopped",
+        "_wake",
+        "_was_long",
+    )
 
     def __init__(
         self, runner: web.BaseRunner, host: str, port: int, *, backlog: int = LISTEN_BACKLOG
     ) -> None:
         super().__init__(runner, host, port, backlog=backlog, reuse_address=True)
         self._reopening: asyncio.Task[None] | None = None
-        self._wanted = True  # whether the shedder wants this site listening
+        self._shedder_wants = True
+        self._quiet_until = 0.0  # loop time: closed until then (a long accept queue)
+        self._stopped = False
+        self._check: asyncio.TimerHandle | None = None
+        self._wake: asyncio.TimerHandle | None = None
+        self._was_long = False  # the accept queue was over the bound at the last look
 
     async def start(self) -> None:
         await super().start()
         shedder = getattr(self._runner, "shedder", None)
         if isinstance(shedder, Shedder):
             shedder.attach(self)
+        self._check = asyncio.get_running_loop().call_later(QUEUE_CHECK, self._look)
 
     @property
     def listening(self) -> bool:
         return self._server is not None
 
     def pause(self) -> None:
-        self._wanted = False
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self._shedder_wants = False
+        self._steer()
 
     def resume(self) -> None:
-        self._wanted = True
-        if self._server is None and self._reopening is None:
+        self._shedder_wants = True
+        self._steer()
+
+    def accept_queue(self) -> int:
+        """Connections the kernel completed that this process has not accepted yet."""
+        sockets = getattr(self._server, "sockets", None) or ()
+        total = 0
+        for sock in sockets:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+            total += int.from_bytes(info[_TCPI_UNACKED : _TCPI_UNACKED + 4], sys.byteorder)
+        return total
+
+    def _wanted(self) -> bool:
+        return (
+            not self._stopped
+            and self._shedder_wants
+            and asyncio.get_running_loop().time() >= self._quiet_until
+        )
+
+    def _look(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._check = loop.call_later(QUEUE_CHECK, self._look)
+        long = self._server is not None and self.accept_queue() > MAX_ACCEPT_QUEUE
+        # Over the bound at two looks in a row: a burst of connects the loop is still
+        # accepting (a client opening its pool) is not a backlog.
+        long, self._was_long = long and self._was_long, long
+        if long:
+            self._quiet_until = loop.time() + QUEUE_PAUSE
+            if self._wake is not None:
+                self._wake.cancel()
+            self._wake = loop.call_at(self._quiet_until, self._steer)
+            self._steer()
+
+    def _steer(self) -> None:
+        if not self._wanted():
+            if self._server is not None:
+                self._server.close()
+                self._server = None
+        elif self._server is None and self._reopening is None:
             self._reopening = asyncio.get_running_loop().create_task(
                 self._reopen(), name=f"listen {self.name}"
             )
@@ -567,7 +641,7 @@ class ShedSite(web.TCPSite):
         server = self._runner.server
         assert server is not None
         try:
-            while self._wanted and self._server is None:
+            while self._wanted() and self._server is None:
                 try:
                     listening = await loop.create_server(
                         server, self._host, self.port, backlog=self._backlog, reuse_address=True
@@ -577,7 +651,7 @@ class ShedSite(web.TCPSite):
                         log.warning("listening again on %s failed: %s; retrying", self.name, exc)
                     await asyncio.sleep(REOPEN_RETRY)
                     continue
-                if self._wanted:
+                if self._wanted():
                     self._server = listening
                 else:  # paused again meanwhile
                     listening.close()
@@ -585,7 +659,10 @@ class ShedSite(web.TCPSite):
             self._reopening = None
 
     async def stop(self) -> None:
-        self._wanted = False
+        self._stopped = True
+        for timer in (self._check, self._wake):
+            if timer is not None:
+                timer.cancel()
         task = self._reopening
         if task is not None:
             task.cancel()

@@ -50,6 +50,8 @@ OVERLOADED: Final = Overloaded.code
 EXEMPT_PREFIXES: Final = ("/healthz", "/readyz", "/metrics", "/admin/")
 # The listen backlog: connections the kernel completes before the process accepts them.
 LISTEN_BACKLOG: Final = 2048
+# The listener pauses while the event loop runs later than this (see the module docstring).
+MAX_LOOP_LAG: Final = 0.25
 # A paused listener listens again once the connections are a tenth (at least one) under the
 # cap: not at the first close, or it would flap (listen, take a burst, pause) at every close.
 RESUME_SHARE: Final = 0.9
@@ -73,6 +75,7 @@ class OverloadLimits:
     max_requests_in_progress: int
     max_head_wait: float
     retry_after: float
+    max_loop_lag: float = 0.0  # the listener pauses while the loop runs this late (0: never)
 
 
 class Shedder:
@@ -81,6 +84,7 @@ class Shedder:
     Not thread-safe: the event loop's thread alone calls it (from the protocol)."""
 
     __slots__ = (
+        "_late_before",
         "_limits",
         "_listener",
         "_on_shed",
@@ -89,6 +93,7 @@ class Shedder:
         "_resume_at",
         "connections",
         "in_progress",
+        "lagging",
         "paused",
     )
 
@@ -100,7 +105,9 @@ class Shedder:
         self.connections = 0
         self.in_progress = 0
         self._listener: Listener | None = None
-        self.paused = False  # the listener is paused: the process is at its connection cap
+        self.paused = False  # the process is at its connection cap
+        self.lagging = False  # the event loop runs later than `max_loop_lag`
+        self._late_before = False  # the last sample was over `max_loop_lag`
         cap = limits.max_connections
         self._resume_at = cap - max(1, round(cap * (1 - RESUME_SHARE)))
         self._raw_body = overloaded_body("connections")
@@ -130,15 +137,38 @@ class Shedder:
         self.connections += 1
         if cap and self.connections == cap and self._listener is not None and not self.paused:
             self.paused = True
-            self._listener.pause()
+            self._steer()
         return True
 
     def connection_closed(self) -> None:
         self.connections -= 1
         if self.paused and self.connections <= self._resume_at:
             self.paused = False
-            assert self._listener is not None
-            self._listener.resume()
+            self._steer()
+
+    def loop_sampled(self, late: float) -> None:
+        """A sample of the event loop's delay (`gateway.core.looplag`): over `max_loop_lag`
+        twice in a row (one late turn is a hiccup: a collection, a start-up), stop
+        listening; under half of it, listen again (unless at the connection cap)."""
+        bound = self._limits.max_loop_lag
+        if not bound or self._listener is None:
+            return
+        late_before, self._late_before = self._late_before, late > bound
+        if late > bound and late_before and not self.lagging:
+            self.lagging = True
+            self._steer()
+        elif late < bound / 2 and self.lagging:
+            self.lagging = False
+            self._steer()
+
+    def _steer(self) -> None:
+        listener = self._listener
+        if listener is None:
+            return
+        if self.paused or self.lagging:
+            listener.pause()
+        else:
+            listener.resume()
 
     def admit(self, waited: float) -> ShedReason | None:
         """Whether a request whose head waited `waited` seconds may run now; when it may,

@@ -105,3 +105,34 @@ def test_without_a_connection_cap_the_listener_never_pauses() -> None:
     for _ in range(100):
         shedder.connection_closed()
     assert listener.calls == []
+
+
+def test_a_lagging_loop_pauses_the_listener_after_two_late_samples_and_resumes_under_half() -> None:
+    limits = OverloadLimits(0, 0, 0.0, retry_after=1.0, max_loop_lag=0.2)
+    shedder = Shedder(limits)
+    listener = _Listener()
+    shedder.attach(listener)
+    shedder.loop_sampled(0.5)  # one late turn: a hiccup
+    assert listener.calls == []
+    shedder.loop_sampled(0.01)
+    shedder.loop_sampled(0.3)
+    shedder.loop_sampled(0.3)  # late twice in a row: behind
+    assert listener.calls == ["pause"] and shedder.lagging
+    shedder.loop_sampled(0.15)  # better, not yet under half the bound
+    assert listener.calls == ["pause"]
+    shedder.loop_sampled(0.05)
+    assert listener.calls == ["pause", "resume"] and not shedder.lagging
+
+
+def test_the_listener_stays_paused_while_either_rule_holds() -> None:
+    limits = OverloadLimits(2, 0, 0.0, retry_after=1.0, max_loop_lag=0.2)
+    shedder = Shedder(limits)
+    listener = _Listener()
+    shedder.attach(listener)
+    shedder.loop_sampled(0.3)
+    shedder.loop_sampled(0.3)
+    assert shedder.connection_opened() and shedder.connection_opened()  # at the cap too
+    shedder.loop_sampled(0.0)  # no longer late, but still at the cap
+    assert listener.calls[-1] == "pause"
+    shedder.connection_closed()
+    assert listener.calls[-1] == "resume"

@@ -10,13 +10,16 @@ behaviour), and every answer is awaited under a liveness deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
 
 from gateway.app import create_app
 from gateway.config import load_settings
-from gateway.web.hardening import HardenedAppRunner, ShedSite
+from gateway.web.hardening import MAX_ACCEPT_QUEUE, HardenedAppRunner, ShedSite
 from gateway.web.overload import Shedder
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory, broker_env
@@ -149,42 +152,76 @@ async def test_without_caps_nothing_is_shed(
         assert await _shed_total(client, reason) == 0
 
 
-async def test_at_the_connection_cap_the_listener_pauses_and_connections_are_refused(
-    broker: BrokerProcess, control: ControlClient
-) -> None:
-    """As `gateway serve` listens (`ShedSite`): at the cap, new connections are refused by
-    the kernel (no answer to build, no work in the loop); under it again, served."""
-    settings = load_settings(broker_env(broker, SBGATE_MAX_CONNECTIONS="20"))
+@contextlib.asynccontextmanager
+async def serving(broker: BrokerProcess, **env: str) -> AsyncIterator[tuple[ShedSite, Shedder]]:
+    """The gateway served as `gateway serve` serves it (`ShedSite`), on a free port."""
+    settings = load_settings(broker_env(broker, **env))
     runner = HardenedAppRunner(create_app(settings), settings=settings)
     await runner.setup()
     try:
         site = ShedSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = runner.addresses[0][1]
-        shedder = runner.shedder
-        assert shedder is not None
-        held = [await open_raw(port) for _ in range(20)]
+        assert runner.shedder is not None
+        yield site, runner.shedder
+    finally:
+        await runner.cleanup()
+
+
+async def served(port: int) -> None:
+    reader, writer = await open_raw(port)
+    writer.write(request_head() + b"x")
+    status, _ = await read_response(reader)
+    assert status == 201
+    writer.close()
+
+
+async def test_at_the_connection_cap_the_listener_pauses_and_connections_are_refused(
+    broker: BrokerProcess, control: ControlClient
+) -> None:
+    """As `gateway serve` listens (`ShedSite`): at the cap, new connections are refused by
+    the kernel (no answer to build, no work in the loop); under it again, served."""
+    async with serving(broker, SBGATE_MAX_CONNECTIONS="20") as (site, shedder):
+        held = [await open_raw(site.port) for _ in range(20)]
         await eventually(lambda: shedder.connections == 20, what="the connections counted")
         assert shedder.paused and not site.listening
         with pytest.raises(ConnectionRefusedError):
-            await open_raw(port)
+            await open_raw(site.port)
         assert shedder.connections == 20, "a refused connection is never accepted"
         # One closed: 19 is over 90% of the cap, still paused (no flapping at every close).
         held.pop()[1].close()
         await eventually(lambda: shedder.connections == 19, what="a close counted")
         assert shedder.paused
         with pytest.raises(ConnectionRefusedError):
-            await open_raw(port)
+            await open_raw(site.port)
         # Another: back under the mark, listening again, and served.
         held.pop()[1].close()
         await eventually(lambda: site.listening, what="listening again")
-        reader, writer = await open_raw(port)
-        writer.write(request_head() + b"x")
-        status, _ = await read_response(reader)
-        assert status == 201
-        writer.close()
+        await served(site.port)
         for _, w in held:
             w.close()
-        assert await _stored(control) == 1
-    finally:
-        await runner.cleanup()
+    assert await _stored(control) == 1
+
+
+async def test_a_long_accept_queue_closes_the_listener_for_a_while(
+    broker: BrokerProcess, control: ControlClient
+) -> None:
+    """Connections the kernel completed and the loop has not accepted (here: made while the
+    test holds the loop) are a backlog no cap sees: over the bound at two looks, the
+    listener closes (they are reset, new ones refused), then listens again."""
+    waiting: list[socket.socket] = []
+    async with serving(broker) as (site, _):
+        # Synchronous connects: the kernel completes them, the loop cannot accept meanwhile.
+        address = ("127.0.0.1", site.port)
+        waiting = [socket.create_connection(address) for _ in range(MAX_ACCEPT_QUEUE + 1)]
+        assert site.accept_queue() == MAX_ACCEPT_QUEUE + 1
+        site._look()
+        assert site.listening, "one look is not a backlog"
+        site._look()
+        assert not site.listening
+        with pytest.raises(ConnectionRefusedError):
+            await open_raw(site.port)
+        await eventually(lambda: site.listening, what="listening again after the pause")
+        await served(site.port)
+    for sock in waiting:
+        sock.close()
+    assert await _stored(control) == 1
