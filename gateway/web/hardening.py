@@ -548,7 +548,8 @@ class ShedSite(web.TCPSite):
     * while the runner's shedder says so (`pause` / `resume`: the connection cap, a
       lagging loop);
     * for `QUEUE_PAUSE` when more than `MAX_ACCEPT_QUEUE` connections wait in the kernel's
-      accept queue at two looks in a row (every `QUEUE_CHECK`): the loop accepts them slower
+      accept queue at two looks in a row (every `QUEUE_CHECK`; Linux only, where
+      ``TCP_INFO`` on a listening socket gives its queue): the loop accepts them slower
       than they come (measured: uvloop accepts a few per loop turn when the loop is busy),
       and each would wait there, unseen by any cap, until its client gave up.
 
@@ -582,7 +583,8 @@ class ShedSite(web.TCPSite):
         shedder = getattr(self._runner, "shedder", None)
         if isinstance(shedder, Shedder):
             shedder.attach(self)
-        self._check = asyncio.get_running_loop().call_later(QUEUE_CHECK, self._look)
+        if hasattr(socket, "TCP_INFO"):  # Linux: the accept queue can be read
+            self._check = asyncio.get_running_loop().call_later(QUEUE_CHECK, self._look)
 
     @property
     def listening(self) -> bool:
@@ -615,7 +617,10 @@ class ShedSite(web.TCPSite):
     def _look(self) -> None:
         loop = asyncio.get_running_loop()
         self._check = loop.call_later(QUEUE_CHECK, self._look)
-        long = self._server is not None and self.accept_queue() > MAX_ACCEPT_QUEUE
+        try:
+            long = self._server is not None and self.accept_queue() > MAX_ACCEPT_QUEUE
+        except OSError:  # a socket closed under us: look again next time
+            long = False
         # Over the bound at two looks in a row: a burst of connects the loop is still
         # accepting (a client opening its pool) is not a backlog.
         long, self._was_long = long and self._was_long, long

@@ -14,6 +14,13 @@ act before any of the request's own work:
   connection accepted over the cap all the same (accepted before the pause took effect) is
   answered ``503 overloaded`` at once (pre-encoded bytes, before its request is read) and
   closed.
+* **A loop that is behind** (`MAX_LOOP_LAG`, fastify's under-pressure rule): while the
+  event loop's measured delay (`gateway.core.looplag`) is over the bound at two samples in
+  a row, the process stops listening the same way, until a sample is under half of it.
+  The listener also closes for a moment when connections pile up in the kernel's accept
+  queue (`gateway.web.hardening.ShedSite`): measured, uvloop accepts only a few
+  connections per turn of a busy loop, so without these two the excess waits in the
+  accept queue and in SYN retransmits, where no cap sees it.
 * **Requests in progress** (``http.max_requests_in_progress``): a request whose head
   completes while that many handlers run is answered ``503 overloaded`` before its body is
   read or its token checked, and its connection is closed (the unread body is not worth
@@ -24,12 +31,13 @@ act before any of the request's own work:
 
 Probes, metrics and the admin API are never shed by the request caps (nor counted): a
 liveness probe answered 503 under load would have Kubernetes restart a replica that is
-merely busy, and an operator must be able to act during an overload. The connection cap
-cannot tell them apart (it acts before a request is read): a probe that opens a connection
-while the process is at its cap is refused like any other.
+merely busy, and an operator must be able to act during an overload. A closed listener
+cannot tell them apart (it acts before a request is read): a probe that connects while the
+process is not listening is refused like any other (the pauses are short).
 
 The caps count this process; each replica sheds for itself. Shed requests are counted in
-``sbgate_http_shed_total{reason}`` and nowhere else (no access line: a flood must not cost
+``sbgate_http_shed_total{reason}`` (refusals by the kernel are not: they never reach the
+process) and nowhere else (no access line: a flood must not cost
 a log line per request).
 """
 
