@@ -271,8 +271,9 @@ class HttpSettings:
     max_connections: int = setting(
         4096,
         parse=_int(0, 1_000_000),
-        doc="open client connections; one accepted over it is answered `503 overloaded` and "
-        "closed before its request is read (0: no cap)",
+        doc="open client connections; at it, `gateway serve` stops listening (new connections "
+        "are refused) until a tenth are closed, and one accepted over it all the same is "
+        "answered `503 overloaded` and closed before its request is read (0: no cap)",
     )
     max_requests_in_progress: int = setting(
         512,
