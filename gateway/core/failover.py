@@ -197,6 +197,7 @@ class Failover:
         try:
             await self._dispatcher.send(Destination(pair.primary, entity.path), messages)
         except SendFailure as failure:
+            _untangle(failure)
             if not failure.classification.counts_toward_failover:
                 raise
             if self._counts(key, failure):
@@ -319,6 +320,7 @@ class Failover:
                     entity=entity.path,
                 ) from None
             except SendFailure as failure:
+                _untangle(failure)
                 last = failure
                 self._observer.backlog_send(queue, False)
                 if failure.classification.message_fault:
@@ -552,6 +554,14 @@ class Failover:
             )
             return False
         return True
+
+
+def _untangle(failure: SendFailure) -> None:
+    """Drop a broker failure's traceback. Raised in a sender worker, it holds the worker's
+    frames, which hold the batch's groups, whose futures hold the failure: a cycle per
+    failed request that only the cycle collector frees, with the request's memory. The
+    traceback tells the client nothing (the answer is the failure's code and message)."""
+    failure.__traceback__ = None
 
 
 def _lease(key: str) -> str:

@@ -9,6 +9,7 @@ backlog, and one whose primary used all of it is answered without a backlog atte
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -109,5 +110,32 @@ def test_a_primary_that_used_the_whole_budget_is_answered_without_a_backlog_atte
             assert loop.time() - start >= BUDGET
             assert not secondary.held and not secondary.entities, "a backlog was tried"
             assert replica.status() == "failing", "the primary's failure still counts"
+
+    on_virtual_time(scenario)
+
+
+def test_a_failed_request_leaves_no_cycle_behind():
+    """A broker failure, raised in a sender worker's frame, holds that frame in its traceback,
+    and the frame holds the requests' groups, whose futures hold the failure: a cycle per
+    failed request, only freed by the cycle collector (with all the request's memory, which
+    RSS keeps at its high-water mark). The router drops the traceback when it catches one."""
+
+    async def scenario(loop: VirtualTimeLoop) -> None:
+        async with one_replica() as (replica, primary, secondary):
+            primary.down = secondary.down = True
+            gc.collect()
+            gc.disable()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for i in range(3):
+                    with pytest.raises((SendFailure, NoBacklogAvailable)):
+                        await replica.failover.submit(ORDERS, messages(f"m{i}"))
+                gc.collect()
+                left = [type(o).__name__ for o in gc.garbage]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
+            assert "_Group" not in left and "OutboundMessage" not in left, sorted(set(left))
 
     on_virtual_time(scenario)
