@@ -3,9 +3,9 @@
 Both modes are served as `gateway serve` serves (an `AppRunner` without an access log, a
 listen backlog of 2048, uvloop when installed), on 127.0.0.1 and a port the kernel picks.
 The gateway gets the CLI's runner and site (`HardenedAppRunner`: per-connection head/body
-deadlines and the overload caps; `ShedSite`: no listening at the connection cap); the bare
-handler aiohttp's plain `web.AppRunner` and `TCPSite` — that difference is part of what P1
-measures.
+deadlines and the overload caps; `ShedSite`: it stops listening while it cannot keep up);
+the bare handler aiohttp's plain `web.AppRunner` and `TCPSite` — that difference is part of
+what P1 measures.
 
     python -m bench.gateway_server --mode bare
     SBGATE_...=... python -m bench.gateway_server --mode gateway --sink null|sdk
