@@ -33,12 +33,18 @@ tests/gateway/test_many_entities.py fail without it.
 from __future__ import annotations
 
 import asyncio
+import struct
 from typing import Any
 
 from azure.servicebus._pyamqp.aio._link_async import Link
 from azure.servicebus._pyamqp.aio._sender_async import SenderLink
 from azure.servicebus._pyamqp.aio._session_async import Session
-from azure.servicebus._pyamqp.constants import LinkState, SessionState
+from azure.servicebus._pyamqp.constants import (
+    LinkDeliverySettleReason,
+    LinkState,
+    SessionState,
+    SessionTransferState,
+)
 
 from gateway.servicebus.encoding import VERSION_MATCHES
 
@@ -150,12 +156,56 @@ async def _session_outgoing_transfer(self: Any, delivery: Any, trace: Any) -> No
         await _session_transfer(self, delivery, trace)
 
 
+class Encoded:
+    """A message's payload, already encoded (`gateway.servicebus.encoding.encode`), given to
+    `SenderLink.send_transfer` in place of a pyamqp `Message` (`gateway.servicebus.lean`)."""
+
+    __slots__ = ("payload",)
+    _code = 0  # the message format: pyamqp's `Message._code`
+
+    def __init__(self, payload: bytearray) -> None:
+        self.payload = payload
+
+
+async def _encoded_transfer(self: Any, delivery: Any) -> bool:
+    """`SenderLink._outgoing_transfer` for an `Encoded` message: the same frame, the payload
+    as it is instead of `encode_payload(message)`."""
+    delivery_count = self.delivery_count + 1
+    delivery.frame = {
+        "handle": self.handle,
+        "delivery_tag": struct.pack(">I", abs(delivery_count)),
+        "message_format": delivery.message._code,
+        "settled": delivery.settled,
+        "more": False,
+        "rcv_settle_mode": None,
+        "state": None,
+        "resume": None,
+        "aborted": None,
+        "batchable": None,
+        "payload": delivery.message.payload,
+    }
+    await self._session._outgoing_transfer(
+        delivery, self.network_trace_params if self.network_trace else None
+    )
+    sent_and_settled = False
+    if delivery.transfer_state == SessionTransferState.OKAY:
+        self.delivery_count = delivery_count
+        self.current_link_credit -= 1
+        delivery.sent = True
+        if delivery.settled:
+            await delivery.on_settled(LinkDeliverySettleReason.SETTLED, None)
+            sent_and_settled = True
+    return sent_and_settled
+
+
 async def _sender_outgoing_transfer(self: Any, delivery: Any) -> bool:
     # Each delivery once: `sent` is only set after the write, so mark it before.
     if delivery.__dict__.get("_sbgate_sending"):
         return False
     delivery.__dict__["_sbgate_sending"] = True
     try:
+        if isinstance(delivery.message, Encoded):
+            return await _encoded_transfer(self, delivery)
         return bool(await _sender_transfer(self, delivery))
     finally:
         if not delivery.sent:  # not written (session busy or unmapped): may be sent later
