@@ -8,6 +8,11 @@ settled. Prints this process's CPU (`time.process_time`) per cold open and per s
 `--profile FILE` writes a cProfile of the sends.
 
     .venv/bin/python -m bench.sendpath_profile [--entities 200] [--sends 20000] [--profile F]
+
+Instructions per send, repeatable on a busy machine (the count for the sends only):
+
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.%p \
+        .venv/bin/python -m bench.sendpath_profile --entities 50 --sends 1000 --callgrind
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import os
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -78,7 +85,9 @@ async def _measure(client: SdkNamespaceClient, args: argparse.Namespace) -> None
     t0, w0 = time.process_time(), time.perf_counter()
     if profile is not None:
         profile.enable()
+    _callgrind(args, "on")
     await run(args.sends)
+    _callgrind(args, "off")
     if profile is not None:
         profile.disable()
         profile.dump_stats(args.profile)
@@ -90,6 +99,12 @@ async def _measure(client: SdkNamespaceClient, args: argparse.Namespace) -> None
     )
 
 
+def _callgrind(args: argparse.Namespace, state: str) -> None:
+    """Under `valgrind --tool=callgrind --instr-atstart=no`: count the sends only."""
+    if args.callgrind:
+        subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entities", type=int, default=200)
@@ -97,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--profile", default=None, help="a cProfile of the sends")
     parser.add_argument("--profile-opens", default=None, help="a cProfile of the opens")
+    parser.add_argument(
+        "--callgrind", action="store_true", help="switch callgrind's counting on for the sends"
+    )
     parser.add_argument("--sdk", action="store_true", help="the SDK's own send path only")
     args = parser.parse_args(argv)
     if args.sdk:

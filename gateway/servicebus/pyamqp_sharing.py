@@ -23,7 +23,11 @@ may read the peer's answer in that window, which then meets the old state:
 
 `install` makes each of these set the state first and write second (the frame is built from
 the same fields), sends each delivery once, and writes one TRANSFER at a time per session;
-answers then always meet the state the frame implies. It patches the
+answers then always meet the state the frame implies. Two more, for
+CPU only: a TRANSFER whose message is already encoded (`Encoded`, from
+`gateway.servicebus.lean`) is sent as it is, and a TRANSFER performative is encoded once
+where pyamqp encodes it twice (the session measures it, then the transport encodes it again:
+`_measured_frame`, `_sent_frame`). It patches the
 classes of the pinned azure-servicebus (`encoding.SDK_VERSION`) only, once per process;
 with any other version it returns False and the pool does not share connections
 (`gateway.servicebus.pool`). tests/broker/test_pooled_links.py and
@@ -36,15 +40,19 @@ import asyncio
 import struct
 from typing import Any
 
+from azure.servicebus._pyamqp import _encode
+from azure.servicebus._pyamqp.aio import _session_async, _transport_async
 from azure.servicebus._pyamqp.aio._link_async import Link
 from azure.servicebus._pyamqp.aio._sender_async import SenderLink
 from azure.servicebus._pyamqp.aio._session_async import Session
+from azure.servicebus._pyamqp.aio._transport_async import AsyncTransportMixin
 from azure.servicebus._pyamqp.constants import (
     LinkDeliverySettleReason,
     LinkState,
     SessionState,
     SessionTransferState,
 )
+from azure.servicebus._pyamqp.performatives import TransferFrame
 
 from gateway.servicebus.encoding import VERSION_MATCHES
 
@@ -66,6 +74,8 @@ ORIGINALS: dict[str, Any] = {
     "SenderLink._outgoing_transfer": SenderLink._outgoing_transfer,
     "SenderLink.update_pending_deliveries": SenderLink.update_pending_deliveries,
     "SenderLink._incoming_attach": SenderLink._incoming_attach,
+    "_encode.encode_frame": _encode.encode_frame,
+    "AsyncTransportMixin.send_frame": AsyncTransportMixin.send_frame,
 }
 
 
@@ -212,6 +222,33 @@ async def _sender_outgoing_transfer(self: Any, delivery: Any) -> bool:
             delivery.__dict__["_sbgate_sending"] = False
 
 
+_encode_frame: Any = _encode.encode_frame
+# The last TRANSFER performative the session measured: its fields but the payload, and its
+# encoding (`_measured_frame`).
+_last_transfer: list[Any] = [None, b""]
+
+
+def _measured_frame(frame: Any, **kwargs: Any) -> Any:
+    """`encode_frame` where `Session._outgoing_transfer` measures the TRANSFER performative
+    (the frame with an empty payload) before it sends it: the encoding is kept for
+    `_sent_frame`, which sends that same frame next."""
+    header, performative = _encode_frame(frame, **kwargs)
+    if isinstance(frame, TransferFrame) and not frame.payload:
+        _last_transfer[:] = [frame[:-1], bytes(performative)]
+    return header, performative
+
+
+def _sent_frame(frame: Any, **kwargs: Any) -> Any:
+    """`encode_frame` for the transport: a TRANSFER whose fields are those just measured is
+    that encoding plus its payload (encoding is a function of the fields), instead of being
+    encoded a second time; any other frame as pyamqp encodes it."""
+    if kwargs or not isinstance(frame, TransferFrame) or frame[:-1] != _last_transfer[0]:
+        return _encode_frame(frame, **kwargs)
+    data = bytearray(_last_transfer[1])
+    data += frame.payload or b""
+    return (len(data) + 8).to_bytes(4, "big") + _encode._FRAME_OFFSET + _encode._FRAME_TYPE, data
+
+
 def install() -> bool:
     """Patch pyamqp for shared connections (idempotent); False when the installed SDK is
     not the pinned one (the pool then gives each sender its own connection)."""
@@ -230,5 +267,9 @@ def install() -> bool:
         patched._outgoing_transfer = _session_outgoing_transfer
         sender: Any = SenderLink
         sender._outgoing_transfer = _sender_outgoing_transfer
+        session_module: Any = _session_async
+        session_module.encode_frame = _measured_frame
+        transport_module: Any = _transport_async
+        transport_module.encode_frame = _sent_frame
         _installed = True
     return True
