@@ -54,7 +54,7 @@ from azure.servicebus._pyamqp.constants import (
 )
 from azure.servicebus._pyamqp.performatives import TransferFrame
 
-from gateway.servicebus.encoding import VERSION_MATCHES
+from gateway.servicebus.encoding import VERSION_MATCHES, _described_list
 
 _installed = False
 
@@ -223,19 +223,46 @@ async def _sender_outgoing_transfer(self: Any, delivery: Any) -> bool:
 
 
 _encode_frame: Any = _encode.encode_frame
+_FRAME_HEAD = _encode._FRAME_OFFSET + _encode._FRAME_TYPE  # after the size: an AMQP frame
 # The last TRANSFER performative the session measured: its fields but the payload, and its
 # encoding (`_measured_frame`).
 _last_transfer: list[Any] = [None, b""]
 
 
+# TransferFrame's fields but the payload (`TransferFrame._definition`) with the encoder
+# `encode_value` picks for each declared type; `state` (a described delivery state) has none
+# here: a frame with one is encoded by pyamqp.
+_TRANSFER_FIELDS = (
+    _encode.encode_uint,  # handle
+    _encode.encode_uint,  # delivery_id
+    _encode.encode_binary,  # delivery_tag
+    _encode.encode_uint,  # message_format
+    _encode.encode_boolean,  # settled
+    _encode.encode_boolean,  # more
+    _encode.encode_ubyte,  # rcv_settle_mode
+    None,  # state
+    _encode.encode_boolean,  # resume
+    _encode.encode_boolean,  # aborted
+    _encode.encode_boolean,  # batchable
+)
+_TRANSFER_DESCRIPTOR = b"\x00\x53\x14"  # described, smallulong 0x14
+
+
 def _measured_frame(frame: Any, **kwargs: Any) -> Any:
     """`encode_frame` where `Session._outgoing_transfer` measures the TRANSFER performative
-    (the frame with an empty payload) before it sends it: the encoding is kept for
-    `_sent_frame`, which sends that same frame next."""
-    header, performative = _encode_frame(frame, **kwargs)
-    if isinstance(frame, TransferFrame) and not frame.payload:
-        _last_transfer[:] = [frame[:-1], bytes(performative)]
-    return header, performative
+    (the frame with an empty payload) before it sends it: encoded field by field, without
+    pyamqp's generic walk (`encoding._described_list`, as for a message's properties), and
+    kept for `_sent_frame`, which sends that same frame next."""
+    if kwargs or not isinstance(frame, TransferFrame) or frame.payload or frame.state is not None:
+        return _encode_frame(frame, **kwargs)
+    fields = frame[:-1]
+    performative = bytearray()
+    try:
+        _described_list(performative, _TRANSFER_DESCRIPTOR, fields, _TRANSFER_FIELDS)
+    except (TypeError, ValueError, struct.error):  # a field not of its type: pyamqp decides
+        return _encode_frame(frame, **kwargs)
+    _last_transfer[:] = [fields, bytes(performative)]
+    return (len(performative) + 8).to_bytes(4, "big") + _FRAME_HEAD, performative
 
 
 def _sent_frame(frame: Any, **kwargs: Any) -> Any:
@@ -246,7 +273,7 @@ def _sent_frame(frame: Any, **kwargs: Any) -> Any:
         return _encode_frame(frame, **kwargs)
     data = bytearray(_last_transfer[1])
     data += frame.payload or b""
-    return (len(data) + 8).to_bytes(4, "big") + _encode._FRAME_OFFSET + _encode._FRAME_TYPE, data
+    return (len(data) + 8).to_bytes(4, "big") + _FRAME_HEAD, data
 
 
 def install() -> bool:

@@ -20,6 +20,8 @@ from azure.servicebus._pyamqp.aio._client_async import AMQPClientAsync, SendClie
 from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport, AsyncTransportMixin
 from azure.servicebus._pyamqp.performatives import FlowFrame, TransferFrame
 from azure.servicebus.aio import ServiceBusSender
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.servicebus import pyamqp_sharing
 
@@ -148,3 +150,29 @@ def test_any_other_frame_is_encoded_by_pyamqp() -> None:
     flow = FlowFrame(next_incoming_id=1, incoming_window=5, next_outgoing_id=1, outgoing_window=5)
     assert pyamqp_sharing._sent_frame(flow) == _encode.encode_frame(flow)
     assert pyamqp_sharing._sent_frame(None) == _encode.encode_frame(None)
+
+
+_maybe_bool = st.none() | st.booleans()
+
+
+@given(
+    frame=st.builds(
+        TransferFrame,
+        handle=st.none() | st.integers(0, 2**32 - 1),
+        delivery_id=st.none() | st.integers(0, 2**32 - 1),
+        delivery_tag=st.none() | st.binary(max_size=300),
+        message_format=st.none() | st.integers(0, 2**32 - 1),
+        settled=_maybe_bool,
+        more=_maybe_bool,
+        rcv_settle_mode=st.none() | st.integers(0, 1),
+        state=st.none(),
+        resume=_maybe_bool,
+        aborted=_maybe_bool,
+        batchable=_maybe_bool,
+        payload=st.just(b""),
+    )
+)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_transfer_performative_encodes_as_pyamqp_encodes_it(frame: Any) -> None:
+    assert pyamqp_sharing._measured_frame(frame) == _encode.encode_frame(frame)
+    assert pyamqp_sharing._last_transfer[0] == frame[:-1], "encoded field by field, and kept"
