@@ -6,6 +6,8 @@ sender's link goes over the namespace's small pool of shared AMQP connections
 when an entity's load needs them and reuses them until they sit idle; it uses each one for
 one send at a time (sharing a sender across concurrent sends is unreliable in the SDK, see
 azure-sdk-for-python#36334) and asks for a new one when a failure makes the link suspect.
+A batch is encoded below the SDK's public API (`gateway.servicebus.encoding`); one message
+on a pooled sender is sent by `gateway.servicebus.lean`, everything else by `send_messages`.
 """
 
 from __future__ import annotations
