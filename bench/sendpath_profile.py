@@ -12,7 +12,7 @@ settled. Prints this process's CPU (`time.process_time`) per cold open and per s
 Instructions per send, repeatable on a busy machine (the count for the sends only):
 
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.%p \
-        .venv/bin/python -m bench.sendpath_profile --entities 50 --sends 1000 --callgrind
+        .venv/bin/python -m bench.sendpath_profile --entities 50 --sends 1000 --callgrind sends
 """
 
 from __future__ import annotations
@@ -61,9 +61,11 @@ async def _measure(client: SdkNamespaceClient, args: argparse.Namespace) -> None
     t0 = time.process_time()
     if opening is not None:
         opening.enable()
+    _callgrind(args, "on", "opens")
     senders: list[SdkSender] = []
     for i in range(args.entities):
         senders.append(await client.open_sender(f"q{i}"))
+    _callgrind(args, "off", "opens")
     opens = time.process_time() - t0
     if opening is not None:
         opening.disable()
@@ -85,9 +87,9 @@ async def _measure(client: SdkNamespaceClient, args: argparse.Namespace) -> None
     t0, w0 = time.process_time(), time.perf_counter()
     if profile is not None:
         profile.enable()
-    _callgrind(args, "on")
+    _callgrind(args, "on", "sends")
     await run(args.sends)
-    _callgrind(args, "off")
+    _callgrind(args, "off", "sends")
     if profile is not None:
         profile.disable()
         profile.dump_stats(args.profile)
@@ -99,9 +101,9 @@ async def _measure(client: SdkNamespaceClient, args: argparse.Namespace) -> None
     )
 
 
-def _callgrind(args: argparse.Namespace, state: str) -> None:
-    """Under `valgrind --tool=callgrind --instr-atstart=no`: count the sends only."""
-    if args.callgrind:
+def _callgrind(args: argparse.Namespace, state: str, phase: str) -> None:
+    """Under `valgrind --tool=callgrind --instr-atstart=no`: count one phase only."""
+    if args.callgrind == phase:
         subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True)
 
 
@@ -113,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=None, help="a cProfile of the sends")
     parser.add_argument("--profile-opens", default=None, help="a cProfile of the opens")
     parser.add_argument(
-        "--callgrind", action="store_true", help="switch callgrind's counting on for the sends"
+        "--callgrind",
+        choices=("sends", "opens"),
+        default=None,
+        help="switch callgrind's counting on for the sends, or the cold opens, only",
     )
     parser.add_argument("--sdk", action="store_true", help="the SDK's own send path only")
     args = parser.parse_args(argv)
