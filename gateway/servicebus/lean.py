@@ -51,7 +51,9 @@ def usable(sender: ServiceBusSender) -> bool:
     (pinned SDK, tracing off) and its handler polls a pooled connection whose reader runs."""
     if not encoding.applies():
         return False
-    view: Any = getattr(sender._handler, "_connection", None) if sender._running else None
+    if not getattr(sender, "_running", False):  # not open (or not the SDK's sender)
+        return False
+    view: Any = getattr(sender._handler, "_connection", None)
     return view is not None and getattr(view, "pooled_reading", False)
 
 
