@@ -6,6 +6,8 @@ sender's link goes over the namespace's small pool of shared AMQP connections
 when an entity's load needs them and reuses them until they sit idle; it uses each one for
 one send at a time (sharing a sender across concurrent sends is unreliable in the SDK, see
 azure-sdk-for-python#36334) and asks for a new one when a failure makes the link suspect.
+A batch is encoded below the SDK's public API (`gateway.servicebus.encoding`); one message
+on a pooled sender is sent by `gateway.servicebus.lean`, everything else by `send_messages`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from gateway.config import NamespaceSettings, TimeoutSettings
 from gateway.core.closing import Closer
 from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, SendFailure
-from gateway.servicebus import encoding
+from gateway.servicebus import encoding, lean
 from gateway.servicebus.errors import map_exceptions, translate
 from gateway.servicebus.pool import ConnectionPool
 
@@ -103,6 +105,14 @@ class SdkSender:
         self._release: Callable[[], None] | None = release
 
     async def send(self, messages: Sequence[OutboundMessage]) -> None:
+        if len(messages) == 1 and lean.usable(self._sender):
+            try:  # encoded once, sent as it is (gateway/servicebus/lean.py)
+                payload = encoding.encode(messages[0])
+            except (ValueError, TypeError) as exc:
+                raise self._invalid(exc) from exc
+            with map_exceptions(self._where):
+                await lean.send(self._sender, payload)
+            return
         if len(messages) == 1 or not encoding.applies():
             await self._send_via_sdk(messages)
             return

@@ -253,6 +253,12 @@ class _View:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
 
+    @property
+    def pooled_reading(self) -> bool:
+        """Whether the slot's reader dispatches this connection's frames (`listen` then
+        waits for a wake-up instead of reading): `gateway.servicebus.lean` relies on it."""
+        return self._slot.reading
+
     def create_session(self, **kwargs: Any) -> Any:
         session = self._conn.create_session(**kwargs)
         self._slot.watch(session, self)

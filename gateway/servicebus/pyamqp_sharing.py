@@ -23,7 +23,11 @@ may read the peer's answer in that window, which then meets the old state:
 
 `install` makes each of these set the state first and write second (the frame is built from
 the same fields), sends each delivery once, and writes one TRANSFER at a time per session;
-answers then always meet the state the frame implies. It patches the
+answers then always meet the state the frame implies. Two more, for
+CPU only: a TRANSFER whose message is already encoded (`Encoded`, from
+`gateway.servicebus.lean`) is sent as it is, and a TRANSFER performative is encoded once
+where pyamqp encodes it twice (the session measures it, then the transport encodes it again:
+`_measured_frame`, `_sent_frame`). It patches the
 classes of the pinned azure-servicebus (`encoding.SDK_VERSION`) only, once per process;
 with any other version it returns False and the pool does not share connections
 (`gateway.servicebus.pool`). tests/broker/test_pooled_links.py and
@@ -33,14 +37,24 @@ tests/gateway/test_many_entities.py fail without it.
 from __future__ import annotations
 
 import asyncio
+import struct
 from typing import Any
 
+from azure.servicebus._pyamqp import _encode
+from azure.servicebus._pyamqp.aio import _session_async, _transport_async
 from azure.servicebus._pyamqp.aio._link_async import Link
 from azure.servicebus._pyamqp.aio._sender_async import SenderLink
 from azure.servicebus._pyamqp.aio._session_async import Session
-from azure.servicebus._pyamqp.constants import LinkState, SessionState
+from azure.servicebus._pyamqp.aio._transport_async import AsyncTransportMixin
+from azure.servicebus._pyamqp.constants import (
+    LinkDeliverySettleReason,
+    LinkState,
+    SessionState,
+    SessionTransferState,
+)
+from azure.servicebus._pyamqp.performatives import TransferFrame
 
-from gateway.servicebus.encoding import VERSION_MATCHES
+from gateway.servicebus.encoding import VERSION_MATCHES, _described_list
 
 _installed = False
 
@@ -60,6 +74,8 @@ ORIGINALS: dict[str, Any] = {
     "SenderLink._outgoing_transfer": SenderLink._outgoing_transfer,
     "SenderLink.update_pending_deliveries": SenderLink.update_pending_deliveries,
     "SenderLink._incoming_attach": SenderLink._incoming_attach,
+    "_encode.encode_frame": _encode.encode_frame,
+    "AsyncTransportMixin.send_frame": AsyncTransportMixin.send_frame,
 }
 
 
@@ -150,16 +166,114 @@ async def _session_outgoing_transfer(self: Any, delivery: Any, trace: Any) -> No
         await _session_transfer(self, delivery, trace)
 
 
+class Encoded:
+    """A message's payload, already encoded (`gateway.servicebus.encoding.encode`), given to
+    `SenderLink.send_transfer` in place of a pyamqp `Message` (`gateway.servicebus.lean`)."""
+
+    __slots__ = ("payload",)
+    _code = 0  # the message format: pyamqp's `Message._code`
+
+    def __init__(self, payload: bytearray) -> None:
+        self.payload = payload
+
+
+async def _encoded_transfer(self: Any, delivery: Any) -> bool:
+    """`SenderLink._outgoing_transfer` for an `Encoded` message: the same frame, the payload
+    as it is instead of `encode_payload(message)`."""
+    delivery_count = self.delivery_count + 1
+    delivery.frame = {
+        "handle": self.handle,
+        "delivery_tag": struct.pack(">I", abs(delivery_count)),
+        "message_format": delivery.message._code,
+        "settled": delivery.settled,
+        "more": False,
+        "rcv_settle_mode": None,
+        "state": None,
+        "resume": None,
+        "aborted": None,
+        "batchable": None,
+        "payload": delivery.message.payload,
+    }
+    await self._session._outgoing_transfer(
+        delivery, self.network_trace_params if self.network_trace else None
+    )
+    sent_and_settled = False
+    if delivery.transfer_state == SessionTransferState.OKAY:
+        self.delivery_count = delivery_count
+        self.current_link_credit -= 1
+        delivery.sent = True
+        if delivery.settled:
+            await delivery.on_settled(LinkDeliverySettleReason.SETTLED, None)
+            sent_and_settled = True
+    return sent_and_settled
+
+
 async def _sender_outgoing_transfer(self: Any, delivery: Any) -> bool:
     # Each delivery once: `sent` is only set after the write, so mark it before.
     if delivery.__dict__.get("_sbgate_sending"):
         return False
     delivery.__dict__["_sbgate_sending"] = True
     try:
+        if isinstance(delivery.message, Encoded):
+            return await _encoded_transfer(self, delivery)
         return bool(await _sender_transfer(self, delivery))
     finally:
         if not delivery.sent:  # not written (session busy or unmapped): may be sent later
             delivery.__dict__["_sbgate_sending"] = False
+
+
+_encode_frame: Any = _encode.encode_frame
+_FRAME_HEAD = _encode._FRAME_OFFSET + _encode._FRAME_TYPE  # after the size: an AMQP frame
+# The last TRANSFER performative the session measured: its fields but the payload, and its
+# encoding (`_measured_frame`).
+_last_transfer: list[Any] = [None, b""]
+
+
+# TransferFrame's fields but the payload (`TransferFrame._definition`) with the encoder
+# `encode_value` picks for each declared type; `state` (a described delivery state) has none
+# here: a frame with one is encoded by pyamqp.
+_TRANSFER_FIELDS = (
+    _encode.encode_uint,  # handle
+    _encode.encode_uint,  # delivery_id
+    _encode.encode_binary,  # delivery_tag
+    _encode.encode_uint,  # message_format
+    _encode.encode_boolean,  # settled
+    _encode.encode_boolean,  # more
+    _encode.encode_ubyte,  # rcv_settle_mode
+    None,  # state
+    _encode.encode_boolean,  # resume
+    _encode.encode_boolean,  # aborted
+    _encode.encode_boolean,  # batchable
+)
+_TRANSFER_DESCRIPTOR = b"\x00\x53\x14"  # described, smallulong 0x14
+
+
+def _measured_frame(frame: Any, **kwargs: Any) -> Any:
+    """`encode_frame` where `Session._outgoing_transfer` measures the TRANSFER performative
+    (the frame with an empty payload) before it sends it: encoded field by field, without
+    pyamqp's generic walk (`encoding._described_list`, as for a message's properties), and
+    kept for `_sent_frame`, which sends that same frame next."""
+    if kwargs or not isinstance(frame, TransferFrame) or frame.payload or frame.state is not None:
+        return _encode_frame(frame, **kwargs)
+    fields = frame[:-1]
+    performative = bytearray()
+    try:
+        _described_list(performative, _TRANSFER_DESCRIPTOR, fields, _TRANSFER_FIELDS)
+    except (TypeError, ValueError, struct.error):  # a field not of its type: pyamqp decides
+        return _encode_frame(frame, **kwargs)
+    _last_transfer[:] = [fields, bytes(performative)]
+    return (len(performative) + 8).to_bytes(4, "big") + _FRAME_HEAD, performative
+
+
+def _sent_frame(frame: Any, **kwargs: Any) -> Any:
+    """`encode_frame` for the transport: a TRANSFER whose fields are those just measured is
+    that encoding plus its payload (encoding is a function of the fields), instead of being
+    encoded a second time; any other frame as pyamqp encodes it."""
+    if kwargs or not isinstance(frame, TransferFrame) or frame[:-1] != _last_transfer[0]:
+        return _encode_frame(frame, **kwargs)
+    data = bytearray(_last_transfer[1])
+    data += frame.payload or b""
+    return (len(data) + 8).to_bytes(4, "big") + _FRAME_HEAD, data
 
 
 def install() -> bool:
@@ -180,5 +294,9 @@ def install() -> bool:
         patched._outgoing_transfer = _session_outgoing_transfer
         sender: Any = SenderLink
         sender._outgoing_transfer = _sender_outgoing_transfer
+        session_module: Any = _session_async
+        session_module.encode_frame = _measured_frame
+        transport_module: Any = _transport_async
+        transport_module.encode_frame = _sent_frame
         _installed = True
     return True

@@ -47,6 +47,23 @@ async def running(config: BrokerConfig) -> AsyncIterator[LocalBroker]:
         await b.stop()
 
 
+@contextlib.asynccontextmanager
+async def pooled_client(broker: LocalBroker, connections: int) -> AsyncIterator[Any]:
+    """The gateway's `SdkNamespaceClient` for `primary`: its senders on `connections` pooled
+    connections (gateway.servicebus.pool), closed on exit."""
+    from gateway.config import NamespaceSettings, Secret, TimeoutSettings
+    from gateway.servicebus.client import SdkNamespaceClient
+
+    ns = NamespaceSettings(
+        name="primary", connection_string=Secret(broker.connection_string("primary"))
+    )
+    client = SdkNamespaceClient(ns, TimeoutSettings(sdk_retry_total=1), connections=connections)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
 @pytest.fixture
 async def broker() -> AsyncIterator[LocalBroker]:
     async with running(fast_config()) as b:

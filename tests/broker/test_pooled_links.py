@@ -12,13 +12,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.config import NamespaceSettings, Secret, TimeoutSettings
 from gateway.core.message import OutboundMessage
 from gateway.servicebus.client import SdkNamespaceClient, SdkSender
 from sblocal.config import NamespaceConfig, QueueConfig
 from sblocal.server import LocalBroker
 from sblocal.testing import ControlClient
-from tests.broker.conftest import fast_config, running
+from tests.broker.conftest import fast_config, pooled_client, running
 from tests.support.waiting import eventually
 
 QUEUES = [f"q{i}" for i in range(24)]
@@ -35,14 +34,8 @@ async def broker() -> AsyncIterator[LocalBroker]:
 
 @pytest.fixture
 async def pooled(broker: LocalBroker) -> AsyncIterator[SdkNamespaceClient]:
-    ns = NamespaceSettings(
-        name="primary", connection_string=Secret(broker.connection_string("primary"))
-    )
-    client = SdkNamespaceClient(ns, TimeoutSettings(sdk_retry_total=1), connections=2)
-    try:
+    async with pooled_client(broker, connections=2) as client:
         yield client
-    finally:
-        await client.close()
 
 
 def _msg(i: int) -> OutboundMessage:

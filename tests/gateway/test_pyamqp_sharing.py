@@ -10,14 +10,48 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import struct
 from typing import Any
 
+import pytest
+from azure.servicebus._pyamqp import _encode
 from azure.servicebus._pyamqp.aio import Connection
 from azure.servicebus._pyamqp.aio._client_async import AMQPClientAsync, SendClientAsync
 from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport, AsyncTransportMixin
+from azure.servicebus._pyamqp.performatives import FlowFrame, TransferFrame
 from azure.servicebus.aio import ServiceBusSender
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.servicebus import pyamqp_sharing
+
+TRANSFERS = [
+    TransferFrame(
+        handle=0,
+        delivery_id=0,
+        delivery_tag=b"\x00\x00\x00\x01",
+        message_format=0,
+        settled=False,
+        more=False,
+    ),
+    TransferFrame(
+        handle=7,
+        delivery_id=300,
+        delivery_tag=struct.pack(">I", 70000),
+        message_format=0,
+        settled=True,
+        more=False,
+        batchable=True,
+    ),
+    TransferFrame(
+        handle=2**20,
+        delivery_id=2**31,
+        delivery_tag=b"t" * 300,
+        message_format=0x80013700,
+        settled=False,
+        more=True,
+    ),
+]
 
 # sha256 (first 16 hex digits) of each function's source.
 RELIED_ON: dict[str, str] = {
@@ -33,6 +67,8 @@ RELIED_ON: dict[str, str] = {
     "SenderLink._outgoing_transfer": "5cb1b9a74a54535e",
     "SenderLink.update_pending_deliveries": "a560b7f95dc3e302",
     "SenderLink._incoming_attach": "a280c21a87877c2f",
+    "_encode.encode_frame": "a943d5000389c6a1",
+    "AsyncTransportMixin.send_frame": "4ed681a31dd74988",
     "ServiceBusSender._open": "75ea88dee0119aba",
     "ServiceBusSender._create_handler": "9335ab1d2e2c4b80",
     "AMQPClientAsync.open_async": "dd1a3d4ff9645693",
@@ -93,3 +129,50 @@ def test_the_sdk_internals_sharing_relies_on_are_unchanged() -> None:
         "SDK internals changed, re-check gateway/servicebus/pyamqp_sharing.py and pool.py: "
         f"{changed}"
     )
+
+
+@pytest.mark.parametrize("frame", TRANSFERS)
+@pytest.mark.parametrize("payload", [b"", b"x", b"y" * 70_000])
+def test_a_measured_transfer_is_sent_as_pyamqp_encodes_it(frame: Any, payload: bytes) -> None:
+    """The session measures a TRANSFER (empty payload), then sends it with its payload: the
+    transport's bytes are pyamqp's own for that frame, without encoding it twice."""
+    sent = frame._replace(payload=memoryview(payload))
+    expected = pyamqp_sharing._encode_frame(sent)
+    pyamqp_sharing._measured_frame(frame._replace(payload=b""))
+    assert pyamqp_sharing._sent_frame(sent) == expected
+    assert pyamqp_sharing._last_transfer[0] == frame[:-1]
+
+
+def test_any_other_frame_is_encoded_by_pyamqp() -> None:
+    pyamqp_sharing._measured_frame(TRANSFERS[0]._replace(payload=b""))
+    other = TRANSFERS[0]._replace(delivery_id=1, payload=b"p")  # not the measured one
+    assert pyamqp_sharing._sent_frame(other) == pyamqp_sharing._encode_frame(other)
+    flow = FlowFrame(next_incoming_id=1, incoming_window=5, next_outgoing_id=1, outgoing_window=5)
+    assert pyamqp_sharing._sent_frame(flow) == _encode.encode_frame(flow)
+    assert pyamqp_sharing._sent_frame(None) == _encode.encode_frame(None)
+
+
+_maybe_bool = st.none() | st.booleans()
+
+
+@given(
+    frame=st.builds(
+        TransferFrame,
+        handle=st.none() | st.integers(0, 2**32 - 1),
+        delivery_id=st.none() | st.integers(0, 2**32 - 1),
+        delivery_tag=st.none() | st.binary(max_size=300),
+        message_format=st.none() | st.integers(0, 2**32 - 1),
+        settled=_maybe_bool,
+        more=_maybe_bool,
+        rcv_settle_mode=st.none() | st.integers(0, 1),
+        state=st.none(),
+        resume=_maybe_bool,
+        aborted=_maybe_bool,
+        batchable=_maybe_bool,
+        payload=st.just(b""),
+    )
+)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_transfer_performative_encodes_as_pyamqp_encodes_it(frame: Any) -> None:
+    assert pyamqp_sharing._measured_frame(frame) == _encode.encode_frame(frame)
+    assert pyamqp_sharing._last_transfer[0] == frame[:-1], "encoded field by field, and kept"
