@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -19,7 +20,7 @@ from gateway.web.hardening import HardenedAppRunner, ShedSite
 from gateway.web.probes import PROBE_PATHS, probe_app, serving_probes
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import broker_env
-from tests.support.processes import free_port
+from tests.support.processes import GatewayProcess, free_port
 from tests.support.waiting import eventually
 
 from .test_slow_clients import open_raw, read_response, request_head
@@ -131,3 +132,28 @@ async def test_the_probe_port_is_off_by_default_and_serves_the_syphon_mode_too(
     syphon = probe_app(create_app(settings, mode="syphon"))
     paths = {r.resource.canonical for r in syphon.router.routes() if r.resource is not None}
     assert paths == set(PROBE_PATHS)
+
+
+@pytest.mark.parametrize("command", ["serve", "syphon"])
+async def test_gateway_serve_and_syphon_answer_on_the_probe_port_until_they_exit(
+    broker: BrokerProcess, tmp_path: Path, command: str
+) -> None:
+    """The commands as the chart runs them: probes answered on the probe port, readiness 503
+    there during the drain (a second signal ends it), the port closed at exit."""
+    probe_port = free_port()
+    env = broker_env(broker, SBGATE_PROBE_PORT=str(probe_port), SBGATE_DRAIN_DELAY="60")
+    async with GatewayProcess(
+        command, env, port=free_port(), log_dir=tmp_path, command=command
+    ) as gw:
+        assert (await get(probe_port, "/healthz"))[0] == 200
+        assert (await get(probe_port, "/readyz"))[0] == 200
+        gw.terminate()
+
+        async def draining() -> bool:
+            return (await get(probe_port, "/readyz"))[0] == 503
+
+        await eventually(draining, what="readiness 503 on the probe port while draining")
+        gw.terminate()  # a second signal ends the drain
+        assert await gw.wait(30) == 0
+    with pytest.raises(ConnectionRefusedError):
+        await open_raw(probe_port)
