@@ -22,7 +22,7 @@ from typing import Final
 from aiohttp import web
 
 from gateway.config import Settings
-from gateway.web.handlers import EDGE, Handler, edge_middleware
+from gateway.web.handlers import EDGE, Handler
 from gateway.web.hardening import ProbeRunner
 
 PROBE_PATHS: Final = ("/healthz", "/readyz", "/metrics")
@@ -31,9 +31,10 @@ PROBE_SHUTDOWN_TIMEOUT: Final = 1.0
 
 
 def probe_app(app: web.Application) -> web.Application:
-    """An application serving `app`'s own GET handlers for `PROBE_PATHS`, with its state
-    (the edge middleware answers errors as JSON and reads the drain flag there)."""
-    probes = web.Application(middlewares=[edge_middleware])
+    """An application serving `app`'s own GET handlers for `PROBE_PATHS`, with its state and
+    its middlewares: the edge middleware (errors as JSON, the drain flag), the server span
+    (tracing on) and the open mode's ``Host`` check (`/metrics` names the entities)."""
+    probes = web.Application(middlewares=app.middlewares)
     probes[EDGE] = app[EDGE]
     for route in app.router.routes():
         info = route.resource.get_info() if route.resource is not None else {}

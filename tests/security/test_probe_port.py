@@ -47,10 +47,12 @@ async def serving(
         await runner.cleanup()
 
 
-async def get(port: int, path: str, method: str = "GET") -> tuple[int, bytes]:
+async def get(
+    port: int, path: str, method: str = "GET", host: str = "127.0.0.1"
+) -> tuple[int, bytes]:
     reader, writer = await open_raw(port)
     try:
-        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\n\r\nx"
+        head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1\r\n\r\nx"
         writer.write(head.encode())
         return await read_response(reader)
     finally:
@@ -89,6 +91,9 @@ async def test_probes_are_answered_on_the_probe_port_while_the_listen_port_is_pa
         writer.close()
         assert status == 404 and orjson.loads(body)["error"] == "not_found", body
         assert (await get(probe_port, "/healthz", "POST"))[0] == 405
+        # Open mode (no rules, loopback): the main app's Host check applies here too.
+        status, body = await get(probe_port, "/metrics", host="rebound.example")
+        assert status == 421, body
         site.resume()
         await eventually(lambda: site.listening, what="listening again")
         assert site.pauses("connections") == 1
