@@ -132,6 +132,7 @@ async def _serve(
 ) -> int:
     from gateway.app import create_app
     from gateway.web.hardening import HardenedAppRunner, ShedSite
+    from gateway.web.probes import serving_probes
 
     embedded = None
     if settings.embedded:
@@ -156,14 +157,16 @@ async def _serve(
             return 2
         site = ShedSite(runner, settings.listen_host, settings.listen_port)
         await site.start()
-        if mode == "serve":
-            banner = _banner(settings, embedded.info if embedded else None, dev=dev)
-            if banner_file:
-                _write_banner(banner_file, banner)
-            print(banner, flush=True)
-        else:
-            print(f"sbgate syphon running; health on port {settings.listen_port}", flush=True)
-        exit_code = await _until_stopped(app, settings, mode)
+        # The probes' own port (when set): never closed by overload, closed after the drain.
+        async with serving_probes(app, settings):
+            if mode == "serve":
+                banner = _banner(settings, embedded.info if embedded else None, dev=dev)
+                if banner_file:
+                    _write_banner(banner_file, banner)
+                print(banner, flush=True)
+            else:
+                print(f"sbgate syphon running; health on port {settings.listen_port}", flush=True)
+            exit_code = await _until_stopped(app, settings, mode)
         await runner.cleanup()
         log.info("stopped")
         return exit_code

@@ -33,7 +33,14 @@ from gateway.core.failover import FailoverObserver
 from gateway.ledger import EventLedger
 from gateway.state.base import INVALID_VALUE_SOURCES, SEVERITY, Status
 from gateway.syphon.syphon import SyphonObserver
-from gateway.web.overload import SHED_REASONS, Shedder, ShedReason
+from gateway.web.overload import (
+    PAUSE_REASONS,
+    SHED_REASONS,
+    ListenerStats,
+    PauseReason,
+    Shedder,
+    ShedReason,
+)
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -144,6 +151,33 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             "sbgate_http_requests_in_progress",
             "Requests being handled (counted against http.max_requests_in_progress).",
             registry=r,
+        )
+        self.http_listening = Gauge(
+            "sbgate_http_listening",
+            "1 while the listen port accepts connections; 0 while it does not (paused under "
+            "overload: the kernel refuses new connections, never counted in "
+            "sbgate_http_shed_total; or not listening yet).",
+            registry=r,
+        )
+        # The kernel's refusals never reach the process: the listener's pauses stand for them.
+        self.http_listener_pauses, self.http_listener_paused = (
+            _ListenerCollector(name, doc, read, registry=r)
+            for name, read, doc in (
+                (
+                    "sbgate_http_listener_pauses",
+                    "pauses",
+                    "Times the listen port stopped listening under overload, by the reason "
+                    "that began the pause: connections (at http.max_connections), loop_lag "
+                    "(the event loop behind), accept_queue (connections piling up in the "
+                    "kernel's accept queue).",
+                ),
+                (
+                    "sbgate_http_listener_paused_seconds",
+                    "paused_seconds",
+                    "Seconds the listen port spent not listening under overload (the current "
+                    "pause included), by the reason that began each pause.",
+                ),
+            )
         )
         self.pending_bytes = Gauge(
             "sbgate_pending_bytes",
@@ -332,6 +366,12 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.http_connections.set_function(lambda: shedder.connections)
         self.http_in_progress.set_function(lambda: shedder.in_progress)
 
+    def watch_listener(self, stats: ListenerStats) -> None:
+        """Read the listen port's state and pauses from its site (read at scrape)."""
+        self.http_listening.set_function(lambda: 1.0 if stats.listening else 0.0)
+        self.http_listener_pauses.stats = stats
+        self.http_listener_paused.stats = stats
+
     def bind_admission(self, waiting: Callable[[], int], used: Callable[[], int]) -> None:
         self.admission_waiting.set_function(lambda: float(waiting()))
         self.pending_bytes.set_function(lambda: float(used()))
@@ -432,6 +472,32 @@ class _StateCollector(Collector):
         )
         for source in INVALID_VALUE_SOURCES:
             family.add_metric([source], self.counts.get(source, 0))
+        yield family
+
+
+class _ListenerCollector(Collector):
+    """A counter per listener pause reason, each from the start (0 until a site is bound),
+    read from the bound `ListenerStats` method named `read` at scrape time."""
+
+    _labelnames = ("reason",)  # read by tests/support/doc_tables.py, with _name
+
+    def __init__(
+        self, name: str, documentation: str, read: str, *, registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._read = read
+        self.stats: ListenerStats | None = None
+        registry.register(self)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        stats = self.stats
+        read: Callable[[PauseReason], float] | None = (
+            getattr(stats, self._read) if stats is not None else None
+        )
+        for reason in PAUSE_REASONS:
+            family.add_metric([reason], read(reason) if read is not None else 0)
         yield family
 
 

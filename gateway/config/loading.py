@@ -298,6 +298,8 @@ def _cross_check(s: Settings) -> None:
         raise ConfigError("limits.max_message_bytes must not exceed limits.max_batch_bytes")
     if lim.max_batch_bytes > lim.max_pending_bytes:
         raise ConfigError("limits.max_batch_bytes must not exceed limits.max_pending_bytes")
+    if s.probe_port and s.probe_port == s.listen_port:
+        raise ConfigError("probe_port must differ from listen_port")
     if s.pairs and not s.entities:
         raise ConfigError("entities: declare at least one entity (SBGATE_ENTITIES)")
     endpoints: dict[str, str] = {}

@@ -380,6 +380,13 @@ class TracingSettings:
 class Settings:
     listen_host: str = setting("127.0.0.1", parse=_Text(), doc="listen address")
     listen_port: int = setting(8080, parse=_int(0, 65535), doc="listen port")
+    probe_port: int = setting(
+        0,
+        parse=_int(0, 65535),
+        doc="a second port, on `listen_host`, serving only `/healthz`, `/readyz` and `/metrics` "
+        "and never closed when the listen port stops listening under overload (for the "
+        "Kubernetes probes); 0: none",
+    )
     replica_id: str = setting(
         default_factory=socket.gethostname,
         parse=_Text(),

@@ -53,7 +53,7 @@ import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import http_exceptions as hx
@@ -71,11 +71,16 @@ from gateway.web.overload import (
     EXEMPT_PREFIXES,
     LISTEN_BACKLOG,
     MAX_LOOP_LAG,
+    PAUSE_REASONS,
     OverloadLimits,
+    PauseReason,
     Shedder,
     ShedReason,
     overloaded_body,
 )
+
+if TYPE_CHECKING:
+    from gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -499,7 +504,7 @@ class HardenedAppRunner(web.AppRunner):
     Use it wherever the app is served (``gateway serve``, and tests over real sockets);
     extra keyword arguments go to `web.AppRunner` and win over `handler_kwargs`."""
 
-    __slots__ = ("_deadlines", "_limits", "shedder")
+    __slots__ = ("_deadlines", "_limits", "metrics", "shedder")
 
     def __init__(self, app: web.Application, *, settings: Settings, **kwargs: Any) -> None:
         super().__init__(app, **{**handler_kwargs(settings), **kwargs})
@@ -512,6 +517,7 @@ class HardenedAppRunner(web.AppRunner):
             max_loop_lag=MAX_LOOP_LAG,
         )
         self.shedder: Shedder | None = None
+        self.metrics: Metrics | None = None  # the app's, once set up (ShedSite reports there)
 
     async def _make_server(self) -> web.Server:
         from gateway.app import LOOP_LAG  # the app's resources; the app imports much
@@ -521,11 +527,27 @@ class HardenedAppRunner(web.AppRunner):
         self.shedder = Shedder(self._limits, edge.metrics.shed if edge is not None else None)
         if edge is not None:
             edge.metrics.watch_http(self.shedder)
+            self.metrics = edge.metrics
         base = await super()._make_server()  # the app's start-up: LOOP_LAG exists after it
         lag = self.app.get(LOOP_LAG) if isinstance(self.app, web.Application) else None
         if lag is not None:
             lag.watch(self.shedder.loop_sampled)
         return _HardenedServer(base, self._deadlines, self.shedder)
+
+
+class ProbeRunner(web.AppRunner):
+    """`web.AppRunner` for the probe port (`gateway.web.probes`): the same per-connection
+    deadlines and head-size cap as `HardenedAppRunner`, and no shedding (nothing there is
+    counted against the caps, and its listener is never paused)."""
+
+    __slots__ = ("_deadlines",)
+
+    def __init__(self, app: web.Application, *, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(app, **{**handler_kwargs(settings), **kwargs})
+        self._deadlines = Deadlines.from_settings(settings)
+
+    async def _make_server(self) -> web.Server:
+        return _HardenedServer(await super()._make_server(), self._deadlines, None)
 
 
 # After a pause, the closed listening socket may hold its port for a loop turn.
@@ -554,12 +576,19 @@ class ShedSite(web.TCPSite):
       and each would wait there, unseen by any cap, until its client gave up.
 
     Listening again opens a new socket on the same address, in a task this site owns;
-    `stop` cancels and awaits it, and the timers."""
+    `stop` cancels and awaits it, and the timers. Each pause is counted under the reason
+    that began it (`pauses`, `paused_seconds`: the app's metrics read them)."""
 
     __slots__ = (
+        "_began",
         "_check",
+        "_pause_count",
+        "_pause_reason",
+        "_paused_at",
+        "_paused_for",
         "_quiet_until",
         "_reopening",
+        "_runner_loop",
         "_shedder_wants",
         "_stopped",
         "_wake",
@@ -577,12 +606,21 @@ class ShedSite(web.TCPSite):
         self._check: asyncio.TimerHandle | None = None
         self._wake: asyncio.TimerHandle | None = None
         self._was_long = False  # the accept queue was over the bound at the last look
+        self._pause_reason: PauseReason = "connections"  # the shedder's, while it pauses
+        self._paused_at: float | None = None  # loop time the current pause began
+        self._began: PauseReason = "connections"  # the current pause's reason
+        self._runner_loop = asyncio.get_running_loop()
+        self._paused_for: dict[PauseReason, float] = dict.fromkeys(PAUSE_REASONS, 0.0)
+        self._pause_count: dict[PauseReason, int] = dict.fromkeys(PAUSE_REASONS, 0)
 
     async def start(self) -> None:
         await super().start()
         shedder = getattr(self._runner, "shedder", None)
         if isinstance(shedder, Shedder):
             shedder.attach(self)
+        metrics = getattr(self._runner, "metrics", None)
+        if metrics is not None:
+            metrics.watch_listener(self)
         if hasattr(socket, "TCP_INFO"):  # Linux: the accept queue can be read
             self._check = asyncio.get_running_loop().call_later(QUEUE_CHECK, self._look)
 
@@ -590,8 +628,19 @@ class ShedSite(web.TCPSite):
     def listening(self) -> bool:
         return self._server is not None
 
-    def pause(self) -> None:
+    def pauses(self, reason: PauseReason) -> int:
+        return self._pause_count[reason]
+
+    def paused_seconds(self, reason: PauseReason) -> float:
+        seconds = self._paused_for[reason]
+        if self._paused_at is not None and self._began == reason:
+            # Read from /metrics' worker thread too: the loop's clock, not the running loop.
+            seconds += self._runner_loop.time() - self._paused_at
+        return seconds
+
+    def pause(self, reason: PauseReason = "connections") -> None:
         self._shedder_wants = False
+        self._pause_reason = reason
         self._steer()
 
     def resume(self) -> None:
@@ -606,6 +655,17 @@ class ShedSite(web.TCPSite):
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
             total += int.from_bytes(info[_TCPI_UNACKED : _TCPI_UNACKED + 4], sys.byteorder)
         return total
+
+    def _why(self) -> PauseReason:
+        if asyncio.get_running_loop().time() < self._quiet_until:
+            return "accept_queue"
+        return self._pause_reason
+
+    def _pause_ended(self) -> None:
+        if self._paused_at is not None:
+            elapsed = asyncio.get_running_loop().time() - self._paused_at
+            self._paused_for[self._began] += elapsed
+            self._paused_at = None
 
     def _wanted(self) -> bool:
         return (
@@ -636,6 +696,10 @@ class ShedSite(web.TCPSite):
             if self._server is not None:
                 self._server.close()
                 self._server = None
+                if not self._stopped and self._paused_at is None:
+                    self._paused_at = asyncio.get_running_loop().time()
+                    self._began = self._why()
+                    self._pause_count[self._began] += 1
         elif self._server is None and self._reopening is None:
             self._reopening = asyncio.get_running_loop().create_task(
                 self._reopen(), name=f"listen {self.name}"
@@ -658,6 +722,7 @@ class ShedSite(web.TCPSite):
                     continue
                 if self._wanted():
                     self._server = listening
+                    self._pause_ended()
                 else:  # paused again meanwhile
                     listening.close()
         finally:
@@ -665,6 +730,7 @@ class ShedSite(web.TCPSite):
 
     async def stop(self) -> None:
         self._stopped = True
+        self._pause_ended()
         for timer in (self._check, self._wake):
             if timer is not None:
                 timer.cancel()

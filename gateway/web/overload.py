@@ -32,13 +32,16 @@ act before any of the request's own work:
 Probes, metrics and the admin API are never shed by the request caps (nor counted): a
 liveness probe answered 503 under load would have Kubernetes restart a replica that is
 merely busy, and an operator must be able to act during an overload. A closed listener
-cannot tell them apart (it acts before a request is read): a probe that connects while the
-process is not listening is refused like any other (the pauses are short).
+cannot tell them apart (it acts before a request is read), so the probes have a port of
+their own (``probe_port``, `gateway.web.probes`) that is never closed: the chart points its
+probes there.
 
 The caps count this process; each replica sheds for itself. Shed requests are counted in
-``sbgate_http_shed_total{reason}`` (refusals by the kernel are not: they never reach the
-process) and nowhere else (no access line: a flood must not cost
-a log line per request).
+``sbgate_http_shed_total{reason}`` and nowhere else (no access line: a flood must not cost
+a log line per request). Refusals by the kernel never reach the process: the pauses are
+counted instead, ``sbgate_http_listener_pauses_total{reason}`` and
+``sbgate_http_listener_paused_seconds_total{reason}`` (reason: connections, loop_lag,
+accept_queue), with ``sbgate_http_listening`` 0 while paused.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ from gateway.errors import Overloaded
 
 ShedReason = Literal["connections", "in_progress", "head_wait"]
 SHED_REASONS: Final[tuple[ShedReason, ...]] = ("connections", "in_progress", "head_wait")
+# Why the listener stopped listening (a pause is counted under the reason that began it).
+PauseReason = Literal["connections", "loop_lag", "accept_queue"]
+PAUSE_REASONS: Final[tuple[PauseReason, ...]] = ("connections", "loop_lag", "accept_queue")
 OVERLOADED: Final = Overloaded.code
 EXEMPT_PREFIXES: Final = ("/healthz", "/readyz", "/metrics", "/admin/")
 # The listen backlog: connections the kernel completes before the process accepts them.
@@ -65,10 +71,24 @@ MAX_LOOP_LAG: Final = 0.25
 RESUME_SHARE: Final = 0.9
 
 
+class ListenerStats(Protocol):
+    """What the listener reports for the metrics (`gateway.web.hardening.ShedSite`)."""
+
+    @property
+    def listening(self) -> bool:
+        """Whether the listen port accepts connections now."""
+
+    def pauses(self, reason: PauseReason) -> int:
+        """Pauses begun for `reason` so far."""
+
+    def paused_seconds(self, reason: PauseReason) -> float:
+        """Seconds spent not listening in pauses begun for `reason`, the current one included."""
+
+
 class Listener(Protocol):
     """The listening socket(s), as the shedder drives them (`gateway.web.hardening.ShedSite`)."""
 
-    def pause(self) -> None:
+    def pause(self, reason: PauseReason) -> None:
         """Stop listening now: new connections are refused by the kernel."""
 
     def resume(self) -> None:
@@ -174,7 +194,7 @@ class Shedder:
         if listener is None:
             return
         if self.paused or self.lagging:
-            listener.pause()
+            listener.pause("connections" if self.paused else "loop_lag")
         else:
             listener.resume()
 

@@ -98,6 +98,7 @@ kind = "queue"
             "not a valid entity path",
         ),
         ({"SBGATE_AUTH_MAX_TOKEN_LIFETIME": "-1"}, "auth_max_token_lifetime"),
+        ({"SBGATE_PROBE_PORT": "8080"}, "(probe_port) must differ from listen_port"),
     ],
 )
 def test_invalid_settings_name_the_setting(env, fragment):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.web.overload import OverloadLimits, Shedder, ShedReason
+from gateway.web.overload import OverloadLimits, PauseReason, Shedder, ShedReason
 
 
 def _shedder(
@@ -69,9 +69,11 @@ def test_the_raw_answer_is_a_complete_503_with_a_fresh_request_id() -> None:
 class _Listener:
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.reasons: list[PauseReason] = []
 
-    def pause(self) -> None:
+    def pause(self, reason: PauseReason) -> None:
         self.calls.append("pause")
+        self.reasons.append(reason)
 
     def resume(self) -> None:
         self.calls.append("resume")
@@ -86,6 +88,7 @@ def test_the_listener_pauses_at_the_cap_and_resumes_a_tenth_under_it() -> None:
     assert listener.calls == [] and not shedder.paused
     assert shedder.connection_opened()  # the 20th reaches the cap: no more listening
     assert listener.calls == ["pause"] and shedder.paused
+    assert listener.reasons == ["connections"]
     assert not shedder.connection_opened(), "accepted before the pause: refused with a 503"
     assert shed == ["connections"]
     shedder.connection_closed()  # 19: still over the mark
@@ -118,6 +121,7 @@ def test_a_lagging_loop_pauses_the_listener_after_two_late_samples_and_resumes_u
     shedder.loop_sampled(0.3)
     shedder.loop_sampled(0.3)  # late twice in a row: behind
     assert listener.calls == ["pause"] and shedder.lagging
+    assert listener.reasons == ["loop_lag"]
     shedder.loop_sampled(0.15)  # better, not yet under half the bound
     assert listener.calls == ["pause"]
     shedder.loop_sampled(0.05)

@@ -90,8 +90,8 @@ def test_minimal_environment_is_accepted_by_the_gateway(sample: dict[str, Any]) 
 
 def test_probes_prestop_and_grace_period(sample: dict[str, Any]) -> None:
     c = container(sample, "sbgate")
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probe"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probe"}
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
     # preStop 5 + drain 5 + shutdown 20 + margin 10
     assert pod_spec(sample, "sbgate")["terminationGracePeriodSeconds"] == 40

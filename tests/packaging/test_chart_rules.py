@@ -190,6 +190,38 @@ def test_gateway_and_syphon_run_with_settings_the_gateway_knows(case: Case) -> N
     assert deployments["gateway"]["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
 
 
+PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
+
+
+def test_the_probes_ask_on_the_port_overload_never_closes(case: Case) -> None:
+    """Under overload the gateway stops listening on http (gateway.web.hardening.ShedSite): a
+    liveness probe refused there would restart a pod that is merely busy. The probes ask on
+    the probe port (SBGATE_PROBE_PORT) instead; the Service still sends traffic to http."""
+    probe = case.values["containerPorts"]["probe"]
+    assert probe
+    for dep in gateway_and_syphon(case).values():
+        where = f"Deployment {dep['metadata']['name']}"
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
+            "http": 8080,
+            "probe": probe,
+        }, where
+        assert env_of(case, c)["SBGATE_PROBE_PORT"] == str(probe), where
+        asked = {kind: c[kind]["httpGet"]["port"] for kind in PROBES if kind in c}
+        assert asked and set(asked.values()) == {"probe"}, where
+    for svc in case.of_kind("Service"):
+        assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["http"]
+
+
+def test_without_a_probe_port_the_probes_ask_on_http() -> None:
+    docs = manifests(render(coalesce(SAMPLE, {"containerPorts": {"probe": 0}})))
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert [p["name"] for p in c["ports"]] == ["http"]
+    assert "SBGATE_PROBE_PORT" not in {e["name"] for e in c["env"]}
+    assert {c[kind]["httpGet"]["port"] for kind in PROBES} == {"http"}
+
+
 def test_the_grace_period_covers_prestop_drain_and_shutdown(case: Case) -> None:
     pod = gateway_and_syphon(case)["gateway"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]

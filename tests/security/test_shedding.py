@@ -221,6 +221,7 @@ async def test_a_long_accept_queue_closes_the_listener_for_a_while(
         with pytest.raises(ConnectionRefusedError):
             await open_raw(site.port)
         await eventually(lambda: site.listening, what="listening again after the pause")
+        assert site.pauses("accept_queue") == 1 and site.paused_seconds("accept_queue") > 0
         await served(site.port)
     for sock in waiting:
         sock.close()

@@ -244,6 +244,10 @@ Pieces shared by the gateway and syphon containers.
   value: "0.0.0.0"
 - name: SBGATE_LISTEN_PORT
   value: {{ .Values.containerPorts.http | toString | quote }}
+{{- if .Values.containerPorts.probe }}
+- name: SBGATE_PROBE_PORT
+  value: {{ .Values.containerPorts.probe | toString | quote }}
+{{- end }}
 {{- range $role := list "primary" "secondary" }}
 {{- $source := include "sbgate.serviceBus.source" (dict "role" $role "context" $) }}
 {{- if eq $source "existingSecret" }}
@@ -364,11 +368,14 @@ checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha
 checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256sum }}
 {{- end -}}
 
-{{/* An HTTP probe on the http port, from a probe's values (without "enabled"). */}}
+{{/*
+An HTTP probe from a probe's values (without "enabled"): on the probe port, which overload never
+closes, when containerPorts.probe is set, else on the http port.
+*/}}
 {{- define "sbgate.httpProbe" -}}
 httpGet:
   path: {{ .path }}
-  port: http
+  port: {{ ternary "probe" "http" (not (empty .context.Values.containerPorts.probe)) }}
 {{ omit .probe "enabled" | toYaml }}
 {{- end -}}
 
