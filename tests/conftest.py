@@ -65,7 +65,11 @@ async def gateway(broker: BrokerProcess, control: ControlClient) -> AsyncIterato
         prepare: Callable[[web.Application], None] | None = None,
         **factory_kwargs: Any,
     ) -> TestClient[Any, web.Application]:
-        settings = load_settings(broker_env(broker, **(env or {})))
+        # The test's client shares the gateway's event loop, so a head's wait measures the
+        # test's own load too: time-based shedding is off unless a test sets it (shedding
+        # has its own tests, tests/security/test_shedding.py).
+        env = {"SBGATE_MAX_HEAD_WAIT": "0", **(env or {})}
+        settings = load_settings(broker_env(broker, **env))
         app = create_app(settings, **factory_kwargs)
         if prepare is not None:
             prepare(app)  # before the app is frozen: replace a port (the auth clock, ...)

@@ -54,16 +54,19 @@ async def test_a_thousand_entities_are_served_on_a_bounded_pool_of_connections(
     }
 
     statuses: list[int] = []
+    refusals: list[str] = []
     gate = asyncio.Semaphore(32)
 
     async def post(i: int) -> None:
         async with gate:
             resp = await gw.post(f"/q{i}/messages", data=f"m{i}".encode())
             statuses.append(resp.status)
+            if resp.status != 201:
+                refusals.append(await resp.text())
             resp.release()
 
     await asyncio.gather(*(post(i) for i in range(ENTITIES)))
-    assert statuses.count(201) == ENTITIES, sorted(set(statuses))
+    assert statuses.count(201) == ENTITIES, (sorted(set(statuses)), refusals[:3])
     census = await control.connections("primary")
     assert 1 <= census["connections"] <= POOL, census
     assert census["send_links"] <= ENTITIES, census
