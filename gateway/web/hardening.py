@@ -118,6 +118,7 @@ def is_loopback(host: str) -> bool:
 
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_HOST_VERDICTS = 256  # Host values whose verdict the open mode's check remembers
 
 
 def host_check_middleware(public_hosts: Iterable[str]) -> Callable[..., Awaitable[Any]]:
@@ -125,16 +126,28 @@ def host_check_middleware(public_hosts: Iterable[str]) -> Callable[..., Awaitabl
     middleware, which turns its 421 into the JSON answer. A request without ``Host`` (HTTP/1.0;
     no browser sends one) passes. Raises `AuthConfigError` for a bad *public_hosts* entry."""
     hosts = frozenset(parse_host_entry(entry) for entry in public_hosts)
+    # The verdict per Host value: a client sends the same one on every request, and parsing
+    # it (an IP literal through `ipaddress`) cost more than the rest of the check. Bounded:
+    # the header is the client's, so the cache starts over when full.
+    verdicts: dict[str, bool] = {}
+
+    def allowed(header: str) -> bool:
+        try:
+            host, port = parse_host_entry(header)
+        except AuthConfigError:
+            host, port = "", None
+        ok = is_loopback(host) or (host, None) in hosts or (host, port) in hosts
+        if len(verdicts) >= _HOST_VERDICTS:
+            verdicts.clear()
+        verdicts[header] = ok
+        return ok
 
     @web.middleware
     async def host_check(request: web.Request, handler: _Handler) -> web.StreamResponse:
         header = request.headers.get("Host")
         if header is not None:
-            try:
-                host, port = parse_host_entry(header)
-            except AuthConfigError:
-                host, port = "", None
-            if not (is_loopback(host) or (host, None) in hosts or (host, port) in hosts):
+            ok = verdicts.get(header)
+            if not (ok if ok is not None else allowed(header)):
                 raise MisdirectedRequest(
                     "without authorization rules the gateway answers only requests for "
                     "a loopback name or one of public_hosts (the Host header)"
