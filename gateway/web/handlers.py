@@ -76,6 +76,8 @@ class EdgeState:
     ledger: EventLedger = field(default_factory=NullLedger)
     access_log: AccessLog = field(default_factory=AccessLog)
     tracer: Tracer = field(default_factory=Tracer)  # off: the no-op one
+    # Open mode's Host check (gateway.web.hardening.host_check), run by `edge_middleware`.
+    host_check: Callable[[web.Request], None] | None = None
 
 
 EDGE = web.AppKey("edge", EdgeState)
@@ -120,14 +122,18 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """The one middleware every answer passes through (one, because each costs per request):
 
     * refuses raw paths the router would normalise (percent-encoding, dot segments);
+    * in open mode, refuses a request for a host it does not serve (`EdgeState.host_check`);
     * turns every error into JSON ``{"error", "message"}`` (never a stack trace);
     * gives every answer an ``X-Request-Id``;
     * while draining, closes the connection after the answer (``Connection: close``), so
       the client's next request goes to another replica instead of racing our close.
     """
     request_id = _assign_request_id(request)
+    edge = request.app[EDGE]
     try:
         _raw_path_ok(request.raw_path)
+        if edge.host_check is not None:
+            edge.host_check(request)
         response = await handler(request)
     except GatewayError as err:
         response = error_response(err)
@@ -144,7 +150,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         headers = response.headers
         if "X-Request-Id" not in headers:
             headers["X-Request-Id"] = request_id
-        if request.app[EDGE].lifecycle.draining:
+        if edge.lifecycle.draining:
             response.force_close()  # aiohttp then writes "Connection: close"
     return response
 
