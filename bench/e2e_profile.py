@@ -72,6 +72,9 @@ async def _profile(broker: BrokerProcess, connections: int, seconds: float) -> c
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
         await site.start()
+        from gateway.cli import tune_gc
+
+        tune_gc()  # as `gateway serve` does once started
         port = runner.addresses[0][1]
         loadgen = await asyncio.create_subprocess_exec(
             sys.executable,

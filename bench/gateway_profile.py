@@ -126,6 +126,10 @@ async def _measure(variant: str, requests: int, runs: int) -> list[float]:
     runner, after_setup = _build(parts)
     await runner.setup()
     after_setup()
+    if "bare" not in parts:
+        from gateway.cli import tune_gc
+
+        tune_gc()  # as `gateway serve` does once started
     server = runner.server
     assert server is not None
     request = _request(parts)
@@ -160,10 +164,10 @@ async def _access_line(lines: int) -> float:
 
     from gateway.core.message import OutboundMessage
     from gateway.logs import ACCESS_LOGGER, AccessLog
-    from gateway.web.handlers import REQUEST_ID, _log_outcome
+    from gateway.web.handlers import _log_outcome, _Outcome
 
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
-    request: Any = {REQUEST_ID: os.urandom(16).hex()}
+    outcome = _Outcome(os.urandom(16).hex())
     messages = [OutboundMessage(body=b"x", message_id=os.urandom(16).hex())]
     with open(os.devnull, "w") as sink:  # noqa: ASYNC230  # /dev/null never blocks
         access_log = AccessLog("json", sink)
@@ -171,7 +175,7 @@ async def _access_line(lines: int) -> float:
         started = time.process_time()
         for _ in range(lines // 64):
             for _ in range(64):
-                _log_outcome(access_log, request, "orders", 201, "primary", messages, 1e-3, None)
+                _log_outcome(access_log, outcome, "orders", 201, "primary", messages, 1e-3, None)
             await asyncio.sleep(0)  # one loop turn: the writer flushes
         access_log.close()
         return (time.process_time() - started) / lines * 1e6

@@ -154,6 +154,10 @@ async def serve(mode: str, sink: str) -> None:
             else ShedSite(runner, "127.0.0.1", 0)
         )
         await site.start()
+        if mode != "bare":
+            from gateway.cli import tune_gc
+
+            tune_gc()  # as `gateway serve` does once started
         port = runner.addresses[0][1]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -55,7 +55,7 @@ from gateway.web import handlers
 from gateway.web.admin import FAILOVER, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
 from gateway.web.handlers import EDGE, ROUTER, EdgeState, Lifecycle
-from gateway.web.hardening import host_check_middleware, is_loopback
+from gateway.web.hardening import host_check, is_loopback
 from gateway.web.openapi import add_openapi_route
 
 if TYPE_CHECKING:
@@ -188,6 +188,9 @@ def create_app(
         provision=provisioner or default_provisioner(settings, credential),
         backlog=backlog_factory or default_backlog_factory,
     )
+    authorizer = build_authorizer(settings)
+    if authorizer is not None:
+        app[AUTHORIZER] = authorizer
     app[EDGE] = EdgeState(
         catalog=EntityCatalog(settings.entities),
         limits=settings.limits,
@@ -196,13 +199,13 @@ def create_app(
         ledger=create_ledger(ledger_settings(settings), replica=settings.replica_id),
         access_log=AccessLog(settings.log_format),
         tracer=tracer,
-    )
-    authorizer = build_authorizer(settings)
-    if authorizer is not None:
-        app[AUTHORIZER] = authorizer
-    elif is_loopback(settings.listen_host):
         # Open mode: only requests for a loopback name or a public host (DNS rebinding).
-        app.middlewares.append(host_check_middleware(settings.public_hosts))
+        host_check=(
+            host_check(settings.public_hosts)
+            if authorizer is None and is_loopback(settings.listen_host)
+            else None
+        ),
+    )
     _add_routes(app, mode)
     # Start order; aiohttp cleans up in reverse, so each resource outlives its users: the
     # credential its clients, the clients the dispatcher, the ledger everything that emits,

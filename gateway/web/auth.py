@@ -37,12 +37,14 @@ def build_authorizer(settings: Settings) -> Authorizer | None:
     )
 
 
-def authorize(request: web.Request, entity_path: str | None, right: Right) -> None:
-    """Raise `Unauthorized` (401) / `Forbidden` (403) unless the request may do `right`."""
+def authorize(request: web.Request, entity_path: str | None, right: Right) -> Principal | None:
+    """Raise `Unauthorized` (401) / `Forbidden` (403) unless the request may do `right`;
+    the principal that may (also stored as the request's `PRINCIPAL`), None in open mode."""
     authorizer = request.app.get(AUTHORIZER)
     if authorizer is None:
-        return
+        return None
     principal = authorizer.authorize(
         request.headers.get("Authorization"), entity_path=entity_path, right=right
     )
     request[PRINCIPAL] = principal
+    return principal

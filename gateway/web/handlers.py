@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 from gateway.auth import AuthError, Right
 from gateway.config import EntityKind, LimitSettings
@@ -35,7 +36,7 @@ from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.tracing import log_ids, request_properties
 from gateway.web import rest
-from gateway.web.auth import PRINCIPAL, authorize
+from gateway.web.auth import authorize
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -75,6 +76,8 @@ class EdgeState:
     ledger: EventLedger = field(default_factory=NullLedger)
     access_log: AccessLog = field(default_factory=AccessLog)
     tracer: Tracer = field(default_factory=Tracer)  # off: the no-op one
+    # Open mode's Host check (gateway.web.hardening.host_check), run by `edge_middleware`.
+    host_check: Callable[[web.Request], None] | None = None
 
 
 EDGE = web.AppKey("edge", EdgeState)
@@ -100,12 +103,17 @@ def error_response(err: GatewayError, request_id: str | None = None) -> web.Resp
 
 def request_id_of(request: web.Request) -> str:
     """The client's X-Request-Id when it is sane, else a new one; the same for the request."""
-    rid = request.get(REQUEST_ID)
-    if rid is None:
-        rid = request.headers.get("X-Request-Id") or ""
-        if not rid or len(rid) > 128 or not rid.isascii() or not rid.isprintable():
-            rid = os.urandom(16).hex()  # as uuid4().hex, at a quarter of the cost
-        request[REQUEST_ID] = rid
+    try:
+        return request[REQUEST_ID]
+    except KeyError:  # only without the edge middleware, which assigns it first
+        return _assign_request_id(request)
+
+
+def _assign_request_id(request: web.Request) -> str:
+    rid = request.headers.get("X-Request-Id") or ""
+    if not rid or len(rid) > 128 or not rid.isascii() or not rid.isprintable():
+        rid = os.urandom(16).hex()  # as uuid4().hex, at a quarter of the cost
+    request[REQUEST_ID] = rid
     return rid
 
 
@@ -114,14 +122,18 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """The one middleware every answer passes through (one, because each costs per request):
 
     * refuses raw paths the router would normalise (percent-encoding, dot segments);
+    * in open mode, refuses a request for a host it does not serve (`EdgeState.host_check`);
     * turns every error into JSON ``{"error", "message"}`` (never a stack trace);
     * gives every answer an ``X-Request-Id``;
     * while draining, closes the connection after the answer (``Connection: close``), so
       the client's next request goes to another replica instead of racing our close.
     """
-    request_id = request_id_of(request)
+    request_id = _assign_request_id(request)
+    edge = request.app[EDGE]
     try:
         _raw_path_ok(request.raw_path)
+        if edge.host_check is not None:
+            edge.host_check(request)
         response = await handler(request)
     except GatewayError as err:
         response = error_response(err)
@@ -138,7 +150,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         headers = response.headers
         if "X-Request-Id" not in headers:
             headers["X-Request-Id"] = request_id
-        if request.app[EDGE].lifecycle.draining:
+        if edge.lifecycle.draining:
             response.force_close()  # aiohttp then writes "Connection: close"
     return response
 
@@ -153,13 +165,6 @@ def _raw_path_ok(raw_path: str) -> None:
             raise InvalidEntityPath("'.' and '..' segments are not allowed in the path")
     if "//" in path:
         raise InvalidEntityPath("empty path segments are not allowed")
-
-
-def _headers_as_sent(request: web.Request) -> Iterator[tuple[str, str]]:
-    """Header fields with their names as the client wrote them (aiohttp's parsed headers
-    capitalise well-known names: ``origin`` would become an ``Origin`` property)."""
-    for name, value in request.raw_headers:
-        yield name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -200,26 +205,30 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
     Every refusal is a `GatewayError` raised before anything is sent (bad path, auth, unknown
     entity, bad body, limits) or by the router (saturated, send failed); the outcome, either
     way, is recorded once (`_record_outcome`)."""
-    state = request.app[EDGE]
+    app = request.app
+    state = app[EDGE]
     started = time.perf_counter()
     request_id = request_id_of(request)
     entity_path = "_unknown"
     messages: list[OutboundMessage] = []
+    outcome = _Outcome(request_id)
     try:
-        entity = _addressed_entity(request, state.catalog)
+        entity = _addressed_entity(request, state.catalog, outcome)
         entity_path = entity.path
         messages = await _read_messages(request, state.limits, state.tracer)
-        delivery = await request.app[ROUTER].submit(entity, messages)
+        delivery = await app[ROUTER].submit(entity, messages)
     except GatewayError as err:
-        _record_outcome(request, state, started, entity_path, messages, err)
+        _record_outcome(outcome, state, started, entity_path, messages, err)
         return error_response(err, request_id)
-    _record_outcome(request, state, started, entity_path, messages, delivery)
-    backlog = delivery.route == "backlog"
+    _record_outcome(outcome, state, started, entity_path, messages, delivery)
+    if delivery.route == "primary":
+        return _accepted(delivery.status, messages, entity_path, request_id)
     body: dict[str, object] = {
         "messageIds": [m.message_id for m in messages],
         "entity": entity_path,
         "route": delivery.route,
     }
+    backlog = delivery.route == "backlog"
     if backlog:
         body["backlog"] = delivery.destination
     return json_response(
@@ -229,17 +238,59 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
     )
 
 
+@dataclass(slots=True)
+class _Outcome:
+    """What a send request's access line names besides its result."""
+
+    request_id: str
+    key_name: str | None = None  # the SAS rule that authorized it
+
+
+# The 2xx answer's fixed parts: the body is {"messageIds": [...], "entity": ..., "route":
+# "primary"}, byte for byte what `orjson.dumps` gives for that dict (the ids and the entity
+# serialised by orjson, so escaped alike); the content type is set as a header, as in
+# `json_response`.
+_ACCEPTED_IDS = b'{"messageIds":'
+_ACCEPTED_ENTITY = b',"entity":'
+_ACCEPTED_ROUTE = b',"route":"primary"}'
+
+
+def _accepted(
+    status: int, messages: list[OutboundMessage], entity: str, request_id: str
+) -> web.Response:
+    """The answer to a request sent to the primary: the common case, built from templates."""
+    body = b"".join(
+        (
+            _ACCEPTED_IDS,
+            orjson.dumps([m.message_id for m in messages]),
+            _ACCEPTED_ENTITY,
+            orjson.dumps(entity),
+            _ACCEPTED_ROUTE,
+        )
+    )
+    headers = CIMultiDict(
+        (("Content-Type", "application/json"), ("X-Request-Id", request_id), _PRIMARY_ROUTE)
+    )
+    return web.Response(status=status, body=body, headers=headers)
+
+
+_PRIMARY_ROUTE = ("X-Route", "primary")
+
+
 _KINDS: dict[str | None, EntityKind] = {"queues": "queue", "topics": "topic"}
 
 
-def _addressed_entity(request: web.Request, catalog: EntityCatalog) -> EntityRef:
+def _addressed_entity(request: web.Request, catalog: EntityCatalog, outcome: _Outcome) -> EntityRef:
     """The declared entity the request sends to, once the caller may send to it."""
-    name = request.match_info["name"]
-    kind = _KINDS.get(request.match_info.get("kind"))
+    match_info = request.match_info
+    name = match_info["name"]
+    kind = _KINDS.get(match_info.get("kind"))
     found = catalog.find(name, kind)
     if found is None:
         validate_entity_path(name)  # 400 before 401: a bad path names no resource
-    authorize(request, name, Right.SEND)  # 401/403 before 404: don't reveal entities
+    principal = authorize(request, name, Right.SEND)  # 401/403 before 404: don't reveal
+    if principal is not None:
+        outcome.key_name = principal.key_name
     if found is None:
         raise catalog.unknown(name, kind)
     return found
@@ -268,7 +319,7 @@ async def _read_messages(
             rest.parse_single(
                 body,
                 content_type,
-                _headers_as_sent(request),
+                rest.copied_headers(request.raw_headers),
                 headers.get("BrokerProperties"),
                 headers.get("Idempotency-Key"),
                 context,
@@ -279,7 +330,7 @@ async def _read_messages(
 
 
 def _record_outcome(
-    request: web.Request,
+    outcome: _Outcome,
     state: EdgeState,
     started: float,
     entity: str,
@@ -302,7 +353,7 @@ def _record_outcome(
     if messages and state.ledger.enabled:
         _emit_ledger(state.ledger, entity, messages, result, elapsed)
     metrics.request_answered(entity, status, route, elapsed)
-    _log_outcome(state.access_log, request, entity, status, route, messages, elapsed, error)
+    _log_outcome(state.access_log, outcome, entity, status, route, messages, elapsed, error)
 
 
 def _emit_ledger(
@@ -340,7 +391,7 @@ def _emit_ledger(
 
 def _log_outcome(
     access_log: AccessLog,
-    request: web.Request,
+    outcome: _Outcome,
     entity: str,
     status: int,
     route: str,
@@ -355,7 +406,7 @@ def _log_outcome(
         level = logging.WARNING
     if not access_log.enabled(level):
         return
-    request_id = request_id_of(request)
+    request_id = outcome.request_id
     extra: dict[str, object] = {
         "request_id": request_id,
         "entity": entity,
@@ -365,9 +416,8 @@ def _log_outcome(
         "messages": len(messages),
         "latency_ms": round(elapsed * 1000, 3),
     }
-    principal = request.get(PRINCIPAL)
-    if principal is not None:
-        extra["key_name"] = principal.key_name
+    if outcome.key_name is not None:
+        extra["key_name"] = outcome.key_name
     elif isinstance(error, AuthError) and error.key_name is not None:
         extra["key_name"] = error.key_name  # the log may say which rule; the answer never does
     if error is not None:

@@ -152,6 +152,14 @@ _SPACE = re.compile(rb"[ \t\r\n]*+")
 _VALUES_PER_ITEM = 16
 
 
+# The first pass over a single-message request's raw header fields (`copied_headers`): the
+# names every request carries (Host, Content-Length, Authorization, what proxies add) are
+# dropped on their bytes, before anything is decoded. It drops only what `parse_single` would
+# drop anyway (never a reserved name, which it refuses): an ASCII name matches here exactly
+# when its decoded, lower-cased form matches there, and a name that is not ASCII never does.
+_NEVER_COPIED_RAW = frozenset(n.encode("ascii") for n in NEVER_COPIED - RESERVED_PROPERTIES)
+_NEVER_COPIED_RAW_PREFIXES = tuple(p.encode("ascii") for p in _NEVER_COPIED_PREFIXES)
+
 # At most MAX_ID_LENGTH characters (the SDK refuses longer ones with a ValueError).
 _ID_PROPS = frozenset({"MessageId", "SessionId", "PartitionKey", "ReplyToSessionId"})
 
@@ -163,6 +171,21 @@ def _is_copied(name: str, value: str) -> bool:
         # property (the legacy Node.js client sends origin: "node"): copy only that one.
         return len(value) >= 2 and value[0] == value[-1] == '"'
     return low not in NEVER_COPIED and not low.startswith(_NEVER_COPIED_PREFIXES)
+
+
+def copied_headers(raw_headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The header fields `parse_single` may copy or refuse, decoded, with their names as the
+    client wrote them (aiohttp's parsed headers capitalise well-known names: ``origin``
+    would become an ``Origin`` property); the rest are dropped undecoded."""
+    out: list[tuple[str, str]] = []
+    for name, value in raw_headers:
+        low = name.lower()
+        if low in _NEVER_COPIED_RAW or low.startswith(_NEVER_COPIED_RAW_PREFIXES):
+            continue
+        out.append(
+            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+        )
+    return out
 
 
 def header_value(raw: str) -> AppValue:
@@ -276,17 +299,18 @@ def build_message(
     `context`: the request's trace-context properties (gateway.tracing), added to
     `app_properties` where the client did not set the same name itself."""
     fields: dict[str, Any] = {}
-    for rest_name, attr in _STRING_PROPS.items():
-        if rest_name in props and props[rest_name] is not None:
-            limit = MAX_ID_LENGTH if rest_name in _ID_PROPS else None
-            fields[attr] = _check_text(rest_name, props[rest_name], limit)
-    if props.get("TimeToLive") is not None:
-        fields["time_to_live"] = _ttl(props["TimeToLive"])
-    if props.get("ScheduledEnqueueTimeUtc") is not None:
-        fields["scheduled_enqueue_time_utc"] = _schedule(props["ScheduledEnqueueTimeUtc"])
-    sid, pkey = fields.get("session_id"), fields.get("partition_key")
-    if sid is not None and pkey is not None and sid != pkey:
-        raise RequestError(f"{where}: PartitionKey must equal SessionId when both are set")
+    if props:  # most requests set no broker property at all
+        for rest_name, attr in _STRING_PROPS.items():
+            if rest_name in props and props[rest_name] is not None:
+                limit = MAX_ID_LENGTH if rest_name in _ID_PROPS else None
+                fields[attr] = _check_text(rest_name, props[rest_name], limit)
+        if props.get("TimeToLive") is not None:
+            fields["time_to_live"] = _ttl(props["TimeToLive"])
+        if props.get("ScheduledEnqueueTimeUtc") is not None:
+            fields["scheduled_enqueue_time_utc"] = _schedule(props["ScheduledEnqueueTimeUtc"])
+        sid, pkey = fields.get("session_id"), fields.get("partition_key")
+        if sid is not None and pkey is not None and sid != pkey:
+            raise RequestError(f"{where}: PartitionKey must equal SessionId when both are set")
     if not fields.get("message_id"):
         # 32 random hex digits, as uuid4().hex but a quarter of the cost.
         fields["message_id"] = default_message_id or os.urandom(16).hex()
@@ -302,7 +326,8 @@ def build_message(
     if context:
         for name, value in context.items():
             app_properties.setdefault(name, value)
-    _check_app_properties(app_properties, where)
+    if app_properties:
+        _check_app_properties(app_properties, where)
     return OutboundMessage(
         body=body, content_type=ct, application_properties=app_properties, **fields
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -182,3 +184,17 @@ def test_the_development_banner_says_the_ping_interval_and_exports_the_demo_vari
     names = {w.partition("=")[0] for w in shlex.split(export)[1:]}
     assert names == {"SEND", "ADMIN", "CTRL", "PRIMARY"}
     assert "development profile" not in _banner(settings, info)
+
+
+@pytest.mark.integration  # a subprocess
+def test_a_serving_process_freezes_its_start_up_and_collects_less_often() -> None:
+    """`tune_gc`, which `serve` calls once started, in a process of its own (freezing is
+    process-wide: never in the test process)."""
+    code = (
+        "import gc; from gateway.cli import GC_THRESHOLD0, tune_gc; tune_gc(); "
+        "print(gc.get_threshold()[0] == GC_THRESHOLD0, gc.get_freeze_count() > 1000)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["True", "True"]

@@ -7,6 +7,8 @@ import datetime as dt
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import PayloadTooLarge, RequestError
 from gateway.web import rest
@@ -278,3 +280,34 @@ def test_user_property_numbers_within_range_are_kept_exactly(literal: str, value
     (msg,) = rest.parse_batch(raw, None, max_messages=10)
     assert msg.application_properties["n"] == value
     assert type(msg.application_properties["n"]) is type(value)
+
+
+_NAMES = st.one_of(
+    st.sampled_from(sorted(rest.NEVER_COPIED | rest.RESERVED_PROPERTIES | {"origin", "n"})),
+    st.sampled_from(["X-Forwarded-For", "x-b3-traceid", "Sec-Fetch-Mode", "Cf-Ray", "x-ms-x"]),
+    st.text(st.characters(codec="utf-8"), min_size=1, max_size=12),
+).flatmap(lambda n: st.sampled_from([n, n.upper(), n.title(), n.swapcase()]))
+_VALUES = st.sampled_from(['"quoted"', "7", "1.5", "true", "plain", "", '"'])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_NAMES, _VALUES), max_size=8))
+def test_the_raw_header_pass_keeps_what_parse_single_would(headers: list[tuple[str, str]]):
+    """`copied_headers` drops on the bytes only what `parse_single` would drop: the message
+    (or the refusal) is the same as from every header decoded."""
+    raw = [
+        (n.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
+        for n, v in headers
+    ]
+    decoded = [
+        (n.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape")) for n, v in raw
+    ]
+
+    def outcome(fields: list[tuple[str, str]]) -> object:
+        try:
+            m = rest.parse_single(b"x", "text/plain", fields, '{"MessageId": "m"}', None)
+        except (RequestError, PayloadTooLarge) as exc:
+            return type(exc), exc.message
+        return m.application_properties, m.size
+
+    assert outcome(rest.copied_headers(raw)) == outcome(decoded)
