@@ -232,6 +232,7 @@ ALERTS = {
     "SbgateRedisDisconnected",
     "SbgateHighErrorRatio",
     "SbgateAdmissionSaturated",
+    "SbgateShedding",
     "SbgateTaskRestarting",
 }
 # The series names a metric family exposes, by type (prometheus_client's text format).
@@ -636,6 +637,25 @@ ALERT_CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
     "requests refused for lack of room for ten minutes": (
         [series("sbgate_admission_rejected_total", 'pod="a"', "0+6x20")],
         [expect("15m", "SbgateAdmissionSaturated", {"severity": "warning"})],
+    ),
+    "one pod's listener closed a tenth of the time, the other sheds nothing": (
+        [
+            series(
+                "sbgate_http_listener_paused_seconds_total", 'pod="a", reason="loop_lag"', "0+6x20"
+            ),
+            series(
+                "sbgate_http_listener_paused_seconds_total", 'pod="b", reason="loop_lag"', "0x20"
+            ),
+            series("sbgate_http_shed_total", 'pod="b", reason="head_wait"', "0x20"),
+        ],
+        [
+            expect("5m", "SbgateShedding"),
+            expect("15m", "SbgateShedding", {"pod": "a", "severity": "warning"}),
+        ],
+    ),
+    "a pod answers 503 overloaded 2 times a second": (
+        [series("sbgate_http_shed_total", 'pod="b", reason="in_progress"', "0+120x20")],
+        [expect("15m", "SbgateShedding", {"pod": "b", "severity": "warning"})],
     ),
     "a syphon queue loop raises once and is restarted": (
         [
