@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import enum
 import logging
 import math
 import time
@@ -117,13 +118,25 @@ class DispatchObserver:
         """A worker met an unexpected error and ended (the next request starts another)."""
 
 
+class _State(enum.Enum):
+    """What a worker is doing: its lane grows, `_expire` refuses and `close` waits by it."""
+
+    STARTING = "starting"  # created, not yet running: it will take what is pending
+    IDLE = "idle"  # parked on its lane's `wakeup`
+    OPENING = "opening"  # opening its sender, outside the send slots
+    WAITING = "waiting"  # for a send slot
+    CLAIMING = "claiming"  # holding a send slot, about to take what is pending
+    SENDING = "sending"  # delivering what it took (reopening, too, within a bisection)
+
+
 class _Worker:
     """One worker task of a lane and the sender it owns (None until it needs one)."""
 
-    __slots__ = ("lane", "last_used", "sender", "slot", "task")
+    __slots__ = ("lane", "last_used", "sender", "slot", "state", "task")
 
     def __init__(self, lane: _Lane, now: float) -> None:
         self.lane = lane
+        self.state = _State.STARTING
         self.sender: Sender | None = None
         self.slot = False  # holds one of the send slots (`max_in_flight`)
         self.task: asyncio.Task[None] | None = None
@@ -133,29 +146,13 @@ class _Worker:
 class _Lane:
     """Pending requests for one destination and the workers that send them."""
 
-    __slots__ = (
-        "busy",
-        "claiming",
-        "dest",
-        "expiry",
-        "idle",
-        "opening",
-        "pending",
-        "starting",
-        "wakeup",
-        "workers",
-    )
+    __slots__ = ("dest", "expiry", "pending", "wakeup", "workers")
 
     def __init__(self, dest: Destination) -> None:
         self.dest = dest
         self.pending: deque[_Group] = deque()
         self.wakeup = asyncio.Event()
         self.workers: list[_Worker] = []
-        self.busy = 0
-        self.idle = 0  # workers parked on `wakeup`
-        self.starting = 0  # workers created, not yet running: they will take what is pending
-        self.opening = 0  # workers opening a sender
-        self.claiming = 0  # workers holding a send slot, about to take what is pending
         self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
 
     def take(self, max_messages: int, max_bytes: int) -> list[_Group]:
@@ -186,6 +183,10 @@ class _Lane:
         if not self.pending:
             self.wakeup.clear()
         return taken
+
+    def has(self, *states: _State) -> bool:
+        """Whether one of the lane's workers is in one of `states`."""
+        return any(w.state in states for w in self.workers)
 
 
 class Dispatcher:
@@ -269,7 +270,7 @@ class Dispatcher:
             group = _Group(messages, size, loop.create_future(), deadline, trace)
             lane.pending.append(group)
             lane.wakeup.set()
-            free = lane.idle + lane.starting
+            free = lane.has(_State.IDLE, _State.STARTING)
             if not free and len(lane.workers) < self._limits.senders_per_entity:
                 self._spawn(lane)  # no worker free: the lane grows with its load
             if lane.expiry is None:
@@ -293,7 +294,7 @@ class Dispatcher:
         worker whose cancel the SDK lost ends at the top of its loop, or at a second cancel."""
         self._closing = True
         deadline = self._clock() + grace
-        while any(lane.pending or lane.busy for lane in self._lanes.values()):
+        while any(lane.pending or lane.has(_State.SENDING) for lane in self._lanes.values()):
             if self._clock() >= deadline:
                 break
             await asyncio.sleep(0.01)
@@ -323,7 +324,9 @@ class Dispatcher:
         lane: groups are appended in deadline order."""
         lane.expiry = None
         loop = asyncio.get_running_loop()
-        if lane.claiming or ((lane.idle or lane.starting) and lane.wakeup.is_set()):
+        if lane.has(_State.CLAIMING) or (
+            lane.has(_State.IDLE, _State.STARTING) and lane.wakeup.is_set()
+        ):
             # A worker is about to take what is pending: look again once it has.
             lane.expiry = loop.call_later(0.01, self._expire, lane)
             return
@@ -333,7 +336,7 @@ class Dispatcher:
             group = lane.pending.popleft()
             if group.future.done():
                 continue
-            if lane.opening and not lane.busy:
+            if lane.has(_State.OPENING) and not lane.has(_State.SENDING):
                 # Waiting on the namespace, not on us: an upstream timeout, which counts
                 # toward failover. (As `Saturated`, the requests of a sparse flow could all
                 # expire while each open hangs, and the entity would never fail over.)
@@ -366,7 +369,6 @@ class Dispatcher:
         """One more worker for `lane`; it takes what is pending once it runs."""
         w = _Worker(lane, asyncio.get_running_loop().time())
         lane.workers.append(w)
-        lane.starting += 1
         # A fresh context: a worker outlives the request whose send created it, and must not
         # carry that request's context (its span, say) in its own.
         w.task = asyncio.create_task(
@@ -392,14 +394,12 @@ class Dispatcher:
         it: the idle time counts from the last send, not from the last wake-up, or a lane
         with steady light traffic would never shrink."""
         lane = w.lane
-        lane.idle += 1
+        w.state = _State.IDLE
         try:
             async with asyncio.timeout_at(w.last_used + self._limits.sender_idle_timeout):
                 await lane.wakeup.wait()
         except TimeoutError:
             return bool(lane.pending)  # work arrived just as the wait ran out: take it
-        finally:
-            lane.idle -= 1
         return True
 
     async def _worker(self, w: _Worker) -> None:
@@ -410,7 +410,6 @@ class Dispatcher:
         lane = w.lane
         groups: list[_Group] = []
         try:
-            lane.starting -= 1
             while not self._stopping:
                 groups = []
                 if not await self._park(w):
@@ -426,21 +425,20 @@ class Dispatcher:
                 open_started: float | None = None
                 if w.sender is None and lane.pending:
                     open_started = self._clock()
+                    w.state = _State.OPENING
                     opening = await self._open(w)
+                w.state = _State.WAITING
                 await self._take_slot(w)
                 try:
-                    lane.claiming += 1  # from here to `take`, `_expire` leaves pending alone
-                    try:
-                        await asyncio.sleep(0)  # one tick: requests arriving now join
-                        if w.sender is None and opening is None:
-                            # Its sender was closed for another entity's open while it
-                            # waited, or the work came after it looked: open outside the slot.
-                            continue
-                        groups = lane.take(
-                            self._limits.max_batch_messages, self._limits.max_batch_bytes
-                        )
-                    finally:
-                        lane.claiming -= 1
+                    w.state = _State.CLAIMING  # until `take`, `_expire` leaves pending alone
+                    await asyncio.sleep(0)  # one tick: requests arriving now join
+                    if w.sender is None and opening is None:
+                        # Its sender was closed for another entity's open while it waited,
+                        # or the work came after it looked: it opens outside the slot first.
+                        continue
+                    groups = lane.take(
+                        self._limits.max_batch_messages, self._limits.max_batch_bytes
+                    )
                     if not groups:
                         continue
                     await self._send(w, groups, opening, open_started)
@@ -471,8 +469,7 @@ class Dispatcher:
         open_started: float | None,
     ) -> None:
         """`w` (holding a send slot) delivers the `groups` it took."""
-        lane = w.lane
-        lane.busy += 1
+        w.state = _State.SENDING
         self._observer.in_flight(1)
         self._parked.pop(w, None)  # in use: not a candidate for eviction
         try:
@@ -481,7 +478,6 @@ class Dispatcher:
             started = open_started if opening is not None else None
             await self._deliver(w, groups, opening, started=started)
         finally:
-            lane.busy -= 1
             self._observer.in_flight(-1)
             w.last_used = asyncio.get_running_loop().time()
             if w.sender is not None:
@@ -505,7 +501,6 @@ class Dispatcher:
         not be opened (reported to the groups it fails, by `_deliver`), or None."""
         assert not w.slot and w.sender is None
         lane = w.lane
-        lane.opening += 1
         try:
             async with asyncio.timeout(self._timeouts.connect_timeout):
                 if len(self._senders) >= self._limits.max_open_senders and self._parked:
@@ -519,8 +514,6 @@ class Dispatcher:
             raise
         except Exception as exc:
             return exc
-        finally:
-            lane.opening -= 1
         self._senders.add(sender)
         w.sender = sender
         return None
