@@ -20,7 +20,7 @@ from gateway.errors import (
     Saturated,
     SendFailure,
 )
-from tests.support.fakes import FakeClient, FakeSender, msg
+from tests.support.fakes import FakeClient, FakeSender, ReopensHang, msg
 from tests.support.waiting import eventually, next_tick, no_hang
 
 LIMITS = LimitSettings(
@@ -429,28 +429,11 @@ async def test_a_request_expired_during_an_open_takes_the_operators_retry_after(
     client.opened_ok.set()
 
 
-class _ReopensHang(FakeClient):
-    """Opens each path's first sender at once; a later open of a path hangs until `reopen`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.paths: set[str] = set()
-        self.reopening = asyncio.Event()
-        self.reopen = asyncio.Event()
-
-    async def open_sender(self, path: str) -> FakeSender:
-        if path in self.paths:
-            self.reopening.set()
-            await self.reopen.wait()
-        self.paths.add(path)
-        return await super().open_sender(path)
-
-
 async def test_a_sender_closed_while_its_worker_waits_for_a_slot_is_reopened_outside_it(make):
     """A worker woken for work waits for a send slot while another entity's open closes its
     idle sender (at `max_open_senders`); its reopen must not hold the slot, or one hanging
     open would stall every entity behind it."""
-    client, release = _ReopensHang(), asyncio.Event()
+    client, release = ReopensHang(), asyncio.Event()
 
     async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
         if path == "b":
