@@ -114,9 +114,8 @@ def _snapshots(loop: asyncio.AbstractEventLoop) -> None:
         lanes = {  # the dispatchers' lanes: what waits where
             str(lane.dest): {
                 "pending": len(lane.pending),
-                "busy": lane.busy,
-                "idle": getattr(lane, "idle", None),
                 "workers": len(lane.workers),
+                **Counter(w.state.value for w in lane.workers),  # sending 2, idle 1, ...
             }
             for o in objects
             if type(o).__name__ == "Dispatcher"

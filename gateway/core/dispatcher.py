@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import enum
 import logging
 import math
 import time
@@ -117,14 +118,27 @@ class DispatchObserver:
         """A worker met an unexpected error and ended (the next request starts another)."""
 
 
+class _State(enum.Enum):
+    """What a worker is doing: its lane grows, `_expire` refuses and `close` waits by it."""
+
+    STARTING = "starting"  # created, not yet running: it will take what is pending
+    IDLE = "idle"  # parked on its lane's `wakeup`
+    OPENING = "opening"  # opening its sender, outside the send slots
+    WAITING = "waiting"  # for a send slot
+    CLAIMING = "claiming"  # holding a send slot, about to take what is pending
+    SENDING = "sending"  # delivering what it took (reopening, too, within a bisection)
+
+
 class _Worker:
     """One worker task of a lane and the sender it owns (None until it needs one)."""
 
-    __slots__ = ("lane", "last_used", "sender", "task")
+    __slots__ = ("lane", "last_used", "sender", "slot", "state", "task")
 
     def __init__(self, lane: _Lane, now: float) -> None:
         self.lane = lane
+        self.state = _State.STARTING
         self.sender: Sender | None = None
+        self.slot = False  # holds one of the send slots (`max_in_flight`)
         self.task: asyncio.Task[None] | None = None
         self.last_used = now  # loop time of its last send (or of its start)
 
@@ -132,29 +146,13 @@ class _Worker:
 class _Lane:
     """Pending requests for one destination and the workers that send them."""
 
-    __slots__ = (
-        "busy",
-        "claiming",
-        "dest",
-        "expiry",
-        "idle",
-        "opening",
-        "pending",
-        "starting",
-        "wakeup",
-        "workers",
-    )
+    __slots__ = ("dest", "expiry", "pending", "wakeup", "workers")
 
     def __init__(self, dest: Destination) -> None:
         self.dest = dest
         self.pending: deque[_Group] = deque()
         self.wakeup = asyncio.Event()
         self.workers: list[_Worker] = []
-        self.busy = 0
-        self.idle = 0  # workers parked on `wakeup`
-        self.starting = 0  # workers created, not yet running: they will take what is pending
-        self.opening = 0  # workers opening a sender
-        self.claiming = 0  # workers holding a send slot, about to take what is pending
         self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
 
     def take(self, max_messages: int, max_bytes: int) -> list[_Group]:
@@ -185,6 +183,10 @@ class _Lane:
         if not self.pending:
             self.wakeup.clear()
         return taken
+
+    def has(self, *states: _State) -> bool:
+        """Whether one of the lane's workers is in one of `states`."""
+        return any(w.state in states for w in self.workers)
 
 
 class Dispatcher:
@@ -268,7 +270,7 @@ class Dispatcher:
             group = _Group(messages, size, loop.create_future(), deadline, trace)
             lane.pending.append(group)
             lane.wakeup.set()
-            free = lane.idle + lane.starting
+            free = lane.has(_State.IDLE, _State.STARTING)
             if not free and len(lane.workers) < self._limits.senders_per_entity:
                 self._spawn(lane)  # no worker free: the lane grows with its load
             if lane.expiry is None:
@@ -292,7 +294,7 @@ class Dispatcher:
         worker whose cancel the SDK lost ends at the top of its loop, or at a second cancel."""
         self._closing = True
         deadline = self._clock() + grace
-        while any(lane.pending or lane.busy for lane in self._lanes.values()):
+        while any(lane.pending or lane.has(_State.SENDING) for lane in self._lanes.values()):
             if self._clock() >= deadline:
                 break
             await asyncio.sleep(0.01)
@@ -322,7 +324,9 @@ class Dispatcher:
         lane: groups are appended in deadline order."""
         lane.expiry = None
         loop = asyncio.get_running_loop()
-        if lane.claiming or ((lane.idle or lane.starting) and lane.wakeup.is_set()):
+        if lane.has(_State.CLAIMING) or (
+            lane.has(_State.IDLE, _State.STARTING) and lane.wakeup.is_set()
+        ):
             # A worker is about to take what is pending: look again once it has.
             lane.expiry = loop.call_later(0.01, self._expire, lane)
             return
@@ -332,7 +336,7 @@ class Dispatcher:
             group = lane.pending.popleft()
             if group.future.done():
                 continue
-            if lane.opening and not lane.busy:
+            if lane.has(_State.OPENING) and not lane.has(_State.SENDING):
                 # Waiting on the namespace, not on us: an upstream timeout, which counts
                 # toward failover. (As `Saturated`, the requests of a sparse flow could all
                 # expire while each open hangs, and the entity would never fail over.)
@@ -365,7 +369,6 @@ class Dispatcher:
         """One more worker for `lane`; it takes what is pending once it runs."""
         w = _Worker(lane, asyncio.get_running_loop().time())
         lane.workers.append(w)
-        lane.starting += 1
         # A fresh context: a worker outlives the request whose send created it, and must not
         # carry that request's context (its span, say) in its own.
         w.task = asyncio.create_task(
@@ -391,14 +394,12 @@ class Dispatcher:
         it: the idle time counts from the last send, not from the last wake-up, or a lane
         with steady light traffic would never shrink."""
         lane = w.lane
-        lane.idle += 1
+        w.state = _State.IDLE
         try:
             async with asyncio.timeout_at(w.last_used + self._limits.sender_idle_timeout):
                 await lane.wakeup.wait()
         except TimeoutError:
             return bool(lane.pending)  # work arrived just as the wait ran out: take it
-        finally:
-            lane.idle -= 1
         return True
 
     async def _worker(self, w: _Worker) -> None:
@@ -409,7 +410,6 @@ class Dispatcher:
         lane = w.lane
         groups: list[_Group] = []
         try:
-            lane.starting -= 1
             while not self._stopping:
                 groups = []
                 if not await self._park(w):
@@ -425,37 +425,25 @@ class Dispatcher:
                 open_started: float | None = None
                 if w.sender is None and lane.pending:
                     open_started = self._clock()
-                    w.sender, opening = await self._open(lane)
-                async with self._in_flight:
-                    lane.claiming += 1  # from here to `take`, `_expire` leaves pending alone
-                    try:
-                        await asyncio.sleep(0)  # one tick: requests arriving now join
-                        groups = lane.take(
-                            self._limits.max_batch_messages, self._limits.max_batch_bytes
-                        )
-                    finally:
-                        lane.claiming -= 1
+                    w.state = _State.OPENING
+                    opening = await self._open(w)
+                w.state = _State.WAITING
+                await self._take_slot(w)
+                try:
+                    w.state = _State.CLAIMING  # until `take`, `_expire` leaves pending alone
+                    await asyncio.sleep(0)  # one tick: requests arriving now join
+                    if w.sender is None and opening is None:
+                        # Its sender was closed for another entity's open while it waited,
+                        # or the work came after it looked: it opens outside the slot first.
+                        continue
+                    groups = lane.take(
+                        self._limits.max_batch_messages, self._limits.max_batch_bytes
+                    )
                     if not groups:
                         continue
-                    lane.busy += 1
-                    self._observer.in_flight(1)
-                    self._parked.pop(w, None)  # in use: not a candidate for eviction
-                    try:
-                        # A failed open is reported as of when it began (failover weighs
-                        # it against the entity's last success and this replica's lag).
-                        w.sender = await self._deliver(
-                            lane,
-                            w.sender,
-                            groups,
-                            opening,
-                            started=open_started if opening is not None else None,
-                        )
-                    finally:
-                        lane.busy -= 1
-                        self._observer.in_flight(-1)
-                        w.last_used = asyncio.get_running_loop().time()
-                        if w.sender is not None:
-                            self._parked[w] = None  # the most recently used
+                    await self._send(w, groups, opening, open_started)
+                finally:
+                    self._give_slot(w)
         except asyncio.CancelledError:
             # Shutdown (or a lost cancel's second one): whatever this worker held and did not
             # settle — halves `_isolate` had not sent yet, a batch whose suspect sender was
@@ -473,102 +461,126 @@ class Dispatcher:
                 self._senders.discard(sender)
                 await _close_quietly(sender)
 
-    async def _open(self, lane: _Lane) -> tuple[Sender | None, BaseException | None]:
-        """A new sender (within connect_timeout), or why there is none."""
-        lane.opening += 1
+    async def _send(
+        self,
+        w: _Worker,
+        groups: list[_Group],
+        opening: BaseException | None,
+        open_started: float | None,
+    ) -> None:
+        """`w` (holding a send slot) delivers the `groups` it took."""
+        w.state = _State.SENDING
+        self._observer.in_flight(1)
+        self._parked.pop(w, None)  # in use: not a candidate for eviction
         try:
-            return await self._open_sender(lane), None
+            # A failed open is reported as of when it began (failover weighs it against the
+            # entity's last success and this replica's lag).
+            started = open_started if opening is not None else None
+            await self._deliver(w, groups, opening, started=started)
+        finally:
+            self._observer.in_flight(-1)
+            w.last_used = asyncio.get_running_loop().time()
+            if w.sender is not None:
+                self._parked[w] = None  # the most recently used
+
+    async def _take_slot(self, w: _Worker) -> None:
+        """One of the `max_in_flight` send slots for `w`."""
+        await self._in_flight.acquire()
+        w.slot = True
+
+    def _give_slot(self, w: _Worker) -> None:
+        """`w`'s send slot back, if it holds one."""
+        if w.slot:
+            w.slot = False
+            self._in_flight.release()
+
+    async def _open(self, w: _Worker) -> BaseException | None:
+        """The only way a sender is opened: `w`'s, within connect_timeout, never while `w`
+        holds a send slot. At `max_open_senders`, the least recently used idle sender is
+        closed first (its worker stays, and reopens on its next work). Returns why it could
+        not be opened (reported to the groups it fails, by `_deliver`), or None."""
+        assert not w.slot and w.sender is None
+        lane = w.lane
+        try:
+            async with asyncio.timeout(self._timeouts.connect_timeout):
+                if len(self._senders) >= self._limits.max_open_senders and self._parked:
+                    idle, _ = self._parked.popitem(last=False)
+                    evicted, idle.sender = idle.sender, None
+                    if evicted is not None:
+                        self._senders.discard(evicted)
+                        await _close_quietly(evicted)
+                sender = await lane.dest.client.open_sender(lane.dest.path)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # reported to the groups it fails, by `_deliver`
-            return None, exc
-        finally:
-            lane.opening -= 1
-
-    async def _open_sender(self, lane: _Lane) -> Sender:
-        """Open a sender for `lane` within connect_timeout; at `max_open_senders`, close the
-        least recently used idle one first (its worker stays, and reopens on its next work).
-        Raises what opening raised."""
-        async with asyncio.timeout(self._timeouts.connect_timeout):
-            if len(self._senders) >= self._limits.max_open_senders and self._parked:
-                idle, _ = self._parked.popitem(last=False)
-                evicted, idle.sender = idle.sender, None
-                if evicted is not None:
-                    self._senders.discard(evicted)
-                    await _close_quietly(evicted)
-            sender = await lane.dest.client.open_sender(lane.dest.path)
+        except Exception as exc:
+            return exc
         self._senders.add(sender)
-        return sender
+        w.sender = sender
+        return None
 
     async def _deliver(
         self,
-        lane: _Lane,
-        sender: Sender | None,
+        w: _Worker,
         groups: list[_Group],
         opening: BaseException | None = None,
         *,
         started: float | None = None,
-    ) -> Sender | None:
-        """Send `groups` as one batch; settle every group's future. Returns the sender to
-        keep (None when it must be reopened). `opening`: why the sender could not be
+    ) -> None:
+        """Send `groups` as one batch on `w`'s sender; settle every group's future. `w.sender`
+        is None afterwards when it must be reopened. `opening`: why the sender could not be
         opened just before (`started`: when that open began); the groups fail with it. A
         batch of several requests refused for a message's sake is bisected (`_isolate`)."""
         started = self._clock() if started is None else started
-        sender, failure = await self._attempt(lane, sender, groups, opening)
+        failure = await self._attempt(w, groups, opening)
         if failure is not None and failure.classification.message_fault and len(groups) > 1:
-            self._observe(lane, groups, started, failure)
-            return await self._isolate(lane, sender, groups)
-        self._settle(lane, groups, started, failure)
-        return sender
+            self._observe(w.lane, groups, started, failure)
+            await self._isolate(w, groups)
+            return
+        self._settle(w.lane, groups, started, failure)
 
     async def _attempt(
-        self,
-        lane: _Lane,
-        sender: Sender | None,
-        groups: list[_Group],
-        opening: BaseException | None = None,
-    ) -> tuple[Sender | None, SendFailure | None]:
-        """One broker send of `groups`' messages, unsettled: the sender to keep (None: it
-        must be reopened) and the failure, if any. On cancellation (shutdown mid-send) the
-        groups fail with `SHUTDOWN` and the cancellation goes on."""
+        self, w: _Worker, groups: list[_Group], opening: BaseException | None = None
+    ) -> SendFailure | None:
+        """One broker send of `groups`' messages on `w`'s sender, unsettled: the failure, if
+        any (`w.sender` is None when it must be reopened). On cancellation (shutdown
+        mid-send) the groups fail with `SHUTDOWN` and the cancellation goes on."""
         messages = [m for g in groups for m in g.messages]
+        lane = w.lane
         try:
             if opening is not None:
                 raise opening
-            if sender is None:
-                sender = await self._open_sender(lane)
+            assert w.sender is not None, "a sender is opened outside the send slot, first"
             async with asyncio.timeout(self._timeouts.send_timeout):
-                await sender.send(messages)
+                await w.sender.send(messages)
         except asyncio.CancelledError:
             # Shutdown mid-send: the outcome is unknown, so it must not be reported as stored.
             self._fail(groups, SendFailure(SHUTDOWN, "the gateway shut down during the send"))
             raise
         except TimeoutError:
-            await self._discard(lane, sender)
-            return None, SendFailure(
+            await self._discard(w)
+            return SendFailure(
                 TIMEOUT, f"no answer from Service Bus within {self._timeouts.send_timeout:g}s"
             )
         except SendFailure as failure:
             if failure.classification.recreate_sender:
-                await self._discard(lane, sender)
-                sender = None
-            return sender, failure
+                await self._discard(w)
+            return failure
         except Exception as exc:  # a bug in an adapter must fail the requests, not the worker
             log.exception("unexpected error sending to %s", lane.dest)
-            await self._discard(lane, sender)
-            return None, SendFailure(UNKNOWN, f"unexpected error: {type(exc).__name__}")
-        return sender, None
+            await self._discard(w)
+            return SendFailure(UNKNOWN, f"unexpected error: {type(exc).__name__}")
+        return None
 
-    async def _isolate(
-        self, lane: _Lane, sender: Sender | None, groups: list[_Group]
-    ) -> Sender | None:
+    async def _isolate(self, w: _Worker, groups: list[_Group]) -> None:
         """`groups` (several requests) were refused together because of a message in one of
         them (`message_fault`): send the halves again, and the halves of a half refused
         again, so every other request is stored (201) and only the offending one gets its
         4xx. One offender costs at most 2·⌈log2 n⌉ extra sends; all of them together at
         most `split_budget(n)`, after which the requests not yet told apart get 503
         `saturated` (retry; never counted toward failover). A half failing for another
-        reason (a timeout, say) settles with it as any batch does. Settles every group."""
+        reason (a timeout, say) settles with it as any batch does; a sender it made suspect
+        is reopened outside the send slot. Settles every group."""
+        lane = w.lane
         budget = split_budget(len(groups))
         mid = len(groups) // 2
         todo = [groups[mid:], groups[:mid]]  # a stack: the first half first
@@ -591,21 +603,28 @@ class Dispatcher:
             budget -= 1
             self._observer.batch_split(str(lane.dest))
             started = self._clock()
-            sender, failure = await self._attempt(lane, sender, part)
+            opening = await self._reopen(w) if w.sender is None else None
+            failure = await self._attempt(w, part, opening)
             if failure is not None and failure.classification.message_fault and len(part) > 1:
                 self._observe(lane, part, started, failure)
                 mid = len(part) // 2
                 todo += [part[mid:], part[:mid]]
                 continue
             self._settle(lane, part, started, failure)
-        return sender
 
-    async def _discard(self, lane: _Lane, sender: Sender | None) -> None:
+    async def _reopen(self, w: _Worker) -> BaseException | None:
+        """`_open` for a worker holding a send slot: it gives the slot back for the open."""
+        self._give_slot(w)
+        opening = await self._open(w)
+        await self._take_slot(w)
+        return opening
+
+    async def _discard(self, w: _Worker) -> None:
+        sender, w.sender = w.sender, None
         if sender is not None:
             self._senders.discard(sender)
-            self._observer.sender_recreated(str(lane.dest))
+            self._observer.sender_recreated(str(w.lane.dest))
             await _close_quietly(sender)
-        return None
 
     def _settle(
         self, lane: _Lane, groups: list[_Group], started: float, failure: SendFailure | None

@@ -20,7 +20,7 @@ from gateway.errors import (
     Saturated,
     SendFailure,
 )
-from tests.support.fakes import FakeClient, FakeSender, msg
+from tests.support.fakes import FakeClient, FakeSender, ReopensHang, msg
 from tests.support.waiting import eventually, next_tick, no_hang
 
 LIMITS = LimitSettings(
@@ -427,3 +427,37 @@ async def test_a_request_expired_during_an_open_takes_the_operators_retry_after(
         await d.send(Destination(client, "orders"), [msg("m")])
     assert info.value.classification is TIMEOUT and info.value.retry_after == 3.0
     client.opened_ok.set()
+
+
+async def test_a_sender_closed_while_its_worker_waits_for_a_slot_is_reopened_outside_it(make):
+    """A worker woken for work waits for a send slot while another entity's open closes its
+    idle sender (at `max_open_senders`); its reopen must not hold the slot, or one hanging
+    open would stall every entity behind it."""
+    client, release = ReopensHang(), asyncio.Event()
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        if path == "b":
+            await release.wait()
+
+    client.behaviour = behaviour
+    d = make(
+        LimitSettings(
+            max_in_flight=1, senders_per_entity=1, max_open_senders=2, admission_timeout=60.0
+        ),
+        TimeoutSettings(send_timeout=60, connect_timeout=60),
+    )
+    await d.send(Destination(client, "a"), [msg("a1")])
+    await next_tick()  # a's worker parks, its sender idle
+    b = asyncio.create_task(d.send(Destination(client, "b"), [msg("b1")]))
+    await eventually(lambda: "b1" in client.sent_ids())  # b holds the only slot
+    a = asyncio.create_task(d.send(Destination(client, "a"), [msg("a2")]))
+    await next_tick(5)  # a's worker wakes and waits for the slot
+    c = asyncio.create_task(d.send(Destination(client, "c"), [msg("c1")]))
+    await eventually(lambda: client.closed_senders == 1)  # c's open closed a's idle sender
+    release.set()
+    await b
+    async with no_hang("an entity's send while another's sender reopens and hangs"):
+        await c
+    client.reopen.set()
+    await a
+    assert sorted(client.sent_ids()) == ["a1", "a2", "b1", "c1"]

@@ -14,8 +14,8 @@ from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.dispatcher import Destination, Dispatcher, DispatchObserver, split_budget
 from gateway.core.message import OutboundMessage
 from gateway.errors import CONNECTION, MESSAGE_REFUSED, Saturated, SendFailure
-from tests.support.fakes import FakeClient, msg
-from tests.support.waiting import eventually
+from tests.support.fakes import FakeClient, ReopensHang, msg
+from tests.support.waiting import eventually, no_hang
 
 LIMITS = LimitSettings(senders_per_entity=1, admission_timeout=5.0, max_batch_messages=200)
 TIMEOUTS = TimeoutSettings(send_timeout=5.0, connect_timeout=1.0)
@@ -289,3 +289,44 @@ async def test_a_failed_open_is_reported_as_of_when_the_open_began() -> None:
         assert info.value.started == 1000.0
     finally:
         await d.close(grace=0.0)
+
+
+async def test_a_sender_a_bisection_made_suspect_is_reopened_outside_the_send_slot() -> None:
+    """A half that fails for the link's sake closes the sender; the next half's sender is
+    reopened with the send slot given back, so a reopen that hangs stalls no other entity."""
+    gate = asyncio.Event()
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        if path != "orders":
+            return
+        await gate.wait()
+        ids = {m.message_id for m in messages}
+        if "r1" in ids and len(ids) > 1:
+            raise SendFailure(MESSAGE_REFUSED, "amqp:decode-error")
+        if ids == {"r0"}:
+            raise SendFailure(CONNECTION, "the link is gone")
+
+    client = ReopensHang()
+    client.behaviour = behaviour
+    d = Dispatcher(LimitSettings(max_in_flight=1, senders_per_entity=1), TIMEOUTS)
+    dest = Destination(client, "orders")
+    try:
+        first = asyncio.create_task(d.send(dest, [msg("first")]))
+        await eventually(lambda: bool(client.batches), every=0, what="the first batch sent")
+        tasks = [asyncio.create_task(d.send(dest, [msg(f"r{i}")])) for i in range(4)]
+        gate.set()
+        await first
+        await client.reopening.wait()  # [r0] closed the sender; [r1]'s reopen hangs
+        async with no_hang("another entity's send while a bisection reopens its sender"):
+            await d.send(Destination(client, "other"), [msg("o")])
+        client.reopen.set()
+        outcomes = await _all_settled(tasks)
+    finally:
+        await d.close(grace=1.0)
+    assert [type(o).__name__ for o in outcomes] == [
+        "SendFailure",
+        "NoneType",
+        "NoneType",
+        "NoneType",
+    ]
+    assert client.sent_ids("orders")[-3:] == ["r1", "r2", "r3"]

@@ -31,7 +31,7 @@ from azure.servicebus.aio import ServiceBusSender
 from gateway.app import DISPATCHER, cleanup_bounds
 from gateway.config import LimitSettings, TimeoutSettings, load_settings
 from gateway.core.closing import CANCEL_GRACE, Closer
-from gateway.core.dispatcher import Destination, Dispatcher
+from gateway.core.dispatcher import Destination, Dispatcher, _State
 from gateway.servicebus.client import CLOSE_TIMEOUT, SdkSender
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
@@ -187,7 +187,9 @@ async def test_every_cleanup_context_ends_within_its_bound_after_a_namespace_fau
         ]
         dispatcher = gw.app[DISPATCHER]
         await eventually(
-            lambda: any(lane.opening or lane.busy for lane in dispatcher._lanes.values()),
+            lambda: any(
+                lane.has(_State.OPENING, _State.SENDING) for lane in dispatcher._lanes.values()
+            ),
             what="a send or an open in flight",
         )
         await _close_and_check(gw, ended, names, before | set(posts))

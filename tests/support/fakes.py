@@ -58,5 +58,22 @@ class FakeClient:
         return [i for p, ids in self.batches if path is None or p == path for i in ids]
 
 
+class ReopensHang(FakeClient):
+    """Opens each path's first sender at once; a later open of a path hangs until `reopen`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: set[str] = set()
+        self.reopening = asyncio.Event()
+        self.reopen = asyncio.Event()
+
+    async def open_sender(self, path: str) -> FakeSender:
+        if path in self.paths:
+            self.reopening.set()
+            await self.reopen.wait()
+        self.paths.add(path)
+        return await super().open_sender(path)
+
+
 def msg(i: int | str, size: int = 10, session: str | None = None) -> OutboundMessage:
     return OutboundMessage(body=b"x" * size, message_id=str(i), session_id=session)
