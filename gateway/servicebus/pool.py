@@ -13,7 +13,9 @@ pool builds the connection itself, exactly as the handler would (same SASL, TLS 
 properties and socket timeout, `connection_for`), and `bind` hands it to one sender: every
 time that sender (re)opens its link, it first asks its slot for a live connection, so a
 connection the broker dropped is replaced once and the SDK's own retry then succeeds on the
-new one, as it would on a private connection. Frames read by any handler on a connection are
+new one, as it would on a private connection. Its `$cbs` token links are the connection's
+one pair, shared by every handler on it (`gateway.servicebus.shared_cbs`, `Slot.cbs`): a
+handler adds only its session and its link. Frames read by any handler on a connection are
 dispatched by pyamqp to the session and link they belong to, so handlers polling one socket
 in turn see each other's dispositions (tests/broker/test_pooled_links.py holds this to the
 local broker).

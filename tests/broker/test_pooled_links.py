@@ -1,8 +1,8 @@
 """Contract: many sender links on a few shared AMQP connections (gateway.servicebus.pool).
 
-The real SDK (its handlers given our pooled connection) against the local broker, which must
-keep each handler's `$cbs` exchange on its own session: several handlers on one connection
-each put their token and wait for their own reply.
+The real SDK (its handlers given our pooled connection) against the local broker: several
+handlers on one connection each put their token over the connection's one `$cbs` link pair
+(gateway.servicebus.shared_cbs) and each sees its own reply.
 """
 
 from __future__ import annotations
