@@ -13,7 +13,9 @@ pool builds the connection itself, exactly as the handler would (same SASL, TLS 
 properties and socket timeout, `connection_for`), and `bind` hands it to one sender: every
 time that sender (re)opens its link, it first asks its slot for a live connection, so a
 connection the broker dropped is replaced once and the SDK's own retry then succeeds on the
-new one, as it would on a private connection. Frames read by any handler on a connection are
+new one, as it would on a private connection. Its `$cbs` token links are the connection's
+one pair, shared by every handler on it (`gateway.servicebus.shared_cbs`, `Slot.cbs`): a
+handler adds only its session and its link. Frames read by any handler on a connection are
 dispatched by pyamqp to the session and link they belong to, so handlers polling one socket
 in turn see each other's dispositions (tests/broker/test_pooled_links.py holds this to the
 local broker).
@@ -50,11 +52,12 @@ import certifi
 from azure.servicebus._common.utils import create_properties
 from azure.servicebus._pyamqp.aio import Connection
 from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport
-from azure.servicebus._pyamqp.constants import ConnectionState
+from azure.servicebus._pyamqp.constants import AUTH_TYPE_CBS, ConnectionState
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.aio._async_utils import create_authentication
 
 from gateway.servicebus import pyamqp_sharing
+from gateway.servicebus.shared_cbs import OPEN_TIMEOUT, SharedCbs, open_shared
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +95,11 @@ class Slot:
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
         self._frame = asyncio.Event()  # set (and replaced) each time the reader dispatched
-        # Each handler's view, by the session it began: who to wake for a session's frame.
-        self._views: weakref.WeakKeyDictionary[Any, _View] = weakref.WeakKeyDictionary()
+        # Each handler's view, by the session it began: who to wake for a session's frame
+        # (and the shared `$cbs` pair's session, which wakes no handler by itself).
+        self._views: weakref.WeakKeyDictionary[Any, _View | SharedCbs] = weakref.WeakKeyDictionary()
+        self._cbs: SharedCbs | None = None  # the connection's `$cbs` pair (`shared_cbs`)
+        self._cbs_lock = asyncio.Lock()
 
     @property
     def reading(self) -> bool:
@@ -103,8 +109,38 @@ class Slot:
         """A new handler's view of `conn` (this slot's connection)."""
         return _View(self, conn)
 
-    def watch(self, session: Any, view: _View) -> None:
+    def watch(self, session: Any, view: _View | SharedCbs) -> None:
         self._views[session] = view
+
+    async def cbs(self, conn: Connection) -> SharedCbs | None:
+        """The `$cbs` link pair of `conn` (this slot's connection) every handler on it puts
+        its token over, opened on first use; None (the handler opens its own, as the SDK
+        does) without a reader or when it failed to open within our deadline."""
+        shared = self._cbs
+        if shared is not None and shared.conn is conn and shared.usable:
+            return shared
+        if not self.reading or self._conn is not conn:
+            return None
+        async with self._cbs_lock:  # one opener; the others wait for its pair
+            shared = self._cbs
+            if shared is None or shared.conn is not conn or not shared.started or shared.failed:
+                shared = self._cbs = SharedCbs(conn)
+                self.watch(shared.session, shared)
+                await shared.begin()
+            elif shared.usable:
+                return shared
+            try:
+                async with asyncio.timeout(OPEN_TIMEOUT):
+                    if await shared.wait_open(self._next_frame):
+                        return shared
+            except TimeoutError:
+                pass
+            log.warning("namespace %s: connection %d has no $cbs pair", self._pool.name, self.index)
+            self._cbs = None  # the next open tries a new one
+            return None
+
+    async def _next_frame(self) -> None:
+        await self._frame.wait()
 
     @property
     def open(self) -> bool:
@@ -130,6 +166,7 @@ class Slot:
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
+        self._cbs = None
         await self._stop_reader()
         if conn is not None:
             await _close_quietly(conn)
@@ -340,6 +377,7 @@ class ConnectionPool:
             create_handler(auth)
             sender._connection = pending[0] if pending else None
             _ready_at_once(sender._handler)
+            _share_cbs(slot, sender._handler)
 
         patched: Any = sender  # instance attributes shadowing the SDK's methods
         patched._open = _open
@@ -401,6 +439,24 @@ def _ready_at_once(handler: Any) -> None:
         return True
 
     handler.client_ready_async = client_ready_async
+
+
+def _share_cbs(slot: Slot, handler: Any) -> None:
+    """Make `handler.open_async` put its token over its connection's shared `$cbs` pair
+    (`gateway.servicebus.shared_cbs`), or open its own where there is none."""
+    open_async: Any = handler.open_async
+
+    async def shared_open_async(connection: Any = None) -> None:
+        if connection is None or handler._session or handler._auth.auth_type != AUTH_TYPE_CBS:
+            await open_async(connection)
+            return
+        shared = await slot.cbs(connection._conn)
+        if shared is None:
+            await open_async(connection)
+            return
+        await open_shared(handler, connection, shared, lambda: slot.cbs(connection._conn))
+
+    handler.open_async = shared_open_async
 
 
 async def _close_quietly(conn: Connection) -> None:

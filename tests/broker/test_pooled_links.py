@@ -1,19 +1,26 @@
 """Contract: many sender links on a few shared AMQP connections (gateway.servicebus.pool).
 
-The real SDK (its handlers given our pooled connection) against the local broker, which must
-keep each handler's `$cbs` exchange on its own session: several handlers on one connection
-each put their token and wait for their own reply.
+The real SDK (its handlers given our pooled connection) against the local broker: several
+handlers on one connection each put their token over the connection's one `$cbs` link pair
+(gateway.servicebus.shared_cbs) and each sees its own reply.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from azure.servicebus._pyamqp.constants import CbsState
+from azure.servicebus.exceptions import ServiceBusAuthenticationError
 
 from gateway.core.message import OutboundMessage
+from gateway.errors import FailureKind, SendFailure
 from gateway.servicebus.client import SdkNamespaceClient, SdkSender
+from gateway.servicebus.shared_cbs import SharedCbsAuthenticator
+from sblocal import sas
 from sblocal.config import NamespaceConfig, QueueConfig
 from sblocal.server import LocalBroker
 from sblocal.testing import ControlClient
@@ -104,3 +111,104 @@ async def test_a_dropped_connection_is_replaced_and_the_send_retried_on_the_new_
     await _census_is(control, connections=2, send_links=4)
     for s in senders:
         await s.close()
+
+
+async def test_each_connection_carries_one_cbs_link_pair_for_every_audience(
+    pooled: SdkNamespaceClient, control: ControlClient, broker: LocalBroker
+) -> None:
+    """Every sender's put-token goes over its connection's one `$cbs` pair
+    (gateway.servicebus.shared_cbs): per connection, a session and two links for `$cbs`,
+    then one session and one link per sender."""
+    senders = await asyncio.gather(*(pooled.open_sender(q) for q in QUEUES))
+    await asyncio.gather(*(s.send([_msg(i)]) for i, s in enumerate(senders)))
+    await _census_is(
+        control,
+        connections=2,
+        send_links=len(QUEUES),
+        links=len(QUEUES) + 2 * 2,
+        sessions=len(QUEUES) + 2,
+    )
+    assert broker.namespace("primary").counters.cbs_tokens == len(QUEUES)
+    # Closing senders leaves the pair to the others.
+    await asyncio.gather(*(s.close() for s in senders[:20]))
+    await asyncio.gather(*(s.send([_msg(1)]) for s in senders[20:]))
+    await _census_is(control, connections=2, send_links=4, links=4 + 2 * 2)
+    again = await pooled.open_sender(QUEUES[0])
+    await again.send([_msg(2)])
+    assert await _stored(control) == len(QUEUES) + 4 + 1
+    for s in (again, *senders[20:]):
+        await s.close()
+
+
+async def test_a_token_is_refreshed_over_the_shared_pair_before_it_expires(
+    pooled: SdkNamespaceClient, broker: LocalBroker, control: ControlClient
+) -> None:
+    """The SDK's own refresh (`handle_token`: within the last 10% of the token's life) puts
+    a new token for that audience over the connection's pair, and the send goes on."""
+    senders = [await pooled.open_sender(q) for q in QUEUES[:2]]
+    await asyncio.gather(*(s.send([_msg(1)]) for s in senders))
+    counters = broker.namespace("primary").counters
+    assert counters.cbs_tokens == 2
+    auth: Any = senders[0]._sender._handler._cbs_authenticator
+    assert isinstance(auth, SharedCbsAuthenticator)
+    # As if the token had been put long ago: the next send's check finds it due.
+    auth._expires_on = int(time.time()) + 5
+    auth._refresh_window = 60
+    await senders[0].send([_msg(2)])
+    assert counters.cbs_tokens == 3
+    assert auth._expires_on > int(time.time()) + 600  # the new token's
+    await senders[1].send([_msg(3)])
+    assert counters.cbs_tokens == 3 and await _stored(control) == 4
+    for s in senders:
+        await s.close()
+
+
+async def test_a_refused_put_token_fails_only_that_open(broker: LocalBroker) -> None:
+    """A token that does not cover one entity: its open fails as the SDK's own `$cbs` pair
+    fails it (`ServiceBusAuthenticationError`), and the other entities on the same
+    connection, and the pair, go on."""
+    from gateway.config import NamespaceSettings, Secret, TimeoutSettings
+
+    key_name, key = broker._key("primary")
+    host = f"localhost:{broker.amqp_port('primary')}"
+    token = sas.sign(f"sb://{host}/q0", key_name, key, int(time.time()) + 3600)
+    conn_str = f"Endpoint=sb://{host};SharedAccessSignature={token};UseDevelopmentEmulator=true;"
+    ns = NamespaceSettings(name="primary", connection_string=Secret(conn_str))
+    client = SdkNamespaceClient(ns, TimeoutSettings(sdk_retry_total=0), connections=1)
+    try:
+        ok = await client.open_sender("q0")
+        await ok.send([_msg(1)])
+        with pytest.raises(SendFailure) as refused:
+            await client.open_sender("q1")
+        assert isinstance(refused.value.__cause__, ServiceBusAuthenticationError)
+        assert refused.value.kind == FailureKind.UNAUTHORIZED
+        await ok.send([_msg(3)])
+        # A new put-token on the same pair is still answered.
+        again = await client.open_sender("q0")
+        await again.send([_msg(4)])
+        counters = broker.namespace("primary").counters
+        assert counters.cbs_rejected == 1 and counters.cbs_tokens == 2
+        assert counters.messages_received == 3
+        assert client.pool.open_connections() == 1
+    finally:
+        await client.close()
+
+
+async def test_a_failed_pair_is_replaced_and_the_refresh_put_on_the_new_one(
+    pooled: SdkNamespaceClient, broker: LocalBroker, control: ControlClient
+) -> None:
+    sender = await pooled.open_sender(QUEUES[0])
+    await sender.send([_msg(1)])
+    auth: Any = sender._sender._handler._cbs_authenticator
+    old = auth._shared
+    # As when the broker detaches `$cbs` (`ManagementLink` then reports an error).
+    await old.link.close()
+    old.state = CbsState.ERROR
+    auth._expires_on = int(time.time()) + 5
+    auth._refresh_window = 60
+    await sender.send([_msg(2)])
+    assert auth._shared is not old and auth._shared.usable
+    assert broker.namespace("primary").counters.cbs_tokens == 2
+    assert await _stored(control) == 2
+    await _census_is(control, send_links=1, links=1 + 2)
+    await sender.close()

@@ -2,8 +2,9 @@
 
 gateway/servicebus/pyamqp_sharing.py replaces or wraps a few pyamqp methods, and
 gateway/servicebus/pool.py drives the SDK's sender and pyamqp's connection below their
-public API; both were checked against this exact code (azure-servicebus 7.15.0). A change
-here means: re-read the function, re-check those two modules, update the hash.
+public API, and gateway/servicebus/shared_cbs.py the SDK's CBS authenticator and `$cbs`
+link pair; all were checked against this exact code (azure-servicebus 7.15.0). A change
+here means: re-read the function, re-check those modules, update the hash.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 from azure.servicebus._pyamqp import _encode
 from azure.servicebus._pyamqp.aio import Connection
+from azure.servicebus._pyamqp.aio._cbs_async import CBSAuthenticator
 from azure.servicebus._pyamqp.aio._client_async import AMQPClientAsync, SendClientAsync
+from azure.servicebus._pyamqp.aio._management_link_async import ManagementLink
 from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport, AsyncTransportMixin
 from azure.servicebus._pyamqp.performatives import FlowFrame, TransferFrame
 from azure.servicebus.aio import ServiceBusSender
@@ -84,6 +87,22 @@ RELIED_ON: dict[str, str] = {
     "AsyncTransportMixin.read": "cce3f7da868bc405",
     "AsyncTransportMixin.write": "59781c195270c175",
     "AsyncTransport._write": "7efff3e8d7d05df2",
+    "CBSAuthenticator.__init__": "35652ec43ff6bcbc",
+    "CBSAuthenticator._put_token": "d4ad58c3d563498c",
+    "CBSAuthenticator._on_execute_operation_complete": "2d04a57ba98da5fd",
+    "CBSAuthenticator._update_status": "23c32a8a2c9654e1",
+    "CBSAuthenticator._cbs_link_ready": "10e83a15cbb86497",
+    "CBSAuthenticator.open": "1aeb62633d544dfb",
+    "CBSAuthenticator.close": "ae3c7cbbaaba25c2",
+    "CBSAuthenticator.update_token": "4d70b3272c006097",
+    "CBSAuthenticator.handle_token": "f1872de4986d6d1f",
+    "ManagementLink.__init__": "a279309491ba8b8f",
+    "ManagementLink.open": "35e93a3a70447581",
+    "ManagementLink.execute_operation": "7722624197b67c86",
+    "ManagementLink.cancel_operation": "d75cb0c19b13fb25",
+    "ManagementLink._on_message_received": "8a8835464b1a4c6e",
+    "ManagementLink._on_send_complete": "cf7c67167313a9a4",
+    "AMQPClientAsync._keep_alive_async": "7257c34b2981cd2b",
 }
 
 
@@ -105,6 +124,24 @@ def _relied_on() -> dict[str, Any]:
         "AsyncTransportMixin.read": AsyncTransportMixin.read,
         "AsyncTransportMixin.write": AsyncTransportMixin.write,
         "AsyncTransport._write": AsyncTransport._write,
+        "CBSAuthenticator.__init__": CBSAuthenticator.__init__,
+        "CBSAuthenticator._put_token": CBSAuthenticator._put_token,
+        "CBSAuthenticator._on_execute_operation_complete": (
+            CBSAuthenticator._on_execute_operation_complete
+        ),
+        "CBSAuthenticator._update_status": CBSAuthenticator._update_status,
+        "CBSAuthenticator._cbs_link_ready": CBSAuthenticator._cbs_link_ready,
+        "CBSAuthenticator.open": CBSAuthenticator.open,
+        "CBSAuthenticator.close": CBSAuthenticator.close,
+        "CBSAuthenticator.update_token": CBSAuthenticator.update_token,
+        "CBSAuthenticator.handle_token": CBSAuthenticator.handle_token,
+        "ManagementLink.__init__": ManagementLink.__init__,
+        "ManagementLink.open": ManagementLink.open,
+        "ManagementLink.execute_operation": ManagementLink.execute_operation,
+        "ManagementLink.cancel_operation": ManagementLink.cancel_operation,
+        "ManagementLink._on_message_received": ManagementLink._on_message_received,
+        "ManagementLink._on_send_complete": ManagementLink._on_send_complete,
+        "AMQPClientAsync._keep_alive_async": AMQPClientAsync._keep_alive_async,
     }
 
 
