@@ -10,12 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from gateway.servicebus.drain import drain
 from pipeline.cli import main as audit
 from tests.conftest import GatewayFactory
 
 BACKLOGS = [f"primary/x-servicebus-transfer/{i}" for i in range(2)]
+# Spark on two shared cores: the audit alone took 95 s on a loaded machine. A timeout that
+# fires inside a Spark call leaves the session's py4j connection broken for every later test.
+pytestmark = pytest.mark.timeout(600)
 
 
 async def test_load_then_drain_then_audit_finds_nothing_lost(
