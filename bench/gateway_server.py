@@ -86,6 +86,65 @@ def gateway_runner(app: web.Application, settings: Settings) -> web.AppRunner:
     return HardenedAppRunner(app, settings=settings, **kwargs)
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _mallinfo() -> dict[str, int]:
+    """glibc's heap accounts (`mallinfo2`): `arena` bytes from brk, `hblkhd` from mmap,
+    `uordblks` in use, `fordblks` free but kept; empty off glibc."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+            ).split()
+        ]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+    except (OSError, AttributeError):
+        return {}
+    info = libc.mallinfo2()
+    return {
+        f"malloc_{name}": getattr(info, name)
+        for name in ("arena", "hblkhd", "uordblks", "fordblks")
+    }
+
+
+def _memory_accounts() -> dict[str, int]:
+    """Where the process's memory is: RSS, glibc's heap, Python's blocks, threads."""
+    import sys
+    import threading
+
+    return {
+        "rss": _rss(),
+        **_mallinfo(),
+        "python_blocks": sys.getallocatedblocks(),
+        "threads": threading.active_count(),
+        "os_threads": len(os.listdir("/proc/self/task")),
+    }
+
+
+def _trimmed() -> dict[str, int]:
+    """RSS after a full collection and glibc's `malloc_trim(0)` (free heap pages given back):
+    how much of the RSS was memory kept free rather than held."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    collected = _rss()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return {"rss_after_gc": collected}
+    return {"rss_after_gc": collected, "rss_after_trim": _rss()}
+
+
 def _snapshots(loop: asyncio.AbstractEventLoop) -> None:
     """``BENCH_MEMDUMP=<prefix>``: on each SIGUSR1, write the live objects' counts by type
     (``<prefix>.<n>.types.json``) and, with ``BENCH_TRACEMALLOC=1`` (allocations traced from
@@ -104,8 +163,12 @@ def _snapshots(loop: asyncio.AbstractEventLoop) -> None:
     def dump() -> None:
         nonlocal taken
         taken += 1
+        memory = _memory_accounts()
         if tracemalloc.is_tracing():
+            # Read before the snapshot, whose own making would be the peak.
+            memory["traced"], memory["traced_peak"] = tracemalloc.get_traced_memory()
             tracemalloc.take_snapshot().dump(f"{prefix}.{taken}.snap")
+            tracemalloc.reset_peak()  # the next dump's peak: the highest since this one
         before = Counter(type(o).__qualname__ for o in gc.get_objects())
         collected = gc.collect()  # what only the cycle collector frees
         objects = gc.get_objects()
@@ -128,6 +191,7 @@ def _snapshots(loop: asyncio.AbstractEventLoop) -> None:
                         **dict(types.most_common(200)),
                         "_lanes": lanes,
                         "_cycles": {"collected": collected, **garbage},
+                        "_memory": {**memory, **_trimmed()},
                     }
                 )
             )
@@ -175,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sink", choices=("null", "sdk"), default="null")
     args = parser.parse_args(argv)
     try:
+        if os.environ.get("BENCH_LOOP") == "asyncio":  # asyncio's own loop, to compare
+            raise ImportError("BENCH_LOOP=asyncio")
         import uvloop
     except ImportError:
         asyncio.run(serve(args.mode, args.sink))

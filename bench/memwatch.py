@@ -131,6 +131,18 @@ def compare_dumps(prefix: Path, before: int, after: int, top: int = 12) -> list[
     cycles = new_types.pop("_cycles", {})
     old_types.pop("_lanes", None)
     old_types.pop("_cycles", None)
+    memory = new_types.pop("_memory", {})
+    old_memory = old_types.pop("_memory", {})
+    if memory:
+        lines.append(
+            "memory (dump 1 -> dump 2, MiB): "
+            + ", ".join(
+                f"{k} {old_memory.get(k, 0) / MiB:.1f} -> {v / MiB:.1f}"
+                if k not in ("python_blocks", "threads", "os_threads")
+                else f"{k} {old_memory.get(k, 0):,} -> {v:,}"
+                for k, v in memory.items()
+            )
+        )
     if cycles:
         lines.append(
             "freed only by the cycle collector: "

@@ -89,6 +89,23 @@ def _fmt(counts: Counter[str]) -> str:
     return ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items())) or "nothing"
 
 
+async def _ride_out(
+    down: float, outage: float, rss: RssSampler, log: Any, dump: int | None
+) -> None:
+    """Until the outage ends, log RSS every tenth of it (at least 10 s); with `dump` (the
+    gateway's pid), have it dump its memory 20 s in, where RSS climbs (dump 2)."""
+    step = max(10.0, outage / 10)
+    mid = dump is not None
+    while (left := down + outage - time.monotonic()) > 0:
+        await asyncio.sleep(min(step, left, 20.0) if mid else min(step, left))
+        if mid and dump is not None:
+            mid = False
+            os.kill(dump, signal.SIGUSR1)  # dump 2
+        if left > step:
+            now = rss.sample() or 0
+            log(f"  {time.monotonic() - down:5.0f} s: RSS {now / MiB:.1f} MiB")
+
+
 async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, Any]:
     ping = args.ping_interval or DEFAULT_PING_INTERVAL
     after = args.after if args.after is not None else ping + 30.0
@@ -140,14 +157,10 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                     for ns in NAMESPACES:
                         await e2e.control.down(ns)
                     log(f"both namespaces down (RSS {baseline / MiB:.1f} MiB)")
-                    step = max(10.0, outage / 10)
-                    while (left := down + outage - time.monotonic()) > 0:
-                        await asyncio.sleep(min(step, left))
-                        if left > step:
-                            now = rss.sample() or 0
-                            log(f"  {time.monotonic() - down:5.0f} s: RSS {now / MiB:.1f} MiB")
+                    dump = e2e.gateway.pid if "BENCH_MEMDUMP" in extra else None
+                    await _ride_out(down, outage, rss, log, dump)
                     if "BENCH_MEMDUMP" in extra:
-                        os.kill(e2e.gateway.pid, signal.SIGUSR1)  # dump 2
+                        os.kill(e2e.gateway.pid, signal.SIGUSR1)  # dump 3
                         await asyncio.sleep(5.0)  # a dump takes a while
                     for ns in NAMESPACES:
                         await e2e.control.up(ns)
@@ -208,8 +221,11 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
     log(f"gateway CPU {gateway_cpu:.1f} s over {end - load.started:.0f} s")
     log(f"-> correctness: {check}")
     if args.memdump or args.tracemalloc:
-        log("what grew in the gateway from the outage's start to its end:")
+        log("what grew in the gateway from the outage's start to 20 s in:")
         for line in compare_dumps(dumps, 1, 2):
+            log(f"  {line}")
+        log("what grew in the gateway from the outage's start to its end:")
+        for line in compare_dumps(dumps, 1, 3):
             log(f"  {line}")
 
     origin = rss.samples[0][0]

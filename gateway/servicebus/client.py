@@ -13,7 +13,9 @@ on a pooled sender is sent by `gateway.servicebus.lean`, everything else by `sen
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import ssl
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -171,6 +173,18 @@ class SdkSender:
                 release()
 
 
+@functools.cache
+def tls_context(cafile: str | None = None) -> ssl.SSLContext:
+    """The TLS context of every AMQP connection: the SDK's own choice (certificates checked
+    against certifi's bundle, or `cafile`, the SDK's ``connection_verify``), built once.
+    Left to the SDK, each connection attempt builds one and loads the whole bundle into it:
+    while a namespace is away, the reconnects in flight held tens of MiB of OpenSSL memory
+    at once, and the freed memory stayed in the process (docs/performance.md, outage)."""
+    import certifi
+
+    return ssl.create_default_context(cafile=cafile or certifi.where())
+
+
 class SdkNamespaceClient:
     """A `NamespaceClient` over one `ServiceBusClient`.
 
@@ -196,6 +210,8 @@ class SdkNamespaceClient:
             "retry_backoff_max": 2.0,
             **sdk_kwargs,
         }
+        if "ssl_context" not in retry:  # one per process, not one per connection attempt
+            retry["ssl_context"] = tls_context(retry.pop("connection_verify", None))
         if settings.connection_string is not None:
             self._client = ServiceBusClient.from_connection_string(
                 settings.connection_string.get(), **retry

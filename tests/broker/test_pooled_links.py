@@ -8,6 +8,7 @@ handlers on one connection each put their token over the connection's one `$cbs`
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -76,6 +77,26 @@ async def test_many_sender_links_share_the_pools_connections(
         await asyncio.gather(*(s.send([_msg(i), _msg(i + 1)]) for i, s in enumerate(senders)))
     assert await _stored(control) == 3 * 3 * len(QUEUES)
     assert (await control.connections("primary"))["connections"] == 2
+    await asyncio.gather(*(s.close() for s in senders))
+
+
+async def test_connections_share_one_tls_context_instead_of_loading_the_cas_each(
+    pooled: SdkNamespaceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK, given no `ssl_context`, builds one per connection attempt and loads the whole
+    # CA bundle into it (millions of small C allocations): during an outage, reconnects in
+    # flight at once held ~50 MiB of OpenSSL memory and fragmented the heap.
+    loads: list[object] = []
+    load = ssl.SSLContext.load_verify_locations
+
+    def counted(self: ssl.SSLContext, *args: object, **kwargs: object) -> None:
+        loads.append(args)
+        load(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    senders = await asyncio.gather(*(pooled.open_sender(q) for q in QUEUES[:4]))
+    assert pooled.pool.open_connections() == 2
+    assert loads == []
     await asyncio.gather(*(s.close() for s in senders))
 
 
