@@ -109,8 +109,10 @@ async def test_expiring_credentials_are_renewed_before_expiry_without_a_disconne
     else:
         server: RedisServer = request.getfixturevalue("tls_server")
         servers, url, ca = [server], server.tls_url, str(server.ca_file)
-    # Renewal starts `margin` before expiry: wide enough that a loaded machine still renews in time.
-    providers = [RotatingAclUsers(servers, lifetime=3.0, margin=1.5) for _ in range(2)]
+    # Renewal starts `margin` before expiry and closes the old connections one `op_timeout`
+    # (FAST: 1 s) after switching to the new ones: the margin leaves room for both, and for
+    # opening the new ones on a loaded machine.
+    providers = [RotatingAclUsers(servers, lifetime=4.0, margin=2.5) for _ in range(2)]
     targets = [
         RedisTarget(url, mode=mode, ca_file=ca, credential_provider=p)  # type: ignore[arg-type]
         for p in providers
