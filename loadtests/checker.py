@@ -111,22 +111,22 @@ def _count_copies(
         note("backlog_shadow", mid)
 
 
-def check(
-    acks: Iterable[Ack],
-    delivered: Iterable[dict[str, Any]],
-    *,
-    injected: Iterable[str] = (),
-    example_limit: int = 5,
-) -> Verdict:
-    v = Verdict()
-    acked_entity: dict[str, str] = {}
-    acked_route: dict[str, str | None] = {}
-    unknown_outcome: set[str] = set()
-    sent: set[str] = set()
+@dataclass
+class _Sent:
+    """What the acknowledgements say was sent, and how each attempt ended."""
+
+    entity: dict[str, str] = field(default_factory=dict)  # acked id -> entity (lower case)
+    route: dict[str, str | None] = field(default_factory=dict)  # acked id -> route
+    unknown_outcome: set[str] = field(default_factory=set)  # indeterminate or failed
+    ids: set[str] = field(default_factory=set)  # every id sent
+
+
+def _tally(acks: Iterable[Ack], v: Verdict) -> _Sent:
+    sent = _Sent()
     latencies: list[float] = []
     for a in acks:
         v.attempts += 1
-        sent.add(a.message_id)
+        sent.ids.add(a.message_id)
         if a.status is not None and a.status >= 500:
             v.status_5xx += 1
         elif a.status is not None and 400 <= a.status < 500:
@@ -134,32 +134,28 @@ def check(
         if a.outcome == "indeterminate":
             v.indeterminate += 1
         if a.outcome in ("indeterminate", "failed"):
-            unknown_outcome.add(a.message_id)
+            sent.unknown_outcome.add(a.message_id)
         if a.latency_ms is not None:
             latencies.append(a.latency_ms)
         if a.outcome == "acked":
-            acked_entity[a.message_id] = a.entity.lower()
-            acked_route[a.message_id] = a.route
+            sent.entity[a.message_id] = a.entity.lower()
+            sent.route[a.message_id] = a.route
     v.p50_ms = _percentile(latencies, 0.50)
     v.p99_ms = _percentile(latencies, 0.99)
+    return sent
 
-    copies: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for rec in delivered:
-        mid = rec.get("message_id")
-        if mid is not None:
-            copies[str(mid)].append(rec)
 
-    examples: dict[str, list[str]] = defaultdict(list)
-
-    def note(kind: str, mid: str) -> None:
-        if len(examples[kind]) < example_limit:
-            examples[kind].append(mid)
-
-    injected_set = set(injected)
-    v.acked = len(acked_entity)
+def _check_acked(
+    v: Verdict,
+    sent: _Sent,
+    copies: dict[str, list[dict[str, Any]]],
+    note: Callable[[str, str], None],
+) -> None:
+    """Every acknowledged message: delivered once, to its entity, live or expired."""
+    v.acked = len(sent.entity)
     routes: Counter[str] = Counter()
-    for mid, entity in acked_entity.items():
-        routes[acked_route.get(mid) or "?"] += 1
+    for mid, entity in sent.entity.items():
+        routes[sent.route.get(mid) or "?"] += 1
         found = copies.get(mid, [])
         if not found:
             v.lost += 1
@@ -182,20 +178,54 @@ def check(
             v.in_backlog += 1
     v.routes = dict(routes)
 
+
+def _check_unacked(
+    v: Verdict,
+    sent: _Sent,
+    copies: dict[str, list[dict[str, Any]]],
+    injected: set[str],
+    note: Callable[[str, str], None],
+) -> None:
+    """Every delivered message nobody acknowledged: sent with an unknown outcome, or not at all."""
     for mid, found in copies.items():
-        if mid in acked_entity:
+        if mid in sent.entity:
             continue
-        if mid not in sent:
-            if mid not in injected_set:
+        if mid not in sent.ids:
+            if mid not in injected:
                 v.phantoms += 1
                 note("phantom", mid)
             continue
         _count_copies(v, mid, found, note)
-        if mid in unknown_outcome:
+        if mid in sent.unknown_outcome:
             v.unexpected += 1
         else:
             v.unexpected_violations += 1
             note("unexpected_violation", mid)
-    v.not_acked = len(sent - set(acked_entity) - set(copies))
+    v.not_acked = len(sent.ids - set(sent.entity) - set(copies))
+
+
+def check(
+    acks: Iterable[Ack],
+    delivered: Iterable[dict[str, Any]],
+    *,
+    injected: Iterable[str] = (),
+    example_limit: int = 5,
+) -> Verdict:
+    v = Verdict()
+    sent = _tally(acks, v)
+    copies: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for rec in delivered:
+        mid = rec.get("message_id")
+        if mid is not None:
+            copies[str(mid)].append(rec)
+
+    examples: dict[str, list[str]] = defaultdict(list)
+
+    def note(kind: str, mid: str) -> None:
+        if len(examples[kind]) < example_limit:
+            examples[kind].append(mid)
+
+    _check_acked(v, sent, copies, note)
+    _check_unacked(v, sent, copies, set(injected), note)
     v.examples = dict(examples)
     return v
