@@ -643,44 +643,57 @@ def render_table(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def _report(row: Row) -> None:
+    """Print one result row: its ratio, its rates and their notes, and starvation warnings."""
+    cpu_text = f"  (CPU-cost ratio {row.cpu_ratio_text})" if row.cpu_ratio_text else ""
+    if row.together_text:
+        cpu_text += f"  (simultaneous CPU-cost ratio {row.together_text})"
+    _log(
+        f"-> {row.name}: {row.ratio_text or 'n/a'}{cpu_text}  goal {row.goal}  met: {_fmt_met(row)}"
+    )
+    for r in row.rates:
+        _log(f"   {r.describe()}")
+        for note in r.notes:
+            _log(f"     note: {note}")
+    for d in row.detail:
+        _log(f"   {d}")
+    for r in row.starved:
+        _log(
+            f"   WARNING: {r.label}: the {r.subject} kept its CPU only {r.share:.0%} busy "
+            "while CPU-bound: other work is running on this machine, and rates (more "
+            "than the CPU-cost ratio) are unreliable. Rerun when it is quiet."
+        )
+
+
+async def _guarded(
+    names: Sequence[str], title: str, job: Callable[[], Awaitable[list[Row]]]
+) -> list[Row]:
+    """Run one benchmark group and report its rows; a failure becomes rows that say so."""
+    _log(f"\n== {title}")
+    started = time.monotonic()
+    try:
+        got = await job()
+    except Exception as exc:  # report the failure in the table and go on with the rest
+        traceback.print_exc()
+        got = [Row(name=n.upper(), title=title, goal="", error=repr(exc)) for n in names]
+    for row in got:
+        _report(row)
+    _log(f"   ({time.monotonic() - started:.0f} s)")
+    return got
+
+
 async def main_async(p: Params, which: set[str], cores: Cores) -> list[Row]:
     rows: list[Row] = []
-
-    def log(line: str) -> None:
-        print(line, flush=True)
+    log = _log
 
     async def guarded(
         names: Sequence[str], title: str, job: Callable[[], Awaitable[list[Row]]]
     ) -> None:
-        log(f"\n== {title}")
-        started = time.monotonic()
-        try:
-            got = await job()
-        except Exception as exc:  # report the failure in the table and go on with the rest
-            traceback.print_exc()
-            got = [Row(name=n.upper(), title=title, goal="", error=repr(exc)) for n in names]
-        for row in got:
-            cpu_text = f"  (CPU-cost ratio {row.cpu_ratio_text})" if row.cpu_ratio_text else ""
-            if row.together_text:
-                cpu_text += f"  (simultaneous CPU-cost ratio {row.together_text})"
-            log(
-                f"-> {row.name}: {row.ratio_text or 'n/a'}{cpu_text}  goal {row.goal}  "
-                f"met: {_fmt_met(row)}"
-            )
-            for r in row.rates:
-                log(f"   {r.describe()}")
-                for note in r.notes:
-                    log(f"     note: {note}")
-            for d in row.detail:
-                log(f"   {d}")
-            for r in row.starved:
-                log(
-                    f"   WARNING: {r.label}: the {r.subject} kept its CPU only {r.share:.0%} busy "
-                    "while CPU-bound: other work is running on this machine, and rates (more "
-                    "than the CPU-cost ratio) are unreliable. Rerun when it is quiet."
-                )
-        log(f"   ({time.monotonic() - started:.0f} s)")
-        rows.extend(got)
+        rows.extend(await _guarded(names, title, job))
 
     if "p1" in which:
 

@@ -33,6 +33,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,33 @@ async def _ride_out(
             log(f"  {time.monotonic() - down:5.0f} s: RSS {now / MiB:.1f} MiB")
 
 
+@dataclass
+class _Run:
+    """What one outage run measured, for the report."""
+
+    ping: float
+    after: float
+    outage: float
+    dumps: Path
+    rss: RssSampler
+    result: dict[str, Any]
+    started: float  # when the load began
+    down: float
+    up: float
+    end: float
+    first: int  # RSS at start
+    baseline: int  # RSS when the outage began
+    last: int  # RSS at the end
+    gateway_cpu: float
+    check: str
+
+
 async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, Any]:
+    return _report(args, await _measure(args, cores, log), log)
+
+
+async def _measure(args: argparse.Namespace, cores: Cores, log: Any) -> _Run:
+    """Load the gateway, take both namespaces down for the outage, bring them back."""
     ping = args.ping_interval or DEFAULT_PING_INTERVAL
     after = args.after if args.after is not None else ping + 30.0
     outage = args.minutes * 60.0
@@ -177,7 +204,31 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                 await rss.close()
     finally:
         await asyncio.to_thread(redis.close)
+    return _Run(
+        ping=ping,
+        after=after,
+        outage=outage,
+        dumps=dumps,
+        rss=rss,
+        result=result,
+        started=load.started,
+        down=down,
+        up=up,
+        end=end,
+        first=first,
+        baseline=baseline,
+        last=last,
+        gateway_cpu=gateway_cpu,
+        check=check,
+    )
 
+
+def _report(args: argparse.Namespace, run: _Run, log: Any) -> dict[str, Any]:
+    """Print the outage's results, plot its RSS curve and write them as JSON."""
+    ping, after, outage, dumps = run.ping, run.after, run.outage, run.dumps
+    rss, result, down, up, end = run.rss, run.result, run.down, run.up, run.end
+    first, baseline, last = run.first, run.baseline, run.last
+    gateway_cpu, check = run.gateway_cpu, run.check
     peak = max(rss.between(down, end), default=baseline)
     growth = peak - baseline
     recovery = _recovery(result, up)
@@ -186,7 +237,7 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
         recovery["first_primary"],
         recovery["last_bad"],
     )
-    before = _counts(result, load.started, down)
+    before = _counts(result, run.started, down)
     during = _counts(result, down, up)
     after_counts = _counts(result, up, end)
 
@@ -218,7 +269,7 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
         f"peak {peak / MiB:.1f}, {last / MiB:.1f} at the end: growth {growth / MiB:+.1f} MiB "
         f"(goal ≤ 64): {'yes' if growth <= GOAL_RSS else 'NO'}"
     )
-    log(f"gateway CPU {gateway_cpu:.1f} s over {end - load.started:.0f} s")
+    log(f"gateway CPU {gateway_cpu:.1f} s over {end - run.started:.0f} s")
     log(f"-> correctness: {check}")
     if args.memdump or args.tracemalloc:
         log("what grew in the gateway from the outage's start to 20 s in:")

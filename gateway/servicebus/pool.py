@@ -83,6 +83,22 @@ def _alive(conn: Connection) -> bool:
     return conn._error is None and conn.state not in _DEAD
 
 
+def _lock_writes(transport: Any) -> None:
+    """Give `transport`'s writes a lock of their own, so a send never waits for a read."""
+    write_lock = asyncio.Lock()
+    raw_write: Any = transport._write
+
+    async def write(data: bytes) -> None:
+        async with write_lock:
+            try:
+                await raw_write(data)
+            except OSError:
+                transport.connected = False
+                raise
+
+    transport.write = write  # the instance's own `write` shadows the class's
+
+
 class Slot:
     """One connection of the pool and the number of links bound to it."""
 
@@ -178,22 +194,19 @@ class Slot:
         transport: Any = conn._transport
         if not isinstance(transport, AsyncTransport):
             return
-        write_lock = asyncio.Lock()
-        raw_write: Any = transport._write
-
-        async def write(data: bytes) -> None:
-            async with write_lock:
-                try:
-                    await raw_write(data)
-                except OSError:
-                    transport.connected = False
-                    raise
-
-        wire: Any = transport  # the instance's own `write` shadows the class's
-        wire.write = write
+        _lock_writes(transport)
         patched: Any = conn
         read: Any = patched.listen  # pyamqp's own, for the reader
-        socket_timeout = patched._socket_timeout
+        patched.listen = self._listen_for(conn, read)
+        patched._process_incoming_frame = self._waking(conn)
+        self._reader = asyncio.create_task(
+            self._read(conn, read), name=f"amqp reader {self._pool.name}"
+        )
+
+    def _listen_for(self, conn: Connection, read: Any) -> Any:
+        """A handler's `listen` on `conn`: wait for the reader's next dispatch (at most the
+        handler's own wait), or read itself when the connection has no reader."""
+        socket_timeout: Any = conn._socket_timeout
 
         async def listen(wait: float | bool = False, batch: int = 1, **kwargs: Any) -> None:
             if conn._error:
@@ -208,14 +221,17 @@ class Slot:
             if conn._error:
                 raise conn._error
 
-        patched.listen = listen
+        return listen
+
+    def _waking(self, conn: Connection) -> Any:
+        """`conn`'s frame dispatch, then a wake-up for the handler whose session the frame
+        is for (looked up before: an END unmaps it; and after: a BEGIN answer maps it), or
+        for every handler (connection frames, and sessions no view began)."""
+        patched: Any = conn
         dispatch: Any = patched._process_incoming_frame
         incoming = patched._incoming_endpoints
 
         async def process(channel: int | None, frame: Any) -> Any:
-            # Wake the handler whose session the frame is for (looked up before: an END
-            # unmaps it; and after: a BEGIN answer maps it), or every handler (connection
-            # frames, and sessions no view began).
             session = incoming.get(channel) if channel is not None else None
             try:
                 return await dispatch(channel, frame)
@@ -228,29 +244,28 @@ class Slot:
                 elif frame is not None:
                     self._wake_all()
 
-        patched._process_incoming_frame = process
+        return process
 
-        async def reader() -> None:
-            try:
-                while not self._stopping and conn._error is None and conn.state not in _DEAD:
-                    await read(wait=_READ_WAIT)
-                    self._pulse()
-            except Exception:
-                if _alive(conn):
-                    # A frame pyamqp failed to process, the connection still up: its handlers
-                    # go back to reading it themselves (`listen`), as without a pool.
-                    log.warning(
-                        "namespace %s: connection %d reader failed; its links poll it",
-                        self._pool.name,
-                        self.index,
-                        exc_info=True,
-                    )
-                else:  # the connection failed: its handlers see its error
-                    log.debug("namespace %s: reader %d ended", self._pool.name, self.index)
-            finally:
-                self._wake_all()
-
-        self._reader = asyncio.create_task(reader(), name=f"amqp reader {self._pool.name}")
+    async def _read(self, conn: Connection, read: Any) -> None:
+        """The reader: read and dispatch `conn`'s frames until it fails or the slot stops it."""
+        try:
+            while not self._stopping and conn._error is None and conn.state not in _DEAD:
+                await read(wait=_READ_WAIT)
+                self._pulse()
+        except Exception:
+            if _alive(conn):
+                # A frame pyamqp failed to process, the connection still up: its handlers
+                # go back to reading it themselves (`listen`), as without a pool.
+                log.warning(
+                    "namespace %s: connection %d reader failed; its links poll it",
+                    self._pool.name,
+                    self.index,
+                    exc_info=True,
+                )
+            else:  # the connection failed: its handlers see its error
+                log.debug("namespace %s: reader %d ended", self._pool.name, self.index)
+        finally:
+            self._wake_all()
 
     def _pulse(self) -> None:
         frame, self._frame = self._frame, asyncio.Event()
