@@ -9,6 +9,10 @@ EXTRAS ?= dev
 # another checkout's test run (a second worktree) keeps only its last three sessions there
 # and could remove a long run's directories under it.
 export PYTEST_DEBUG_TEMPROOT ?= $(CURDIR)/.pytest-tmp
+# Python's bytecode caches are kept (some environments set PYTHONDONTWRITEBYTECODE=1): without
+# them every test run, and every broker or gateway process a test starts, compiles every
+# module from source again, and pytest rewrites every test module's asserts again.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test venv sysdeps lint typecheck pytest packaging broker bench fuzz load chaos clean \
 	tools lock lock-check wheel pipeline-dist chart-readme
@@ -92,11 +96,13 @@ pytest: $(STAMP) sysdeps
 	$(BIN)/pytest -q --durations=15 --ignore=tests/packaging
 
 ## test-fast: unit tests and the fast integration tests, not the `slow` ones (gateway end to
-## end, Spark, chaos, fuzzing): about a minute, for the edit-test loop. `make test` runs all.
+## end, Spark, chaos, fuzzing, fault waits), in four pytest-xdist workers (the tests mostly
+## wait on sockets and processes, so four share two cores well): about a minute, for the
+## edit-test loop. `make test` runs all, in one process.
 .PHONY: test-fast
 test-fast: $(STAMP) sysdeps
 	mkdir -p $(PYTEST_DEBUG_TEMPROOT)
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow" -n 4 --dist worksteal
 
 ## test: everything CI runs, from a fresh clone
 test: sysdeps $(STAMP) lint typecheck packaging wheel pipeline-dist pytest

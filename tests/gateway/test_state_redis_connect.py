@@ -93,6 +93,7 @@ async def test_tls_refuses_a_server_the_system_store_does_not_trust(
 
 
 @pytest.mark.integration  # the servers come through `request`
+@pytest.mark.slow  # waits out credentials' lifetimes
 @pytest.mark.parametrize("mode", ["standalone", "cluster"])
 async def test_expiring_credentials_are_renewed_before_expiry_without_a_disconnect(
     mode: str, request: pytest.FixtureRequest
@@ -241,6 +242,7 @@ def sentinel_group() -> Iterator[SentinelGroup]:
         yield group
 
 
+@pytest.mark.slow  # a Sentinel group's failover takes seconds
 async def test_after_a_sentinel_failover_the_replicas_follow_the_promoted_master(
     sentinel_group: SentinelGroup,
 ) -> None:
