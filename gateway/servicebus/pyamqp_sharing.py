@@ -47,6 +47,7 @@ from azure.servicebus._pyamqp.aio._sender_async import SenderLink
 from azure.servicebus._pyamqp.aio._session_async import Session
 from azure.servicebus._pyamqp.aio._transport_async import AsyncTransportMixin
 from azure.servicebus._pyamqp.constants import (
+    OUTGOING_WINDOW,
     LinkDeliverySettleReason,
     LinkState,
     SessionState,
@@ -164,6 +165,13 @@ async def _session_outgoing_transfer(self: Any, delivery: Any, trace: Any) -> No
         lock = self.__dict__["_sbgate_transfers"] = asyncio.Lock()
     async with lock:
         await _session_transfer(self, delivery, trace)
+        # pyamqp counts the outgoing window down at every transfer and never back up (it
+        # only tells the peer, in BEGIN and FLOW, how many more transfers may come), and
+        # encodes a window below -255 as an error: the session's next FLOW would raise in
+        # whichever task writes it — for a connection's shared `$cbs` session, which sends a
+        # put-token per sender open and a FLOW per answer, its reader. Open it again.
+        if self.outgoing_window < 1:
+            self.outgoing_window = OUTGOING_WINDOW
 
 
 class Encoded:

@@ -47,6 +47,8 @@ from azure.servicebus._pyamqp.constants import (
     CBS_OPERATION,
     CBS_PUT_TOKEN,
     CBS_TYPE,
+    INCOMING_WINDOW,
+    OUTGOING_WINDOW,
     CbsAuthState,
     CbsState,
     ManagementOpenResult,
@@ -67,7 +69,11 @@ class SharedCbs:
         self.conn = conn
         self.state = CbsState.OPENING
         self.started = False
-        self.session: Any = conn.create_session()
+        # The SDK's handler windows (`AMQPClientAsync`): with pyamqp's default of 1, the
+        # session would answer every put-token's reply with a FLOW.
+        self.session: Any = conn.create_session(
+            incoming_window=INCOMING_WINDOW, outgoing_window=OUTGOING_WINDOW
+        )
         # As `CBSAuthenticator.__init__` builds it.
         self.link: Any = self.session.create_request_response_link_pair(
             endpoint="$cbs",
