@@ -233,3 +233,52 @@ async def test_a_failed_pair_is_replaced_and_the_refresh_put_on_the_new_one(
     assert await _stored(control) == 2
     await _census_is(control, send_links=1, links=1 + 2)
     await sender.close()
+
+
+async def test_the_reader_reads_frames_without_a_task_per_frame(
+    pooled: SdkNamespaceClient, control: ControlClient
+) -> None:
+    """pyamqp bounds each frame read with `asyncio.wait_for`, which runs the read as a task of
+    its own in Python 3.11: one more task (and loop turn) per frame read. The
+    pool's reader bounds its reads without one."""
+    sender = await pooled.open_sender(QUEUES[0])
+    await sender.send([_msg(0)])  # the link's first credit and settlement are read
+    loop = asyncio.get_running_loop()
+    created: list[str] = []
+    default = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        created.append(getattr(coro, "__qualname__", repr(coro)))
+        if default is not None:
+            return default(loop, coro, **kwargs)  # type: ignore[call-arg]
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    sends = 30
+    loop.set_task_factory(counting)
+    try:
+        for i in range(sends):
+            await sender.send([_msg(i)])
+    finally:
+        loop.set_task_factory(default)
+    assert await _stored(control) == sends + 1
+    assert len(created) <= sends // 10, created[:10]  # before: one per send
+    await sender.close()
+
+
+async def test_a_connection_carries_more_put_tokens_than_pyamqps_session_window(
+    broker: LocalBroker, control: ControlClient
+) -> None:
+    """pyamqp counts a session's outgoing window down at every transfer and never back up,
+    and encodes a window below -255 as an error. The connection's shared `$cbs` session sends
+    one transfer (a put-token) per sender open: past ~257 of them, its next FLOW failed to
+    encode, the connection's reader died, and every entity behind it timed out (E1's 10,000
+    entities: a quarter of the answers 202, from entities failed over by the gateway itself)."""
+    async with pooled_client(broker, connections=1) as pooled:
+        for i in range(300):
+            sender = await pooled.open_sender(QUEUES[i % len(QUEUES)])
+            await sender.close()
+        sender = await pooled.open_sender(QUEUES[0])
+        await sender.send([_msg(0)])
+        assert pooled.pool._slots[0].reading, "the connection's reader still reads"
+        assert await _stored(control) == 1
+        await sender.close()
