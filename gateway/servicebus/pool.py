@@ -50,6 +50,7 @@ from typing import Any
 
 import certifi
 from azure.servicebus._common.utils import create_properties
+from azure.servicebus._pyamqp._decode import decode_empty_frame, decode_frame
 from azure.servicebus._pyamqp.aio import Connection
 from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport
 from azure.servicebus._pyamqp.constants import AUTH_TYPE_CBS, ConnectionState
@@ -97,6 +98,26 @@ def _lock_writes(transport: Any) -> None:
                 raise
 
     transport.write = write  # the instance's own `write` shadows the class's
+
+
+def _time_reads_cheaply(transport: Any) -> None:
+    """`transport.receive_frame` as pyamqp's, its deadline kept with `asyncio.timeout`
+    instead of `asyncio.wait_for`: in Python 3.11 the latter runs the read as a task of its
+    own, one more task and loop turn for every frame the reader reads."""
+    read: Any = transport.read
+
+    async def receive_frame(
+        timeout: float | None = None,  # noqa: ASYNC109 (pyamqp's signature)
+        **kwargs: Any,
+    ) -> tuple[Any, Any]:
+        try:
+            async with asyncio.timeout(timeout):
+                header, channel, payload = await read(**kwargs)
+        except (TimeoutError, asyncio.IncompleteReadError):
+            return None, None
+        return channel, decode_frame(payload) if payload else decode_empty_frame(header)
+
+    transport.receive_frame = receive_frame
 
 
 class Slot:
@@ -195,6 +216,7 @@ class Slot:
         if not isinstance(transport, AsyncTransport):
             return
         _lock_writes(transport)
+        _time_reads_cheaply(transport)
         patched: Any = conn
         read: Any = patched.listen  # pyamqp's own, for the reader
         patched.listen = self._listen_for(conn, read)
