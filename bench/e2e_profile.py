@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.e2e_profile                # 128 clients, 8 s profiled
     .venv/bin/python -m bench.e2e_profile --connections 64 --seconds 5 --top 60
+    .venv/bin/python -m bench.e2e_profile --entities 1000 --connections 64  # E1's load
 
 Starts the local broker (`sblocal`, a subprocess), builds the gateway app in this process as
 `gateway serve` does (SDK sink, failover and syphon off, log WARNING, uvloop), serves it on
@@ -11,6 +12,8 @@ second, as in `bench.gateway_bench`. After 3 s of warm-up, `cProfile` records `-
 the gateway's work; the report gives the share of profiled time in the parts that matter
 (HTTP edge, the dispatcher, encoding the messages, the SDK's send) and the top functions by
 cumulative time. cProfile slows everything it sees alike: read shares, not microseconds.
+`--entities N`: the broker has queues q0..q<N-1>, the gateway declares them all and the load
+goes round-robin over them (unbatched sends, as in `bench.entities_bench`).
 
 Nothing here is part of `make test`; `python -m bench` does not run it.
 """
@@ -24,10 +27,12 @@ import io
 import os
 import pstats
 import sys
+import tempfile
+from pathlib import Path
 
 from aiohttp import web
 
-from bench.harness import ROOT, pin
+from bench.harness import ROOT, pin, write_many_queues
 from sblocal.testing import BrokerProcess
 
 # Functions whose cumulative time is reported as a share of the profiled time.
@@ -49,15 +54,22 @@ _PARTS = {
 }
 
 
-async def _profile(broker: BrokerProcess, connections: int, seconds: float) -> cProfile.Profile:
+async def _profile(
+    broker: BrokerProcess, connections: int, seconds: float, many: tuple[Path, int] | None
+) -> cProfile.Profile:
     ns = broker.info["namespaces"]
+    path, extra = "/queues/orders/messages", []
+    os.environ["SBGATE_ENTITIES"] = "queue:orders"
+    if many is not None:
+        os.environ["SBGATE_CONFIG"] = str(many[0])
+        del os.environ["SBGATE_ENTITIES"]
+        path, extra = "/q{i}/messages", ["--entities", str(many[1])]
     os.environ.update(
         {
             "SBGATE_PRIMARY_CONNECTION_STRING": ns["primary"]["connection_string"],
             "SBGATE_SECONDARY_CONNECTION_STRING": ns["secondary"]["connection_string"],
             "SBGATE_PRIMARY_NAME": "primary",
             "SBGATE_SECONDARY_NAME": "secondary",
-            "SBGATE_ENTITIES": "queue:orders",
             "SBGATE_LOG_LEVEL": "WARNING",
             "SBGATE_ENABLE_FAILOVER": "false",
             "SBGATE_ENABLE_SYPHON": "false",
@@ -81,7 +93,8 @@ async def _profile(broker: BrokerProcess, connections: int, seconds: float) -> c
             "-m",
             "bench.loadgen",
             "--url",
-            f"http://127.0.0.1:{port}/queues/orders/messages",
+            f"http://127.0.0.1:{port}{path}",
+            *extra,
             "--connections",
             str(connections),
             "--duration",
@@ -126,19 +139,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=128)
     parser.add_argument("--seconds", type=float, default=8.0, help="profiled seconds")
     parser.add_argument("--top", type=int, default=40, help="functions listed")
+    parser.add_argument("--entities", type=int, default=0, help="queues q0..q<N-1> (0: orders)")
+    parser.add_argument("--dump", type=Path, help="also write the raw profile here (pstats)")
     args = parser.parse_args(argv)
-    with BrokerProcess() as broker:
+    work = Path(tempfile.mkdtemp(prefix="e2e-profile-"))
+    many: tuple[Path, int] | None = None
+    broker_config: Path | None = None
+    if args.entities:
+        broker_config, gateway_config = work / "broker.toml", work / "gateway.toml"
+        write_many_queues(broker_config, gateway_config, args.entities)
+        many = (gateway_config, args.entities)
+    with BrokerProcess(config=broker_config, startup_timeout=120) as broker:
         if len(os.sched_getaffinity(0)) > 1:
             pin(broker.pid, frozenset({1}))
             pin(os.getpid(), frozenset({0}))
         try:
             import uvloop
         except ImportError:
-            profiler = asyncio.run(_profile(broker, args.connections, args.seconds))
+            profiler = asyncio.run(_profile(broker, args.connections, args.seconds, many))
         else:
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-                profiler = r.run(_profile(broker, args.connections, args.seconds))
+                profiler = r.run(_profile(broker, args.connections, args.seconds, many))
     _report(profiler, args.top)
+    if args.dump:
+        profiler.dump_stats(args.dump)
     return 0
 
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness import Cores, Server, bench_env, pin, run_child
+from bench.harness import Cores, Server, bench_env, pin, run_child, write_many_queues
 from tests.support.processes import rss_bytes
 
 MiB = 1024 * 1024
@@ -56,24 +56,11 @@ class Row:
     warm_ms: float
 
 
-def _broker_config(path: Path, n: int) -> None:
-    """`primary` with queues q0..q<n-1>; `secondary` (the backlog queues' namespace)."""
-    lines = ['[[namespaces]]\nname = "primary"\n']
-    lines += [f'[[namespaces.queues]]\npath = "q{i}"\n' for i in range(n)]
-    lines.append('[[namespaces]]\nname = "secondary"\n')
-    path.write_text("\n".join(lines))
-
-
-def _gateway_config(path: Path, n: int) -> None:
-    path.write_text("".join(f'[[entities]]\npath = "q{i}"\n' for i in range(n)))
-
-
 async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Row:
     from sblocal.testing import BrokerProcess
 
     broker_cfg, gateway_cfg = work / f"broker-{n}.toml", work / f"gateway-{n}.toml"
-    _broker_config(broker_cfg, n)
-    _gateway_config(gateway_cfg, n)
+    write_many_queues(broker_cfg, gateway_cfg, n)
     broker = BrokerProcess(config=broker_cfg, startup_timeout=120)
     await broker.astart()
     try:

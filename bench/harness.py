@@ -590,3 +590,13 @@ async def gateway_on_broker(
             await gateway.close()
     finally:
         await broker.astop()
+
+
+def write_many_queues(broker_config: Path, gateway_config: Path, n: int) -> None:
+    """A broker config (`primary` with queues q0..q<n-1>, and `secondary`, the backlog
+    queues' namespace) and a gateway config (`SBGATE_CONFIG`) declaring the n queues."""
+    lines = ['[[namespaces]]\nname = "primary"\n']
+    lines += [f'[[namespaces.queues]]\npath = "q{i}"\n' for i in range(n)]
+    lines.append('[[namespaces]]\nname = "secondary"\n')
+    broker_config.write_text("\n".join(lines))
+    gateway_config.write_text("".join(f'[[entities]]\npath = "q{i}"\n' for i in range(n)))
