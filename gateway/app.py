@@ -48,6 +48,7 @@ from gateway.metrics import Metrics
 from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
 from gateway.state.memory import LocalState
+from gateway.supervision import TaskObserver
 from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import Syphon
 from gateway.tracing import close_tracer, create_tracer
@@ -169,6 +170,7 @@ def create_app(
     on bad authorization rules, `ConfigError` when tracing is on without OpenTelemetry."""
     credential = credential or shared_credential(settings)
     tracer = tracer or create_tracer(settings.tracing)
+    metrics = metrics or Metrics()
     # The server span's middleware (tracing on) goes first: it sees every answer.
     tracing_middleware = getattr(tracer, "middleware", None)
     app = web.Application(
@@ -183,7 +185,7 @@ def create_app(
     app[PLAN] = Plan.of(settings, mode)
     app[CREDENTIAL] = credential
     app[ADAPTERS] = Adapters(
-        client=client_factory or default_client_factory(settings, credential),
+        client=client_factory or default_client_factory(settings, credential, observer=metrics),
         store=store_factory or default_store_factory,
         provision=provisioner or default_provisioner(settings, credential),
         backlog=backlog_factory or default_backlog_factory,
@@ -194,7 +196,7 @@ def create_app(
     app[EDGE] = EdgeState(
         catalog=EntityCatalog(settings.entities),
         limits=settings.limits,
-        metrics=metrics or Metrics(),
+        metrics=metrics,
         lifecycle=Lifecycle(),
         ledger=create_ledger(ledger_settings(settings), replica=settings.replica_id),
         access_log=AccessLog(settings.log_format),
@@ -529,10 +531,14 @@ def ledger_settings(settings: Settings) -> LedgerSettings:
 
 
 def default_client_factory(
-    settings: Settings, credential: SharedCredential, **sdk_kwargs: Any
+    settings: Settings,
+    credential: SharedCredential,
+    observer: TaskObserver | None = None,
+    **sdk_kwargs: Any,
 ) -> ClientFactory:
     """SDK clients; namespaces given by name share `credential` (created on first use; its
-    owner closes it). `sdk_kwargs` go to each `ServiceBusClient` (tests: ``use_tls=False``)."""
+    owner closes it); `observer` counts their connection readers' restarts. `sdk_kwargs` go
+    to each `ServiceBusClient` (tests: ``use_tls=False``)."""
     from gateway.servicebus.client import SdkNamespaceClient
 
     def make(ns: NamespaceSettings) -> NamespaceClient:
@@ -542,6 +548,7 @@ def default_client_factory(
             settings.timeouts,
             credential=token,
             connections=settings.limits.connections_per_namespace,
+            observer=observer,
             **sdk_kwargs,
         )
         for e in settings.entities:

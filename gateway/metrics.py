@@ -202,8 +202,8 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.task_restarts = Counter(
             "sbgate_task_restarts_total",
             "Background loops (syphon queues and supervisor, pingers, state writer and "
-            "supervisor, ledger writer; sender workers end and a new one starts with the next "
-            "request) that raised and were restarted, by kind of loop.",
+            "supervisor, ledger writer, AMQP connection readers; sender workers end and a new "
+            "one starts with the next request) that raised and were restarted, by kind of loop.",
             ["task"],
             registry=r,
         )

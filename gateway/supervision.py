@@ -1,7 +1,8 @@
 """Supervised long-running loops: one that raises is logged, counted and restarted.
 
 Every background loop of the gateway (a syphon queue, the syphon's supervisor, a pinger, the
-state store's writer and supervisor, the ledger's writer) runs inside `supervised`. The
+state store's writer and supervisor, the ledger's writer, a pooled AMQP connection's reader)
+runs inside `supervised`. The
 dispatcher's sender workers are not restarted in place: one that meets an unexpected error
 fails the requests it held, is logged and counted the same way, and the lane's next request
 starts another. A loop that returns is done; a

@@ -31,6 +31,7 @@ from gateway.errors import INVALID_MESSAGE, SendFailure
 from gateway.servicebus import encoding, lean
 from gateway.servicebus.errors import map_exceptions, translate
 from gateway.servicebus.pool import ConnectionPool
+from gateway.supervision import TaskObserver
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
@@ -191,7 +192,8 @@ class SdkNamespaceClient:
     A namespace given by name authenticates with `credential`, the process's shared one
     (gateway.servicebus.identity), which its owner closes: `close` leaves it open.
     `sdk_kwargs` go to the `ServiceBusClient` (tests: ``use_tls=False`` for the local broker).
-    Sender links share `connections` AMQP connections (`gateway.servicebus.pool`).
+    Sender links share `connections` AMQP connections (`gateway.servicebus.pool`);
+    `observer` counts their readers' restarts.
     """
 
     def __init__(
@@ -201,6 +203,7 @@ class SdkNamespaceClient:
         credential: AsyncTokenCredential | None = None,
         *,
         connections: int = 4,
+        observer: TaskObserver | None = None,
         **sdk_kwargs: Any,
     ) -> None:
         self._settings = settings
@@ -225,7 +228,7 @@ class SdkNamespaceClient:
         # Owns the closes of this namespace's senders that outlive CLOSE_TIMEOUT, and the
         # cleanups of cancelled opens, until `close`.
         self._closer = Closer(f"namespace {settings.name}")
-        self.pool = ConnectionPool(self._client, connections, settings.name)
+        self.pool = ConnectionPool(self._client, connections, settings.name, observer)
 
     @property
     def name(self) -> str:

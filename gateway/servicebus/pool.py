@@ -31,7 +31,8 @@ state — each handler sees the connection through a `_View` that knows its sess
 frame wakes the one handler it is for, not every handler of the connection; and writes take
 a lock of their own, so a send never waits for a read (asyncio's stream reader
 and writer are independent). A reader ends when its connection fails; the handlers then see
-the connection's error, and the slot replaces the connection on the next open.
+the connection's error, and the slot replaces the connection on the next open. A reader
+that raises with its connection up is logged, counted and started again (`supervised`).
 
 Each slot opens its connection on first use; a link goes to the slot with the fewest links.
 Cancellation: `connection()` may be cancelled (the caller owns the deadline); a half-opened
@@ -59,6 +60,7 @@ from azure.servicebus.aio._async_utils import create_authentication
 
 from gateway.servicebus import pyamqp_sharing
 from gateway.servicebus.shared_cbs import OPEN_TIMEOUT, SharedCbs, open_shared
+from gateway.supervision import TaskObserver, supervised
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,9 @@ _CLOSE_TIMEOUT = 5.0
 # How long the reader waits for a frame before it looks at the connection again (idle
 # connections: it also sends the empty frames that keep the peer's idle timer reset).
 _READ_WAIT = 0.5
+# A reader that raised starts again after this long, doubling up to the cap: its handlers
+# wait for it meanwhile.
+_READER_BACKOFF = (0.05, 1.0)
 # States in which a connection will not carry another frame.
 _DEAD = frozenset(
     {
@@ -222,7 +227,13 @@ class Slot:
         patched.listen = self._listen_for(conn, read)
         patched._process_incoming_frame = self._waking(conn)
         self._reader = asyncio.create_task(
-            self._read(conn, read), name=f"amqp reader {self._pool.name}"
+            supervised(
+                "amqp_reader",
+                lambda: self._read(conn, read),
+                self._pool.observer,
+                backoff=_READER_BACKOFF,
+            ),
+            name=f"amqp reader {self._pool.name}",
         )
 
     def _listen_for(self, conn: Connection, read: Any) -> Any:
@@ -269,23 +280,20 @@ class Slot:
         return process
 
     async def _read(self, conn: Connection, read: Any) -> None:
-        """The reader: read and dispatch `conn`'s frames until it fails or the slot stops it."""
+        """The reader: read and dispatch `conn`'s frames until it fails or the slot stops it.
+        A frame pyamqp failed to process, the connection still up, is a bug or a frame
+        nobody foresaw: it raises, and `supervised` logs it, counts it
+        (``sbgate_task_restarts_total{task="amqp_reader"}``) and starts the reader again
+        shortly; the handlers wait for it meanwhile."""
         try:
             while not self._stopping and conn._error is None and conn.state not in _DEAD:
                 await read(wait=_READ_WAIT)
                 self._pulse()
         except Exception:
-            if _alive(conn):
-                # A frame pyamqp failed to process, the connection still up: its handlers
-                # go back to reading it themselves (`listen`), as without a pool.
-                log.warning(
-                    "namespace %s: connection %d reader failed; its links poll it",
-                    self._pool.name,
-                    self.index,
-                    exc_info=True,
-                )
-            else:  # the connection failed: its handlers see its error
-                log.debug("namespace %s: reader %d ended", self._pool.name, self.index)
+            if _alive(conn) and not self._stopping:
+                raise
+            # the connection failed: its handlers see its error
+            log.debug("namespace %s: reader %d ended", self._pool.name, self.index)
         finally:
             self._wake_all()
 
@@ -366,11 +374,18 @@ class ConnectionPool:
     `unbind` gives the slot back when the sender is closed. `close` closes the connections
     (never raises); the senders must be closed first."""
 
-    def __init__(self, client: ServiceBusClient, size: int, name: str) -> None:
+    def __init__(
+        self,
+        client: ServiceBusClient,
+        size: int,
+        name: str,
+        observer: TaskObserver | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError("a connection pool needs at least one connection")
         self._client = client
         self.name = name
+        self.observer = observer  # counts the readers' restarts
         self._slots = [Slot(self, i) for i in range(size)]
         self._opened = itertools.count(1)
         # pyamqp shares a connection safely only once patched (the pinned SDK only): without

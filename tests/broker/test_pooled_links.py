@@ -282,3 +282,53 @@ async def test_a_connection_carries_more_put_tokens_than_pyamqps_session_window(
         assert pooled.pool._slots[0].reading, "the connection's reader still reads"
         assert await _stored(control) == 1
         await sender.close()
+
+
+class _Restarts:
+    def __init__(self) -> None:
+        self.tasks: list[str] = []
+
+    def task_restarted(self, task: str) -> None:
+        self.tasks.append(task)
+
+
+async def test_a_reader_that_raises_is_logged_counted_and_restarted(
+    broker: LocalBroker, control: ControlClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A frame pyamqp fails to process (a bug, a frame nobody foresaw) with the connection
+    up: the reader is logged, counted and started again, and the links keep sending."""
+    from gateway.config import NamespaceSettings, Secret, TimeoutSettings
+
+    restarts = _Restarts()
+    ns = NamespaceSettings(
+        name="primary", connection_string=Secret(broker.connection_string("primary"))
+    )
+    pooled = SdkNamespaceClient(
+        ns, TimeoutSettings(sdk_retry_total=1), connections=1, observer=restarts
+    )
+    try:
+        sender = await pooled.open_sender(QUEUES[0])
+        await sender.send([_msg(0)])
+        slot = pooled.pool._slots[0]
+        conn: Any = slot._conn
+        process = conn._process_incoming_frame
+        failed: list[bool] = []
+
+        async def once_failing(channel: Any, frame: Any) -> Any:
+            result = await process(channel, frame)
+            if not failed:  # the frame is processed, then the bug
+                failed.append(True)
+                raise RuntimeError("a frame nobody foresaw")
+            return result
+
+        conn._process_incoming_frame = once_failing
+        for i in range(1, 6):
+            await sender.send([_msg(i)])
+        await eventually(lambda: restarts.tasks == ["amqp_reader"], what="one restart counted")
+        assert "a frame nobody foresaw" in caplog.text
+        await sender.send([_msg(6)])
+        assert slot.reading, "the connection has its reader again"
+        assert await _stored(control) == 7
+        await sender.close()
+    finally:
+        await pooled.close()
