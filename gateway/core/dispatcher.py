@@ -395,6 +395,8 @@ class Dispatcher:
         with steady light traffic would never shrink."""
         lane = w.lane
         w.state = _State.IDLE
+        if lane.wakeup.is_set():
+            return True  # work is pending (a busy lane): no deadline to arm
         try:
             async with asyncio.timeout_at(w.last_used + self._limits.sender_idle_timeout):
                 await lane.wakeup.wait()

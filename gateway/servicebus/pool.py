@@ -357,9 +357,15 @@ class _View:
             await conn.listen(wait=wait, batch=batch, **kwargs)
             return
         timeout = conn._socket_timeout if wait is False or wait is True else wait
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
+        if not self._event.is_set():
+            # The wait's end is a wake-up of its own (one timer handle per wait: cheaper
+            # than `asyncio.timeout`'s cancellation, and the caller looks at its state after
+            # a wake-up anyway).
+            timer = asyncio.get_running_loop().call_later(timeout, self._event.set)
+            try:
                 await self._event.wait()
+            finally:
+                timer.cancel()
         # Cleared before the handler looks at its state: a frame dispatched from here on
         # sets it again, so none is missed.
         self._event.clear()
