@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -217,3 +218,25 @@ def test_the_configuration_pages_toml_example_loads(tmp_path):
     settings = load_settings({}, path)
     assert [p.name for p in settings.pairs] == ["default", "eu"]
     assert [e.path for e in settings.entities] == ["orders", "invoices"]
+
+
+_CONFLICT = re.compile(r"^(<{7}|>{7})( |$)|^={7}$", re.MULTILINE)
+_SOURCES = {".md", ".py", ".toml", ".yaml", ".yml", ".tpl", ".json", ".sh", ".txt", ".cfg"}
+
+
+def _sources() -> list[Path]:
+    """The repository's text files (not the environments, caches and build output)."""
+    found = []
+    skip = {"node_modules", "dist", "out", "__pycache__"}
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip and (d == ".ci" or not d.startswith("."))]
+        for name in files:
+            path = Path(top) / name
+            if path.suffix in _SOURCES or name in {"Makefile", "Dockerfile", "run"}:
+                found.append(path)
+    return found
+
+
+def test_no_file_holds_a_merge_conflicts_markers():
+    marked = [str(p.relative_to(ROOT)) for p in _sources() if _CONFLICT.search(text(p))]
+    assert not marked, f"unresolved merge conflicts: {marked}"
