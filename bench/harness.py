@@ -66,6 +66,25 @@ def cpu_seconds(pid: int | None) -> float:
     return (utime + stime) / _CLK_TCK
 
 
+def cpu_ticks(cpus: frozenset[int]) -> tuple[int, int]:
+    """(busy, total) clock ticks of `cpus` so far, from /proc/stat (every process on them):
+    two readings give the share of the time those CPUs were busy in between."""
+    busy = total = 0
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return 0, 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        ticks = [int(x) for x in rest.split()[:8]]
+        idle = ticks[3] + ticks[4]  # idle + iowait
+        busy += sum(ticks) - idle
+        total += sum(ticks)
+    return busy, total
+
+
 @dataclass(frozen=True, slots=True)
 class Cores:
     """Which CPUs the measured process and the rest may use (empty sets: no pinning)."""

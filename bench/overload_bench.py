@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Cores, gateway_on_broker, run_child
+from bench.harness import Cores, cpu_seconds, cpu_ticks, gateway_on_broker, run_child
 from bench.memwatch import (
     OUT_DIR,
     MiB,
@@ -118,6 +118,7 @@ async def phase(
     await e2e.control.reset()
     await asyncio.sleep(1.0)  # let the previous run's connections close
     offered = rate * factor
+    cpu0 = cpu_seconds(e2e.gateway.pid), cpu_ticks(cores.rest)
     async with open_loop(
         e2e.gateway.url + ENTITY_URL_PATH,
         cores,
@@ -138,6 +139,8 @@ async def phase(
     ) as load:
         result = await load.end(args.duration + args.timeout + 60)
     drained = time.monotonic()
+    wall = drained - load.started
+    rest_busy, rest_total = (a - b for a, b in zip(cpu_ticks(cores.rest), cpu0[1], strict=True))
     check = await stored_vs_ok(
         e2e.control, int(result["total_ok"]), ("primary",), sum(result["errors"].values())
     )
@@ -150,6 +153,10 @@ async def phase(
         "peak": max(window, default=0),
         "span": (load.started, load.ended),
         "correctness": check,
+        # Whose CPU ran out: the gateway's own (its CPU) or the broker's and the load
+        # generator's (the other one), from the load's start until it drained.
+        "gateway_busy": (cpu_seconds(e2e.gateway.pid) - cpu0[0]) / wall if wall > 0 else 0.0,
+        "rest_busy": rest_busy / rest_total if rest_total else float("nan"),
     }
 
 
@@ -192,6 +199,8 @@ def summarize(p: dict[str, Any], rate: float, baseline: int, unloaded_p99: float
         "judged": judged,
         "met": met if judged else None,
         "correctness": p["correctness"],
+        "gateway_busy": p["gateway_busy"],
+        "rest_busy": p["rest_busy"],
     }
 
 
@@ -231,9 +240,9 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
     log(
         "| load | offered req/s | goodput / sustainable | 2xx p50 / p99 ms (p99 / unloaded) "
         "| excess | 503 <= 1 s | refused/closed <= 1 s | failed fast | client-shed | timeouts "
-        "| RSS growth |"
+        "| RSS growth | CPU busy: gateway / broker + client |"
     )
-    log("|---|---|---|---|---|---|---|---|---|---|---|")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         met = row["met"] or {}
         log(
@@ -242,14 +251,18 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
             f"({row['p99_vs_unloaded']:.1f}x){_yes(met.get('p99'))} | {row['excess']:,} | "
             f"{row['failed_fast_503']:,} | {row['failed_fast_connection']:,} | "
             f"{row['fast_share']:.0%}{_yes(met.get('fast'))} | {row['client_shed']:,} | "
-            f"{row['timeouts']:,} | {row['rss_growth'] / MiB:+.1f} MiB{_yes(met.get('rss'))} |"
+            f"{row['timeouts']:,} | {row['rss_growth'] / MiB:+.1f} MiB{_yes(met.get('rss'))} "
+            f"| {row['gateway_busy']:.0%} / {row['rest_busy']:.0%} |"
         )
     log(
         f"goals at {', '.join(f'{f:g}x' for f in GOALS_AT)}: goodput >= {GOAL_GOODPUT:.0%} of "
         f"sustainable, 2xx p99 <= {GOAL_P99_MS:.0f} ms, >= {GOAL_FAST:.0%} of the excess "
         f"failed fast (503 or refused/closed within {args.fast:g} s), RSS growth <= 64 MiB. "
         "client-shed: arrivals the load generator never sent (all its connections busy): "
-        "counted in the excess, not as failed fast."
+        "counted in the excess, not as failed fast. CPU busy: the gateway process's share of "
+        "its CPU, and how busy the other CPU (the broker and the load generator) was: a "
+        "goodput short of the sustainable rate with the gateway under ~90% busy and the other "
+        "CPU at ~100% was lost on the other CPU, not in the gateway."
     )
     for row in rows:
         log(f"  {row['factor']:g}x: {row['correctness']}")
