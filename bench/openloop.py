@@ -14,7 +14,8 @@ never sent. Every request has a deadline (``--timeout``): unanswered by then, it
 Protocol on stdout (see `bench.harness`): ``START`` (the first arrival is due now; the
 ``t0`` in RESULT is that moment on ``time.monotonic()``, the same clock in every process of
 the machine), ``END`` (no more arrivals; answers still in flight are awaited up to the
-deadline), ``RESULT <json>``: requests due, sent and shed, answers by status, ``503`` answers
+deadline), ``RESULT <json>``: requests due, sent and shed, answers by status (and the
+non-2xx ones by the ``error`` code of their JSON, ``error_codes``), ``503`` answers
 with and without ``Retry-After``, latency percentiles (from the moment a request was due) of
 every status, the ``503``s slower than ``--limit``, the ``503``s and the connection failures
 (refused, closed or reset without an answer) within ``--fast`` seconds of when they were due
@@ -41,6 +42,7 @@ from bench.loadgen import build_request, make_body
 
 _RETRY_AFTER = b"\r\nretry-after:"
 _ROUTE = b'"route":"'
+_ERROR = b'"error":"'
 
 
 class _Stats:
@@ -48,6 +50,7 @@ class _Stats:
         self.t0 = t0
         self.bucket = bucket
         self.statuses: Counter[int] = Counter()
+        self.codes: Counter[str] = Counter()  # non-2xx answers by their JSON error code
         self.errors: Counter[str] = Counter()
         self.latency: dict[int, array[float]] = {}
         self.unavailable_with_retry_after = 0
@@ -141,11 +144,15 @@ class _Connection(asyncio.Protocol):
                 return
             status = int(head[9:12])
             kind = str(status)
+            body = bytes(buf[end + 4 : total])
             if 200 <= status < 300:
-                body = bytes(buf[end + 4 : total])
                 k = body.find(_ROUTE)
                 if k >= 0:
                     kind += "/" + body[k + 9 : body.find(b'"', k + 9)].decode()
+            elif self.busy:
+                k = body.find(_ERROR)
+                code = body[k + 9 : body.find(b'"', k + 9)].decode() if k >= 0 else "?"
+                self._gen.stats.codes[f"{status} {code}"] += 1
             del buf[:total]
             if not self.busy:
                 continue  # an answer after its deadline: already counted as a timeout
@@ -326,6 +333,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "shed": gen.shed,
         "max_in_flight": gen.max_in_flight,
         "statuses": {str(k): v for k, v in sorted(stats.statuses.items())},
+        "error_codes": dict(stats.codes.most_common()),
         "errors": dict(stats.errors),
         "total_ok": stats.total_ok,
         "unavailable_with_retry_after": stats.unavailable_with_retry_after,

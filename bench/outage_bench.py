@@ -250,6 +250,8 @@ def _report(args: argparse.Namespace, run: _Run, log: Any) -> dict[str, Any]:
     log(f"before the outage: {_fmt(before)}")
     log(f"during the outage ({outage:g} s): {_fmt(during)}")
     log(f"after the return ({after:g} s): {_fmt(after_counts)}")
+    codes = result.get("error_codes", {})
+    log(f"non-2xx answers by error code: {_fmt(Counter(codes))}")
     for status, pct in result["latency_ms"].items():
         text = ", ".join(f"{k} {v:,.0f}" for k, v in pct.items())
         log(f"  time to answer {status} (from when it was due): {text} ms")
