@@ -26,6 +26,7 @@ from sblocal.config import NamespaceConfig, QueueConfig
 from sblocal.server import LocalBroker
 from sblocal.testing import ControlClient
 from tests.broker.conftest import fast_config, pooled_client, running
+from tests.support.fakes import Restarts
 from tests.support.waiting import eventually
 
 QUEUES = [f"q{i}" for i in range(24)]
@@ -284,14 +285,6 @@ async def test_a_connection_carries_more_put_tokens_than_pyamqps_session_window(
         await sender.close()
 
 
-class _Restarts:
-    def __init__(self) -> None:
-        self.tasks: list[str] = []
-
-    def task_restarted(self, task: str) -> None:
-        self.tasks.append(task)
-
-
 async def test_a_reader_that_raises_is_logged_counted_and_restarted(
     broker: LocalBroker, control: ControlClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -299,7 +292,7 @@ async def test_a_reader_that_raises_is_logged_counted_and_restarted(
     up: the reader is logged, counted and started again, and the links keep sending."""
     from gateway.config import NamespaceSettings, Secret, TimeoutSettings
 
-    restarts = _Restarts()
+    restarts = Restarts()
     ns = NamespaceSettings(
         name="primary", connection_string=Secret(broker.connection_string("primary"))
     )
@@ -324,7 +317,7 @@ async def test_a_reader_that_raises_is_logged_counted_and_restarted(
         conn._process_incoming_frame = once_failing
         for i in range(1, 6):
             await sender.send([_msg(i)])
-        await eventually(lambda: restarts.tasks == ["amqp_reader"], what="one restart counted")
+        await eventually(lambda: restarts.counts == {"amqp_reader": 1}, what="one restart counted")
         assert "a frame nobody foresaw" in caplog.text
         await sender.send([_msg(6)])
         assert slot.reading, "the connection has its reader again"

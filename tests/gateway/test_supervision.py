@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -17,16 +16,9 @@ from gateway.supervision import supervised
 from gateway.syphon.syphon import Syphon
 from tests.conftest import GatewayFactory
 from tests.gateway.test_syphon import SYPHON as SYPHON_ENV
+from tests.support.fakes import Restarts
 from tests.support.processes import RedisServer
 from tests.support.waiting import eventually
-
-
-class Restarts:
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    def task_restarted(self, task: str) -> None:
-        self.counts[task] += 1
 
 
 def fail_once(cls_or_obj: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:

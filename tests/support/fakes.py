@@ -1,8 +1,10 @@
-"""Fakes at the NamespaceClient port, for pure dispatcher and syphon logic (tests, bench)."""
+"""Fakes at the NamespaceClient port, for pure dispatcher and syphon logic (tests, bench), and
+a `TaskObserver` that records restarts."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 from gateway.core.message import OutboundMessage
@@ -77,3 +79,13 @@ class ReopensHang(FakeClient):
 
 def msg(i: int | str, size: int = 10, session: str | None = None) -> OutboundMessage:
     return OutboundMessage(body=b"x" * size, message_id=str(i), session_id=session)
+
+
+class Restarts:
+    """A `gateway.supervision.TaskObserver` that counts the restarts, by kind of task."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def task_restarted(self, task: str) -> None:
+        self.counts[task] += 1
