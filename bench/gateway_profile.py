@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.gateway_profile                  # every variant, best of 3 x 12
     .venv/bin/python -m bench.gateway_profile full metrics uuid # a selection
     .venv/bin/python -m bench.gateway_profile --access-line     # the access line alone
+    .venv/bin/python -m bench.gateway_profile --layers [info]   # the full path's CPU by layer
 
 The app (`create_app` with the null sink), its runner (`HardenedAppRunner`, as `gateway
 serve`) and aiohttp's HTTP/1.1 protocol run on fake in-memory transports: 64 connections,
@@ -23,6 +24,14 @@ Variants (combine with ``+``, e.g. ``router+metrics``):
 * ``info`` — request logging at INFO, the default (the access line on every request);
 * ``auth`` — SAS rules configured, every request with the same token (the verified-token
   cache answers); ``auth+nocache`` verifies the token on every request.
+
+``--layers`` profiles the ``full`` variant (or ``info``) with `cProfile` over 20,000
+requests and prints the share of the CPU under each layer of the path (aiohttp's protocol,
+the app's routing and middleware, the message route's parts, the answer's writing): the
+inclusive time of one function per layer (the outermost of that name), so an inner layer is
+also counted in the outer one.
+`cProfile` adds the same cost to every Python call, so the shares are close to, not exactly,
+those of an unprofiled run.
 
 It reaches into the gateway's internals (route handlers, app state keys, module globals) to
 switch parts off: a variant that no longer applies after a refactoring fails loudly.
@@ -144,15 +153,19 @@ async def _measure(variant: str, requests: int, runs: int) -> list[float]:
     return costs
 
 
-def _child(variant: str, requests: int, runs: int) -> None:
+def _environ(parts: set[str]) -> None:
+    """The settings of a variant, in this process's environment."""
     os.environ.update(IN_MEMORY_ENV)
-    parts = set(variant.split("+"))
     if "info" in parts:
         os.environ["SBGATE_LOG_LEVEL"] = "INFO"
     if "auth" in parts:
         os.environ.update(_AUTH_ENV)
     if "nocache" in parts:
         os.environ["SBGATE_AUTH_TOKEN_CACHE_SIZE"] = "0"
+
+
+def _child(variant: str, requests: int, runs: int) -> None:
+    _environ(set(variant.split("+")))
     costs = run_fast(lambda: _measure(variant, requests, runs))
     print(" ".join(f"{c:.2f}" for c in costs), flush=True)
 
@@ -181,6 +194,72 @@ async def _access_line(lines: int) -> float:
         return (time.process_time() - started) / lines * 1e6
 
 
+# (label, file name suffix, function name): the layers `--layers` reports, outermost first.
+LAYERS = (
+    (
+        "protocol: bytes in, with the head deadline and size cap",
+        "gateway/web/hardening.py",
+        "data_received",
+    ),
+    ("  aiohttp's part: the head parsed", "aiohttp/web_protocol.py", "data_received"),
+    ("request task: handle, answer, keep-alive", "aiohttp/web_protocol.py", "_handle_request"),
+    ("  app: route, middleware, handler", "aiohttp/web_app.py", "_handle"),
+    ("    route resolution", "aiohttp/web_urldispatcher.py", "resolve"),
+    ("    edge middleware (with the handler)", "gateway/web/handlers.py", "edge_middleware"),
+    ("      message route", "gateway/web/handlers.py", "post_messages"),
+    ("        read and parse the request", "gateway/web/handlers.py", "_read_messages"),
+    ("          read the body", "gateway/web/handlers.py", "_read_body"),
+    ("          build the message", "gateway/web/rest.py", "build_message"),
+    ("        router and dispatcher hop", "gateway/core/failover.py", "submit"),
+    ("        metrics, ledger, access line", "gateway/web/handlers.py", "_record_outcome"),
+    ("          access line", "gateway/web/handlers.py", "_log_outcome"),
+    ("        the 2xx answer built", "gateway/web/handlers.py", "_accepted"),
+    ("  answer written", "aiohttp/web_protocol.py", "finish_response"),
+    ("dispatcher worker (null sink)", "gateway/core/dispatcher.py", "_worker"),
+)
+
+
+async def _layers(variant: str, requests: int) -> list[tuple[str, float]]:
+    """`cProfile` over `requests` answers: each layer's share of the profiled CPU."""
+    import cProfile
+    import pstats
+
+    parts = set(variant.split("+"))
+    runner, after_setup = _build(parts)
+    await runner.setup()
+    after_setup()
+    from gateway.cli import tune_gc
+
+    tune_gc()
+    server = runner.server
+    assert server is not None
+    request = _request(parts)
+    try:
+        await cpu_per_request(server, requests, request)  # warm up
+        profile = cProfile.Profile()
+        profile.enable()
+        started = time.process_time()
+        await cpu_per_request(server, requests, request)
+        total = time.process_time() - started
+        profile.disable()
+    finally:
+        await runner.cleanup()
+    stats: dict[tuple[str, int, str], tuple[Any, ...]] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    out: list[tuple[str, float]] = []
+    for label, suffix, name in LAYERS:
+        # The outermost of the functions so named (aiohttp's `resolve`s call one another).
+        cumulative = max(
+            (
+                row[3]
+                for (file, _line, func), row in stats.items()
+                if func == name and file.endswith(suffix)
+            ),
+            default=0.0,
+        )
+        out.append((label, cumulative / total))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     pin_self_from_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -191,11 +270,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--access-line", action="store_true", help="only the access line's cost (best of 5)"
     )
+    parser.add_argument(
+        "--layers", action="store_true", help="the CPU share of each layer (cProfile, in process)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.access_line:
         best = min(asyncio.run(_access_line(100_000)) for _ in range(5))
         print(f"access line at INFO: {best:.2f} µs of CPU a request (best of 5 x 100,000)")
+        return 0
+    if args.layers:
+        variant = "+".join(args.variants) or "full"
+        _environ(set(variant.split("+")))
+        shares = run_fast(lambda: _layers(variant, 20_000))
+        print(f"{variant}: share of the gateway's CPU per request, by layer (cProfile, in process)")
+        for label, share in shares:
+            print(f"  {label:58s} {share:6.1%}")
         return 0
     if args.child:
         _child(args.child, args.requests, args.runs)

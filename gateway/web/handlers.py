@@ -171,6 +171,15 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise PayloadTooLarge(f"the request body is {length} bytes; the limit is {limit}")
+    content = request.content
+    if content.is_eof():
+        # The whole body came with the head (the common case for a message): take what is
+        # buffered as it is, without `read()`'s copy into a bytearray and back. The handler
+        # is the body's only reader.
+        body = content.read_nowait()
+        if len(body) > limit:  # chunked: no Content-Length to check first
+            raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+        return body
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:

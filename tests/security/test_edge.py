@@ -255,6 +255,36 @@ async def test_every_rejection_is_json_with_a_request_id_and_sends_nothing(
     await nothing_sent(control)
 
 
+def _chunked(*chunks: bytes, last: bool = True) -> bytes:
+    head = b"POST /orders/messages HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
+    return head + body + (b"0\r\n\r\n" if last else b"")
+
+
+async def test_a_chunked_body_within_the_limit_is_sent_whole(
+    gateway: GatewayFactory, broker: BrokerProcess
+):
+    gw = await gateway({"SBGATE_MAX_BODY_BYTES": "1024"})
+    status, _, answer = await exchange(gw.server.port, _chunked(b"a" * 600, b"b" * 424))
+    assert status == 201, answer
+    [m] = await receive(broker, "orders")
+    assert b"".join(m.body) == b"a" * 600 + b"b" * 424
+
+
+@pytest.mark.parametrize("complete", [True, False], ids=["whole body at once", "body still open"])
+async def test_a_chunked_body_over_the_limit_is_413_and_sends_nothing(
+    gateway: GatewayFactory, control: ControlClient, complete: bool
+):
+    """No Content-Length to refuse up front: the limit holds on the bytes read, whether the
+    whole body came with the head or the handler waits for the rest of it."""
+    gw = await gateway({"SBGATE_MAX_BODY_BYTES": "1024"})
+    raw = _chunked(b"a" * 700, b"b" * 700, last=complete)
+    status, headers, answer = await exchange(gw.server.port, raw)
+    assert status == 413, answer
+    assert orjson.loads(answer)["error"] == "payload_too_large" and headers["x-request-id"]
+    await nothing_sent(control)
+
+
 async def test_after_a_431_the_connection_is_closed(gateway: GatewayFactory):
     gw = await gateway()
     reader, writer = await open_raw(gw.server.port)
