@@ -5,7 +5,10 @@ A rule matches an operation (``send``: a transfer on a sender link, including pi
 on all of them, for the next ``count`` operations or until it is cleared. What happens then
 is its ``mode``: ``reject`` settles the transfer rejected with the condition (for a receive:
 the link is detached with it), ``hang`` accepts the transfer and never settles it (for a
-receive: nothing is delivered), ``detach`` detaches the link with the condition.
+receive: nothing is delivered), ``detach`` detaches the link with the condition, and
+``lose-outcome`` (sends only) **stores** the message and never settles the transfer: the
+outcome lost on the way back, as when a connection fails between Service Bus storing a
+message and its disposition reaching the client.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 Operation = Literal["send", "receive", "any"]
-Mode = Literal["reject", "hang", "detach"]
+Mode = Literal["reject", "hang", "detach", "lose-outcome"]
 
 OPERATIONS: tuple[str, ...] = ("send", "receive", "any")
-MODES: tuple[str, ...] = ("reject", "hang", "detach")
+MODES: tuple[str, ...] = ("reject", "hang", "detach", "lose-outcome")
 
 # Conditions with the exception azure-servicebus 7.15 raises for them, for docs
 # (docs/design.md#errors-the-sdk-raises).
@@ -88,6 +91,8 @@ class FaultTable:
         mode = spec.get("mode", "reject")
         if mode not in MODES:
             raise FaultSpecError(f"mode must be one of {MODES}")
+        if mode == "lose-outcome" and operation != "send":
+            raise FaultSpecError("mode lose-outcome applies to sends only (operation: send)")
         condition = spec.get("condition", "amqp:internal-error")
         if not isinstance(condition, str) or ":" not in condition:
             raise FaultSpecError("condition must be an AMQP error condition such as amqp:not-found")

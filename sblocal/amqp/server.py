@@ -416,7 +416,11 @@ class _NamespaceHandler(Handler):
             return
         path: str = link._sb_entity_path
         rule = self._rt.faults.take(path, "send") if self._rt.faults else None
-        if rule is not None:
+        lose_outcome = rule is not None and rule.mode == "lose-outcome"
+        if lose_outcome:
+            with self._ns.lock:
+                self._ns.counters.faults_applied += 1
+        elif rule is not None:
             with self._ns.lock:
                 self._ns.counters.faults_applied += 1
                 self._ns.counters.rejected_sends += 1
@@ -463,7 +467,9 @@ class _NamespaceHandler(Handler):
             self._reject(delivery, err.condition, err.description)
             return
         delay = self._rt.latency.total_s
-        if delay > 0:
+        if lose_outcome:
+            pass  # stored, and never settled: the client cannot know it was
+        elif delay > 0:
             # Never block the reactor: settle from a timer.
             self._server.container.schedule(delay, _Callback(lambda: self._settle_late(delivery)))
         else:

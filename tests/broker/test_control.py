@@ -112,6 +112,8 @@ async def test_faults_add_list_delete_and_validation(control: ControlClient) -> 
         {"condition": "amqp:not-found", "operation": "peek"},
         {"condition": "amqp:not-found", "mode": "explode"},
         {"condition": "amqp:not-found", "count": 0},
+        {"condition": "amqp:not-found", "mode": "lose-outcome"},  # sends only
+        {"condition": "amqp:not-found", "mode": "lose-outcome", "operation": "receive"},
     ):
         with pytest.raises(ControlError) as info:
             await control.request("POST", "/namespaces/primary/faults", bad)

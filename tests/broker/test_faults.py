@@ -93,6 +93,25 @@ async def test_hang_accepts_the_transfer_and_never_settles(
     assert (await control.entity("primary", "orders"))["active"] == 0
 
 
+async def test_lose_outcome_stores_the_message_and_never_settles(
+    broker: LocalBroker, control: ControlClient
+) -> None:
+    """The send's outcome is lost on the way back, as when a connection fails after Service
+    Bus stored a message: the sender cannot tell, the message is there."""
+    await control.add_fault(
+        "primary", "amqp:internal-error", operation="send", mode="lose-outcome", count=1
+    )
+    async with sb_client(broker.connection_string("primary")) as client:
+        async with client.get_queue_sender("orders") as sender:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await sender.send_messages(ServiceBusMessage("stored", message_id="m-1"))
+        async with client.get_queue_receiver("orders") as receiver:
+            [stored] = await receive_n(receiver, 1)
+    assert stored.message_id == "m-1" and b"".join(stored.body) == b"stored"
+    assert (await control.counters("primary"))["faults_applied"] == 1
+
+
 async def test_detach_mode_detaches_the_sender_link(
     broker: LocalBroker, control: ControlClient
 ) -> None:

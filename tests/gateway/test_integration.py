@@ -204,6 +204,37 @@ async def test_a_hanging_broker_is_answered_within_send_timeout(gateway: Gateway
     assert 'sbgate_senders_recreated_total{namespace="primary"}' in metrics
 
 
+async def test_a_send_whose_outcome_was_lost_is_503_and_its_retry_is_stored_once(
+    gateway: GatewayFactory, control, broker: BrokerProcess
+):
+    """A 503 after a send attempt means "outcome unknown", not "not stored" (docs/errors.md):
+    here the broker stores the message and its disposition never comes back. The client's
+    retry with the same MessageId is stored once by a queue with duplicate detection."""
+    await control.create_entity("primary", "dedup", "queue", {"requires_duplicate_detection": True})
+    gw = await gateway(
+        {
+            "SBGATE_ENTITIES": "queue:dedup",
+            "SBGATE_SEND_TIMEOUT": "1",
+            "SBGATE_SENDERS_PER_ENTITY": "1",
+            "SBGATE_SDK_RETRY_TOTAL": "0",
+        }
+    )
+    await control.add_fault(
+        "primary", "amqp:internal-error", operation="send", mode="lose-outcome", count=1
+    )
+    headers = {"Idempotency-Key": "order-7"}
+    async with no_hang("a send whose outcome never comes back"):
+        first = await gw.post("/queues/dedup/messages", data=b"x", headers=headers)
+    assert first.status == 503 and (await first.json())["error"] == "upstream_timeout"
+    assert (await control.entity("primary", "dedup"))["active"] == 1  # stored all the same
+    retry = await gw.post("/queues/dedup/messages", data=b"x", headers=headers)
+    assert retry.status == 201, await retry.text()
+    entity = await control.entity("primary", "dedup")
+    assert entity["active"] == 1 and entity["sends"] >= 2, entity
+    [m] = await receive(broker, "dedup")
+    assert m.message_id == "order-7"
+
+
 async def test_namespace_down_then_up_recovers(gateway: GatewayFactory, control):
     gw = await gateway({"SBGATE_SDK_RETRY_TOTAL": "0", "SBGATE_SEND_TIMEOUT": "2"})
     assert (await gw.post("/orders/messages", data=b"1")).status == 201
