@@ -79,36 +79,22 @@ async def test_fault_until_cleared_and_scoped_to_one_entity(
 
 
 @pytest.mark.slow  # waits out a hung send
-async def test_hang_accepts_the_transfer_and_never_settles(
-    broker: LocalBroker, control: ControlClient
+@pytest.mark.parametrize(("mode", "stored"), [("hang", 0), ("lose-outcome", 1)])
+async def test_hang_and_lose_outcome_accept_the_transfer_and_never_settle(
+    broker: LocalBroker, control: ControlClient, mode: str, stored: int
 ) -> None:
-    await control.add_fault(
-        "primary", "amqp:internal-error", operation="send", mode="hang", count=1
-    )
+    """`hang` stores nothing; `lose-outcome` stores the message, as when a connection fails
+    after Service Bus stored it: either way the sender cannot tell."""
+    await control.add_fault("primary", "amqp:internal-error", operation="send", mode=mode, count=1)
     async with sb_client(broker.connection_string("primary")) as client:
         async with client.get_queue_sender("orders") as sender:
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(1.0):
-                    await sender.send_messages(ServiceBusMessage("lost"))
-    assert (await control.entity("primary", "orders"))["active"] == 0
-
-
-async def test_lose_outcome_stores_the_message_and_never_settles(
-    broker: LocalBroker, control: ControlClient
-) -> None:
-    """The send's outcome is lost on the way back, as when a connection fails after Service
-    Bus stored a message: the sender cannot tell, the message is there."""
-    await control.add_fault(
-        "primary", "amqp:internal-error", operation="send", mode="lose-outcome", count=1
-    )
-    async with sb_client(broker.connection_string("primary")) as client:
-        async with client.get_queue_sender("orders") as sender:
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await sender.send_messages(ServiceBusMessage("stored", message_id="m-1"))
+                    await sender.send_messages(ServiceBusMessage("sent", message_id="m-1"))
+        assert (await control.entity("primary", "orders"))["active"] == stored
         async with client.get_queue_receiver("orders") as receiver:
-            [stored] = await receive_n(receiver, 1)
-    assert stored.message_id == "m-1" and b"".join(stored.body) == b"stored"
+            got = await receive_n(receiver, stored)
+    assert [(m.message_id, b"".join(m.body)) for m in got] == [("m-1", b"sent")] * stored
     assert (await control.counters("primary"))["faults_applied"] == 1
 
 
