@@ -210,10 +210,13 @@ async def test_a_send_whose_outcome_was_lost_is_503_and_its_retry_is_stored_once
     """A 503 after a send attempt means "outcome unknown", not "not stored" (docs/errors.md):
     here the broker stores the message and its disposition never comes back. The client's
     retry with the same MessageId is stored once by a queue with duplicate detection."""
-    await control.create_entity("primary", "dedup", "queue", {"requires_duplicate_detection": True})
+    # A name of its own: the broker lives for the whole session.
+    await control.create_entity(
+        "primary", "lost-outcome", "queue", {"requires_duplicate_detection": True}
+    )
     gw = await gateway(
         {
-            "SBGATE_ENTITIES": "queue:dedup",
+            "SBGATE_ENTITIES": "queue:lost-outcome",
             "SBGATE_SEND_TIMEOUT": "1",
             "SBGATE_SENDERS_PER_ENTITY": "1",
             "SBGATE_SDK_RETRY_TOTAL": "0",
@@ -224,14 +227,14 @@ async def test_a_send_whose_outcome_was_lost_is_503_and_its_retry_is_stored_once
     )
     headers = {"Idempotency-Key": "order-7"}
     async with no_hang("a send whose outcome never comes back"):
-        first = await gw.post("/queues/dedup/messages", data=b"x", headers=headers)
+        first = await gw.post("/queues/lost-outcome/messages", data=b"x", headers=headers)
     assert first.status == 503 and (await first.json())["error"] == "upstream_timeout"
-    assert (await control.entity("primary", "dedup"))["active"] == 1  # stored all the same
-    retry = await gw.post("/queues/dedup/messages", data=b"x", headers=headers)
+    assert (await control.entity("primary", "lost-outcome"))["active"] == 1  # stored all the same
+    retry = await gw.post("/queues/lost-outcome/messages", data=b"x", headers=headers)
     assert retry.status == 201, await retry.text()
-    entity = await control.entity("primary", "dedup")
+    entity = await control.entity("primary", "lost-outcome")
     assert entity["active"] == 1 and entity["sends"] >= 2, entity
-    [m] = await receive(broker, "dedup")
+    [m] = await receive(broker, "lost-outcome")
     assert m.message_id == "order-7"
 
 

@@ -256,7 +256,9 @@ async def test_every_rejection_is_json_with_a_request_id_and_sends_nothing(
 
 
 def _chunked(*chunks: bytes, last: bool = True) -> bytes:
-    head = b"POST /orders/messages HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = (
+        b"POST /orders/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
     body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
     return head + body + (b"0\r\n\r\n" if last else b"")
 
