@@ -202,6 +202,45 @@ class CompleteFailsOnce(SdkBacklogPort):
         await super().complete(path, message)
 
 
+async def test_a_lost_outcome_and_its_backlog_copy_are_stored_once_at_home(
+    gateway: GatewayFactory, control, broker
+):
+    """The primary stored the message but its outcome never came back: the send timed out,
+    so the gateway failed the entity over and wrote the message to a backlog queue too
+    (202). Once the primary answers again, the syphon moves that copy home with its
+    MessageId, and duplicate detection keeps one."""
+    await control.create_entity(
+        "primary", "lost-home", "queue", {"requires_duplicate_detection": True}
+    )
+    await control.add_fault(
+        "primary", "amqp:internal-error", operation="send", mode="lose-outcome", count=1
+    )
+    backlogs = [f"lostns/x-servicebus-transfer/{i}" for i in range(2)]
+    gw = await gateway(
+        {
+            **SYPHON,
+            "SBGATE_ENTITIES": "queue:lost-home",
+            "SBGATE_PRIMARY_NAME": "lostns",
+            "SBGATE_SEND_TIMEOUT": "1",
+            "SBGATE_SENDERS_PER_ENTITY": "1",
+        }
+    )
+    resp = await gw.post(
+        "/queues/lost-home/messages",
+        data=b"once",
+        headers={"BrokerProperties": '{"MessageId": "lost-1"}'},
+    )
+    assert resp.status == 202, await resp.text()
+
+    async def moved_home() -> bool:
+        depths = [await depth(control, "secondary", q) for q in backlogs]
+        return sum(depths) == 0 and await depth(control, "primary", "lost-home", "sends") >= 2
+
+    await eventually(moved_home, within=30, every=0.2)
+    got = await receive_all(broker, "lost-home")
+    assert [(m.message_id, b"".join(m.body)) for m in got] == [("lost-1", b"once")]
+
+
 async def test_crash_between_send_and_complete_is_delivered_once_with_duplicate_detection(
     gateway: GatewayFactory, control, broker
 ):
