@@ -3,7 +3,8 @@ item 7): a property-based test against the local broker over real AMQP.
 
 Hypothesis generates a mix of good requests and hostile ones — reserved property names,
 undecodable fields, sessionless sends to a session entity (alone, and sharing a micro-batch
-with good ones), oversized and over-nested bodies, and poison written straight into a backlog
+with good ones), oversized and over-nested bodies, chunked bodies over the body limit (good
+ones are chunked too: no Content-Length), and poison written straight into a backlog
 queue — and runs it twice: all healthy, then with a broker fault on `orders` (it fails over;
 its good requests are answered 202) that is then lifted (a ping fails it back and the syphon
 moves its backlog home). The properties:
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +58,7 @@ class Request:
     data: bytes
     headers: dict[str, str]
     ids: list[str]  # the MessageIds a good request stores
+    chunks: int = 0  # > 0: sent chunked, in this many pieces (no Content-Length)
 
 
 def _props(**kw: Any) -> str:
@@ -70,6 +73,10 @@ def build(kind: str, variant: int) -> Request:
         return Request(
             kind, "orders", True, b"ok", {"BrokerProperties": _props(MessageId=mid)}, [mid]
         )
+    if kind == "good-chunked":
+        body = f"ok-{mid}-".encode() * (1 + variant * 50)
+        props = {"BrokerProperties": _props(MessageId=mid)}
+        return Request(kind, "orders", True, body, props, [mid], chunks=1 + variant % 4)
     if kind == "good-session":
         props = _props(MessageId=mid, SessionId="p")
         return Request(kind, "sessions", True, b"ok", {"BrokerProperties": props}, [mid])
@@ -101,6 +108,8 @@ def build(kind: str, variant: int) -> Request:
         return Request(kind, "sessions", False, b"x", {"BrokerProperties": props}, [])
     if kind == "oversized":
         return Request(kind, "orders", False, b"x" * 300_000, {}, [])
+    if kind == "oversized-chunked":  # over the body limit (1 MiB), with no length to refuse
+        return Request(kind, "orders", False, b"x" * (1 << 20) + b"y", {}, [], chunks=2 + variant)
     if kind == "too-many-items":
         return Request(
             kind, "orders", False, b"[" + b"{}," * 5000 + b"{}]", {"Content-Type": BATCH}, []
@@ -114,8 +123,9 @@ def build(kind: str, variant: int) -> Request:
     raise AssertionError(kind)
 
 
-GOOD = ["good", "good-session", "good-batch"]
+GOOD = ["good", "good-session", "good-batch", "good-chunked"]
 HOSTILE = [
+    "oversized-chunked",
     "reserved-header",
     "reserved-user-property",
     "non-ascii-content-type",
@@ -139,8 +149,14 @@ async def send_all(gw: Any, plan: list[tuple[str, int]]) -> list[Request]:
     """Send the plan's requests concurrently (so they share micro-batches); check answers."""
     reqs = [build(kind, variant) for kind, variant in plan]
 
+    async def pieces(data: bytes, n: int) -> AsyncIterator[bytes]:
+        size = -(-len(data) // n)
+        for i in range(0, len(data), size):
+            yield data[i : i + size]
+
     async def one(r: Request) -> tuple[Request, int, str]:
-        resp = await gw.post(f"/queues/{r.entity}/messages", data=r.data, headers=r.headers)
+        data = pieces(r.data, r.chunks) if r.chunks else r.data
+        resp = await gw.post(f"/queues/{r.entity}/messages", data=data, headers=r.headers)
         return r, resp.status, await resp.text()
 
     for r, status, text in await asyncio.gather(*(one(r) for r in reqs)):
@@ -161,8 +177,10 @@ def transitions(metrics: Metrics, entity: str) -> float:
     )
 
 
-async def at_home(control: ControlClient, entity: str) -> set[str]:
-    return {m["message_id"] for m in await control.messages("primary", entity, limit=1000)}
+async def at_home(control: ControlClient, entity: str) -> dict[str, str | None]:
+    """The messages at `entity`: MessageId → body (as text)."""
+    listed = await control.messages("primary", entity, limit=1000)
+    return {m["message_id"]: m["body_text"] for m in listed}
 
 
 @pytest.mark.timeout(120)
@@ -223,8 +241,12 @@ async def scenario(
     await eventually(drained, within=30, every=0.1)
     for entity in ("orders", "sessions"):
         expected = {i for r in good if r.entity == entity for i in r.ids}
-        missing = expected - await at_home(control, entity)
+        home = await at_home(control, entity)
+        missing = expected - home.keys()
         assert not missing, f"good messages lost for {entity}: {sorted(missing)}"
+        for r in good:  # a chunked body arrives whole
+            if r.chunks and r.entity == entity:
+                assert home[r.ids[0]] == r.data.decode(), r
     assert transitions(metrics, "sessions") == 0, "sessions changed state with no fault"
     assert metrics.registry.get_sample_value("sbgate_backlog_queues_out_of_rotation") == 0
     failed = [
