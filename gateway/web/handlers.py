@@ -172,18 +172,16 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     if length is not None and length > limit:
         raise PayloadTooLarge(f"the request body is {length} bytes; the limit is {limit}")
     content = request.content
-    if content.is_eof():
-        # The whole body came with the head (the common case for a message): take what is
-        # buffered as it is, without `read()`'s copy into a bytearray and back. The handler
-        # is the body's only reader.
-        body = content.read_nowait()
-        if len(body) > limit:  # chunked: no Content-Length to check first
-            raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
-        return body
     try:
-        return await request.read()
+        # A body that came whole with its head (the common case for a message) is taken as
+        # buffered, without `read()`'s copy into a bytearray and back; the handler is the
+        # body's only reader.
+        body: bytes | None = content.read_nowait() if content.is_eof() else await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge(f"the request body is larger than {limit} bytes") from None
+        body = None
+    if body is None or len(body) > limit:  # chunked: no Content-Length to check first
+        raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+    return body
 
 
 def _check_sizes(messages: list[OutboundMessage], limits: LimitSettings) -> None:
