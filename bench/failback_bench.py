@@ -38,8 +38,7 @@ from gateway.app import (
 from gateway.config import NamespaceSettings, SyphonSettings, TimeoutSettings, load_settings
 from gateway.core.backlog import is_backlog_path
 from gateway.core.message import OutboundMessage
-from gateway.core.ports import NamespaceClient, Sender
-from gateway.syphon.ports import BacklogPort
+from gateway.core.ports import BacklogPort, NamespaceClient, Sender
 from gateway.syphon.syphon import MIN_CHECK_SPACING
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.support.processes import broker_wiring, free_port

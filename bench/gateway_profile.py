@@ -110,7 +110,7 @@ def _build(parts: set[str]) -> tuple[web.AppRunner, Callable[[], None]]:
         def _noop(*args: Any) -> None:
             return None
 
-        metrics: Any = app[EDGE].metrics
+        metrics: Any = app[EDGE].observer
         metrics.request_answered = metrics.messages_accepted = _noop
     runner: web.AppRunner
     if "runner" in parts:

@@ -80,10 +80,14 @@ def gateway_runner(app: web.Application, settings: Settings) -> web.AppRunner:
     """The runner `gateway serve` uses (its hardened connection handler, when it has one)."""
     kwargs: dict[str, Any] = {"handle_signals": False, "access_log": None, "shutdown_timeout": 5.0}
     try:
-        from gateway.web.hardening import HardenedAppRunner
+        from gateway.app import edge_runner
     except ImportError:
-        return web.AppRunner(app, **kwargs)
-    return HardenedAppRunner(app, settings=settings, **kwargs)
+        try:
+            from gateway.web.hardening import HardenedAppRunner
+        except ImportError:
+            return web.AppRunner(app, **kwargs)
+        return HardenedAppRunner(app, settings=settings, **kwargs)
+    return edge_runner(app, settings, **kwargs)
 
 
 def _rss() -> int:

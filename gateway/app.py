@@ -5,9 +5,9 @@ The resources are the cleanup contexts below, in start order: async generators w
 one `yield`, started in order and cleaned up in reverse, each writing what it starts under
 its own key. Once started, an app holds:
 
-* `SETTINGS`, `PLAN` (what runs), `ADAPTERS` (the ports' adapters), `EDGE` (catalog, limits,
-  metrics, lifecycle, ledger, access log: what the handlers read) and, with rules,
-  `AUTHORIZER`;
+* `SETTINGS`, `PLAN` (what runs), `ADAPTERS` (the ports' adapters), `METRICS`, `EDGE`
+  (catalog, limits, the metrics as the edge's observer, lifecycle, ledger, access log: what
+  the handlers read) and, with rules, `AUTHORIZER`;
 * the access log (in `EDGE`), flushed once per loop turn and, at shutdown, last;
 * `LOOP_LAG` — the event loop's measured delay;
 * `CREDENTIAL` — the process's one Entra ID credential, closed last but the access log;
@@ -40,7 +40,7 @@ from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Dispatcher
 from gateway.core.entities import EntityCatalog
 from gateway.core.failover import Failover, PairClients
 from gateway.core.looplag import LoopLag
-from gateway.core.ports import NamespaceClient, Tracer
+from gateway.core.ports import BacklogPort, NamespaceClient, Tracer
 from gateway.core.router import PrimaryRouter
 from gateway.ledger import LedgerSettings, create_ledger
 from gateway.logs import AccessLog
@@ -49,14 +49,13 @@ from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
 from gateway.state.memory import LocalState
 from gateway.supervision import TaskObserver
-from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import Syphon
 from gateway.tracing import close_tracer, create_tracer
 from gateway.web import handlers
 from gateway.web.admin import FAILOVER, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
 from gateway.web.handlers import EDGE, ROUTER, EdgeState, Lifecycle
-from gateway.web.hardening import host_check, is_loopback
+from gateway.web.hardening import HardenedAppRunner, host_check, is_loopback
 from gateway.web.openapi import add_openapi_route
 
 if TYPE_CHECKING:
@@ -114,6 +113,7 @@ DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 PAIRS = web.AppKey[Mapping[str, PairClients]]("pairs")
 SYPHONS = web.AppKey[list[Syphon]]("syphons")
 LOOP_LAG = web.AppKey("loop_lag", LoopLag)
+METRICS = web.AppKey("metrics", Metrics)
 
 # The dispatcher's grace for pending sends at shutdown, and our deadline on closing one
 # namespace client or the credential (the SDK's closes can hang on a namespace that went away).
@@ -193,10 +193,11 @@ def create_app(
     authorizer = build_authorizer(settings)
     if authorizer is not None:
         app[AUTHORIZER] = authorizer
+    app[METRICS] = metrics
     app[EDGE] = EdgeState(
         catalog=EntityCatalog(settings.entities),
         limits=settings.limits,
-        metrics=metrics,
+        observer=metrics,
         lifecycle=Lifecycle(),
         ledger=create_ledger(ledger_settings(settings), replica=settings.replica_id),
         access_log=AccessLog(settings.log_format),
@@ -236,20 +237,34 @@ def _add_routes(app: web.Application, mode: Mode) -> None:
         add_admin_routes(app)
     else:
         handlers.add_health_routes(app)
-    app.router.add_get("/metrics", _metrics_handler)
+    app.router.add_get("/metrics", _metrics_handler(app[METRICS]))
     add_openapi_route(app, serving=mode == "serve")
     if mode == "serve":
         handlers.add_not_ingestion_routes(app)  # last: it answers every other path
 
 
-async def _metrics_handler(request: web.Request) -> web.StreamResponse:
+def edge_runner(app: web.Application, settings: Settings, **kwargs: Any) -> HardenedAppRunner:
+    """The runner that serves `app` (one of `create_app`'s) on the listen port: the app's
+    metrics observe its shedder and listener, and the shedder samples the app's loop lag.
+    Keyword arguments go to `HardenedAppRunner` (and on to `web.AppRunner`)."""
+    return HardenedAppRunner(
+        app, settings=settings, observer=app.get(METRICS), loop_lag=LOOP_LAG, **kwargs
+    )
+
+
+def _metrics_handler(metrics: Metrics) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """``/metrics``, bound to `metrics` (the probe port's app serves the same handler)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    # In a worker thread: with thousands of entities a scrape renders tens of thousands of
-    # series (seconds of CPU at 10,000 entities, docs/deploy.md#sizing), which on the event
-    # loop would stall every send meanwhile. prometheus_client's values are thread-safe.
-    body = await asyncio.to_thread(generate_latest, request.app[EDGE].metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def scrape(request: web.Request) -> web.StreamResponse:
+        # In a worker thread: with thousands of entities a scrape renders tens of thousands
+        # of series (seconds of CPU at 10,000 entities, docs/deploy.md#sizing), which on the
+        # event loop would stall every send meanwhile. prometheus_client's values are
+        # thread-safe.
+        body = await asyncio.to_thread(generate_latest, metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return scrape
 
 
 # -- the resources, in start order ---------------------------------------------------------
@@ -268,7 +283,7 @@ async def access_log_ctx(app: web.Application) -> AsyncIterator[None]:
 async def loop_lag_ctx(app: web.Application) -> AsyncIterator[None]:
     """The event loop's delay (`LOOP_LAG`), sampled for failover (a timeout of ours does not
     count) and the `sbgate_event_loop_lag_seconds` gauge."""
-    lag = LoopLag(on_sample=app[EDGE].metrics.event_loop_lag.set)
+    lag = LoopLag(on_sample=app[METRICS].event_loop_lag.set)
     app[LOOP_LAG] = lag
     lag.start()
     try:
@@ -312,7 +327,7 @@ async def clients_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def state_ctx(app: web.Application) -> AsyncIterator[None]:
     """The state store replicas share, when failover or the syphon runs (`STORE`)."""
-    metrics = app[EDGE].metrics
+    metrics = app[METRICS]
     store = app[ADAPTERS].store(app[SETTINGS]) if app[PLAN].shared_state else None
     if store is None:
         metrics.redis_connected.set(1)  # nothing to be disconnected from
@@ -334,8 +349,8 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
 async def ledger_ctx(app: web.Application) -> AsyncIterator[None]:
     """The event ledger: flushed and closed after everything that emits."""
     edge = app[EDGE]
-    edge.metrics.bind_ledger(edge.ledger)
-    edge.ledger.task_observer = edge.metrics  # its writer is supervised
+    app[METRICS].bind_ledger(edge.ledger)
+    edge.ledger.task_observer = app[METRICS]  # its writer is supervised
     async with edge.ledger:
         yield
 
@@ -346,11 +361,11 @@ async def dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     its first sends (docs/deploy.md#sizing), so start-up costs nothing per declared entity."""
     settings, edge, clients = app[SETTINGS], app[EDGE], app[CLIENTS]
     dispatcher = Dispatcher(
-        settings.limits, settings.timeouts, observer=edge.metrics, tracer=edge.tracer
+        settings.limits, settings.timeouts, observer=app[METRICS], tracer=edge.tracer
     )
     app[DISPATCHER] = dispatcher
-    edge.metrics.bind_admission(lambda: dispatcher.gate.waiting, lambda: dispatcher.gate.used)
-    edge.metrics.bind_links(
+    app[METRICS].bind_admission(lambda: dispatcher.gate.waiting, lambda: dispatcher.gate.used)
+    app[METRICS].bind_links(
         lambda: dispatcher.open_senders, lambda: _open_connections(clients.values())
     )
     pairs: dict[str, PairClients] = {}
@@ -375,7 +390,7 @@ async def router_ctx(app: web.Application) -> AsyncIterator[None]:
             app[STORE],
             settings.failover,
             settings.limits,
-            observer=edge.metrics,
+            observer=app[METRICS],
             ledger=edge.ledger,
             loop_lag=app[LOOP_LAG],
             timeouts=settings.timeouts,
@@ -418,7 +433,7 @@ async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
     edge = app[EDGE]
     lifecycle = edge.lifecycle
     lifecycle.started = True
-    edge.metrics.ready.set_function(lambda: 1.0 if lifecycle.ready else 0.0)
+    app[METRICS].ready.set_function(lambda: 1.0 if lifecycle.ready else 0.0)
     log.info("gateway ready", extra={"entities": [e.path for e in edge.catalog.all()]})
     yield
     lifecycle.draining = True
@@ -465,7 +480,7 @@ def _start_syphons(app: web.Application) -> list[Syphon]:
             store=app.get(STORE),
             settings=settings.syphon,
             timeouts=settings.timeouts,
-            observer=edge.metrics,
+            observer=app[METRICS],
             ledger=edge.ledger,
             tracer=edge.tracer,
         )

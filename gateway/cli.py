@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import gc
 import importlib.util
-import ipaddress
 import logging
 import os
 import signal
@@ -42,15 +41,6 @@ def tune_gc() -> None:
     gc.freeze()
     _, threshold1, threshold2 = gc.get_threshold()
     gc.set_threshold(GC_THRESHOLD0, threshold1, threshold2)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -151,8 +141,8 @@ async def _serve(
     dev: bool = False,
     banner_file: str | None = None,
 ) -> int:
-    from gateway.app import create_app
-    from gateway.web.hardening import HardenedAppRunner, ShedSite
+    from gateway.app import create_app, edge_runner
+    from gateway.web.hardening import ShedSite
     from gateway.web.probes import serving_probes
 
     embedded = None
@@ -163,9 +153,9 @@ async def _serve(
         settings = embedded.apply(settings)
     try:
         app = create_app(settings, mode=mode, tracer=tracer)
-        runner = HardenedAppRunner(
+        runner = edge_runner(
             app,
-            settings=settings,
+            settings,
             handle_signals=False,
             access_log=None,
             shutdown_timeout=settings.shutdown.shutdown_timeout,
@@ -304,6 +294,7 @@ def cmd_syphon(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
     from gateway.logs import ACCESS_LOGGER, setup_logging
+    from gateway.web.hardening import is_loopback
 
     settings = _load(args)
     try:
@@ -329,7 +320,8 @@ def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
     if args.dev and "SBGATE_LOG_LEVEL" not in os.environ:
         logging.getLogger(ACCESS_LOGGER).setLevel(_DEV_ACCESS_LEVEL)
     has_auth = bool(settings.auth_rules_file or settings.auth_rules)
-    if not _is_loopback(settings.listen_host) and not has_auth and not settings.allow_open:
+    # The same rule as open mode's Host check: one `is_loopback`.
+    if not is_loopback(settings.listen_host) and not has_auth and not settings.allow_open:
         print(
             f"refusing to listen on {settings.listen_host} without authorization rules: set "
             "SBGATE_AUTH_RULES_FILE (or SBGATE_AUTH_RULES), or SBGATE_ALLOW_OPEN=true to run open",

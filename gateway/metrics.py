@@ -33,6 +33,7 @@ from gateway.core.failover import FailoverObserver
 from gateway.ledger import EventLedger
 from gateway.state.base import INVALID_VALUE_SOURCES, SEVERITY, Status
 from gateway.syphon.syphon import SyphonObserver
+from gateway.web.observer import EdgeObserver
 from gateway.web.overload import (
     PAUSE_REASONS,
     SHED_REASONS,
@@ -52,8 +53,9 @@ STATES: tuple[Status, ...] = ("healthy", "failing", "failed_over")
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
-class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
-    """All of the gateway's metrics, and the dispatcher's and failover's observer."""
+class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
+    """All of the gateway's metrics, and the observer of the dispatcher, failover, the syphon
+    and the HTTP edge."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -360,6 +362,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
 
     def shed(self, reason: ShedReason) -> None:
         self.http_shed.labels(reason).inc()
+
+    def admission_refused(self) -> None:
+        self.admission_rejected.inc()
 
     def watch_http(self, shedder: Shedder) -> None:
         """Read the open connections and requests in progress from the server's shedder."""

@@ -10,9 +10,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.web import BaseRunner
 
-from gateway.app import create_app
+from gateway.app import create_app, edge_runner
 from gateway.config import Settings, load_settings
-from gateway.web.hardening import HardenedAppRunner
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.support import markers
 from tests.support.markers import forbid_real_components  # noqa: F401 (autouse fixture)
@@ -35,7 +34,7 @@ class HardenedTestServer(TestServer):
         self._settings = settings
 
     async def _make_runner(self, **kwargs: Any) -> BaseRunner:
-        return HardenedAppRunner(self.app, settings=self._settings, **kwargs)
+        return edge_runner(self.app, self._settings, **kwargs)
 
 
 @pytest.fixture(scope="session")

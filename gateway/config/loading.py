@@ -28,7 +28,7 @@ from gateway.config.settings import (
     Settings,
 )
 from gateway.config.values import ConfigError, choice, sdk_connection_string, text
-from gateway.core.entities import validate_entity_path
+from gateway.entitypath import validate_entity_path
 from gateway.errors import InvalidEntityPath
 from gateway.secret import Secret
 

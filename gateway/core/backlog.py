@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from gateway.core.message import AppValue, OutboundMessage, estimate_size
+from gateway.entitypath import BACKLOG_SEGMENT
 
 PATH = "x-ms-path"
 SESSION_ID = "x-ms-sessionid"
@@ -48,8 +49,8 @@ PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
 # died mid-move is available again after this long.
 BACKLOG_LOCK_DURATION = 60.0
 
-# Backlog queues live at <primary-namespace>/x-servicebus-transfer/<index> in the secondary.
-BACKLOG_SEGMENT: Final = "x-servicebus-transfer"
+# Backlog queues live at <primary-namespace>/x-servicebus-transfer/<index> in the secondary
+# (`BACKLOG_SEGMENT`: the entity-path grammar refuses it to clients).
 # A backlog queue's path, searched in a queue path without its sub-queue suffix (also the
 # audit's default --backlog-pattern, applied by Spark).
 BACKLOG_PATH_PATTERN: Final = rf"/{BACKLOG_SEGMENT}/\d+$"

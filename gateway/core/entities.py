@@ -1,68 +1,22 @@
-"""Entity paths: what a valid Service Bus entity path is, and which ones clients may use.
+"""The declared entities: the catalog the edge and the engine look paths up in.
 
-This module is the one definition of the rule: configuration (`gateway.config`) refuses a
-declared path with `validate_entity_path`, and the OpenAPI document derives its pattern from
-`ENTITY_PATH_PATTERN`.
+The path grammar itself (`validate_entity_path`, `ENTITY_PATH_PATTERN`) is the leaf module
+`gateway.entitypath`, so that configuration can hold to it without importing the engine; it
+is re-exported here for the engine's users.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.core.backlog import BACKLOG_SEGMENT
-from gateway.errors import InvalidEntityPath, UnknownEntity
+from gateway.entitypath import ENTITY_PATH_PATTERN, MAX_PATH, validate_entity_path
+from gateway.errors import UnknownEntity
 
 if TYPE_CHECKING:
-    # Types only: gateway.config validates entity paths with this module at load time.
+    # Types only: the catalog is built from the settings.
     from gateway.config import EntityKind, EntitySettings
-
-MAX_PATH = 260
-# Letters, digits, '.', '-', '_' in '/'-separated segments (Service Bus entity naming rules;
-# '@ ? # *' and everything non-ASCII — including Unicode look-alikes — are refused). A
-# segment starts with a letter or a digit, so '.' and '..' never match.
-SEGMENT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._\-]*"
-# A whole path, anchored, for JSON Schema (the OpenAPI document). The full rule, with the
-# length limit, sub-queues and backlog queues, is `validate_entity_path`.
-ENTITY_PATH_PATTERN = rf"^{SEGMENT_PATTERN}(/{SEGMENT_PATTERN})*$"
-_SEGMENT = re.compile(SEGMENT_PATTERN + r"\Z")
-
-
-def validate_entity_path(path: str) -> str:
-    """Return `path` if clients may address it, else raise `InvalidEntityPath` (400).
-
-    Refused: empty or over 260 characters, characters outside the Service Bus set, empty,
-    ``.`` or ``..`` segments, sub-queues (``$DeadLetterQueue`` and any ``$`` segment) and
-    backlog queues (``*/x-servicebus-transfer/*``).
-    """
-    if not path:
-        raise InvalidEntityPath("the entity path is empty")
-    if len(path) > MAX_PATH:
-        raise InvalidEntityPath(
-            f"the entity path is {len(path)} characters long; the limit is {MAX_PATH}"
-        )
-    segments = path.split("/")
-    for seg in segments:
-        if seg in {"", ".", ".."}:
-            raise InvalidEntityPath("the entity path has an empty, '.' or '..' segment")
-        if seg.startswith("$"):
-            raise InvalidEntityPath(
-                f"sub-queues such as {seg!r} cannot be sent to", entity=_printable(path)
-            )
-        if not _SEGMENT.match(seg):
-            raise InvalidEntityPath(
-                "entity paths may contain only letters, digits, '.', '-', '_' and '/'",
-                entity=_printable(path),
-            )
-    if any(s.lower() == BACKLOG_SEGMENT for s in segments):
-        raise InvalidEntityPath("backlog queues are internal to the gateway", entity=path)
-    return path
-
-
-def _printable(s: str) -> str:
-    return s.encode("ascii", "backslashreplace").decode("ascii")[:300]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,3 +71,6 @@ class EntityCatalog:
         """The 404 for a valid path that is not declared (of `kind`)."""
         what = kind or "queue or topic"
         return UnknownEntity(f"no {what} named {path!r} is configured", entity=path)
+
+
+__all__ = ["ENTITY_PATH_PATTERN", "MAX_PATH", "EntityCatalog", "EntityRef", "validate_entity_path"]

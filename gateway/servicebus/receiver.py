@@ -18,10 +18,10 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
 from gateway.config import NamespaceSettings
 from gateway.core.message import AppValue, OutboundMessage
+from gateway.core.ports import Received
 from gateway.errors import SendFailure
 from gateway.servicebus.admin import admin_client
 from gateway.servicebus.errors import map_exceptions
-from gateway.syphon.ports import Received
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential

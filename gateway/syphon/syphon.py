@@ -53,12 +53,11 @@ from gateway.core.backlog import (
 )
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
-from gateway.core.ports import NamespaceClient, Tracer
+from gateway.core.ports import BacklogPort, Clock, NamespaceClient, RealClock, Received, Tracer
 from gateway.errors import FailureKind, GatewayError, SendFailure
 from gateway.ledger import EventLedger, NullLedger
 from gateway.state.base import BacklogState, EntityState, StateStore
 from gateway.supervision import supervised
-from gateway.syphon.ports import BacklogPort, Clock, RealClock, Received
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway.auth import Right
-from gateway.core.entities import validate_entity_path
 from gateway.core.failover import Failover
+from gateway.entitypath import validate_entity_path
 from gateway.errors import GatewayError
 from gateway.state.base import EntityState
 from gateway.web.auth import authorize

@@ -33,10 +33,10 @@ from gateway.errors import (
 )
 from gateway.ledger import EventLedger, NullLedger
 from gateway.logs import AccessLog
-from gateway.metrics import Metrics
 from gateway.tracing import log_ids, request_properties
 from gateway.web import rest
 from gateway.web.auth import authorize
+from gateway.web.observer import EdgeObserver
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -71,7 +71,7 @@ class EdgeState:
 
     catalog: EntityCatalog
     limits: LimitSettings
-    metrics: Metrics
+    observer: EdgeObserver  # the metrics, in the app (gateway.metrics implements it)
     lifecycle: Lifecycle
     ledger: EventLedger = field(default_factory=NullLedger)
     access_log: AccessLog = field(default_factory=AccessLog)
@@ -349,17 +349,17 @@ def _record_outcome(
     `entity` is ``_unknown`` until the path named a declared entity; `messages` is empty
     until the body parsed within the limits (nothing to put in the ledger before that)."""
     elapsed = time.perf_counter() - started
-    metrics = state.metrics
+    observer = state.observer
     if isinstance(result, GatewayError):
         status, route, error = result.status, "none", result
         if isinstance(result, Saturated):
-            metrics.admission_rejected.inc()
+            observer.admission_refused()
     else:
         status, route, error = result.status, result.route, None
-        metrics.messages_accepted(entity, route, len(messages))
+        observer.messages_accepted(entity, route, len(messages))
     if messages and state.ledger.enabled:
         _emit_ledger(state.ledger, entity, messages, result, elapsed)
-    metrics.request_answered(entity, status, route, elapsed)
+    observer.request_answered(entity, status, route, elapsed)
     _log_outcome(state.access_log, outcome, entity, status, route, messages, elapsed, error)
 
 

@@ -81,7 +81,8 @@ from gateway.web.overload import (
 )
 
 if TYPE_CHECKING:
-    from gateway.metrics import Metrics
+    from gateway.core.looplag import LoopLag
+    from gateway.web.observer import EdgeObserver
 
 log = logging.getLogger(__name__)
 
@@ -514,12 +515,24 @@ class _HardenedServer(web.Server):
 class HardenedAppRunner(web.AppRunner):
     """`web.AppRunner` whose connections enforce `settings.http` and the head-size cap.
 
-    Use it wherever the app is served (``gateway serve``, and tests over real sockets);
-    extra keyword arguments go to `web.AppRunner` and win over `handler_kwargs`."""
+    Use it wherever the app is served (``gateway serve``, and tests over real sockets;
+    `gateway.app.edge_runner` builds it for the gateway's app). `observer` hears the
+    shedder's and the listener's figures (the app's metrics); `loop_lag` is the app key of
+    the event loop's measured delay, which exists once the app has started: the shedder
+    samples it. Extra keyword arguments go to `web.AppRunner` and win over
+    `handler_kwargs`."""
 
-    __slots__ = ("_deadlines", "_limits", "metrics", "shedder")
+    __slots__ = ("_deadlines", "_limits", "_loop_lag", "metrics", "shedder")
 
-    def __init__(self, app: web.Application, *, settings: Settings, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        settings: Settings,
+        observer: EdgeObserver | None = None,
+        loop_lag: web.AppKey[LoopLag] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **{**handler_kwargs(settings), **kwargs})
         self._deadlines = Deadlines.from_settings(settings)
         self._limits = OverloadLimits(
@@ -530,19 +543,18 @@ class HardenedAppRunner(web.AppRunner):
             max_loop_lag=MAX_LOOP_LAG,
         )
         self.shedder: Shedder | None = None
-        self.metrics: Metrics | None = None  # the app's, once set up (ShedSite reports there)
+        self.metrics = observer  # ShedSite reports there
+        self._loop_lag = loop_lag
 
     async def _make_server(self) -> web.Server:
-        from gateway.app import LOOP_LAG  # the app's resources; the app imports much
-        from gateway.web.handlers import EDGE  # the app's metrics; handlers import much
-
-        edge = self.app.get(EDGE) if isinstance(self.app, web.Application) else None
-        self.shedder = Shedder(self._limits, edge.metrics.shed if edge is not None else None)
-        if edge is not None:
-            edge.metrics.watch_http(self.shedder)
-            self.metrics = edge.metrics
-        base = await super()._make_server()  # the app's start-up: LOOP_LAG exists after it
-        lag = self.app.get(LOOP_LAG) if isinstance(self.app, web.Application) else None
+        observer = self.metrics
+        self.shedder = Shedder(self._limits, observer.shed if observer is not None else None)
+        if observer is not None:
+            observer.watch_http(self.shedder)
+        base = await super()._make_server()  # the app's start-up: the loop lag exists after it
+        lag = None
+        if self._loop_lag is not None and isinstance(self.app, web.Application):
+            lag = self.app.get(self._loop_lag)
         if lag is not None:
             lag.watch(self.shedder.loop_sampled)
         return _HardenedServer(base, self._deadlines, self.shedder)

@@ -15,7 +15,7 @@ import orjson
 from aiohttp import web
 
 from gateway.config import LimitSettings
-from gateway.core.entities import ENTITY_PATH_PATTERN as _ENTITY_PATTERN
+from gateway.entitypath import ENTITY_PATH_PATTERN as _ENTITY_PATTERN
 from gateway.web import rest
 
 _LIMITS = LimitSettings()

@@ -21,10 +21,10 @@ from gateway.app import (
 from gateway.config import NamespaceSettings, Settings, load_settings
 from gateway.core.failover import Failover
 from gateway.core.message import OutboundMessage
+from gateway.core.ports import BacklogPort
 from gateway.core.router import PrimaryRouter
 from gateway.servicebus.identity import SharedCredential
 from gateway.state.memory import MemoryStateStore
-from gateway.syphon.ports import BacklogPort
 from gateway.web.admin import FAILOVER
 from gateway.web.handlers import EDGE, ROUTER
 

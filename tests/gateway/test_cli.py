@@ -198,3 +198,32 @@ def test_a_serving_process_freezes_its_start_up_and_collects_less_often() -> Non
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("app.localhost", True),
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.1", False),
+        ("example.com", False),
+        ("localhost.example.com", False),
+        ("", False),
+    ],
+)
+def test_one_loopback_rule_for_the_listen_host_and_the_host_check(
+    host: str, loopback: bool
+) -> None:
+    """`gateway serve` refuses to listen open on a non-loopback host by the same rule as open
+    mode's ``Host`` check (there were two, which disagreed on ``LOCALHOST`` and ``[::1]``)."""
+    from gateway.web.hardening import is_loopback
+
+    assert is_loopback(host) is loopback

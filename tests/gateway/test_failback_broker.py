@@ -20,8 +20,7 @@ from gateway.config import NamespaceSettings, load_settings
 from gateway.core.backlog import is_backlog_path
 from gateway.core.failover import MARKED_HEALTHY, PING_DELIVERED
 from gateway.core.message import OutboundMessage
-from gateway.core.ports import NamespaceClient, Sender
-from gateway.syphon.ports import BacklogPort
+from gateway.core.ports import BacklogPort, NamespaceClient, Sender
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
 from tests.support.processes import broker_env

@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 from azure.servicebus.aio import ServiceBusClient
 
+from gateway.core.ports import Received
 from gateway.errors import CONNECTION, SendFailure
 from gateway.servicebus.client import SdkNamespaceClient
 from gateway.servicebus.receiver import SdkBacklogPort
-from gateway.syphon.ports import Received
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
 from tests.support.waiting import eventually

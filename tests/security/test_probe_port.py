@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.app import create_app
+from gateway.app import create_app, edge_runner
 from gateway.config import load_settings
 from gateway.web.handlers import EDGE
 from gateway.web.hardening import HardenedAppRunner, ShedSite
@@ -35,7 +35,7 @@ async def serving(
     """The app on a `ShedSite` (free port) and its probe port: (runner, site, probe port)."""
     probe_port = free_port()
     settings = load_settings(broker_env(broker, SBGATE_PROBE_PORT=str(probe_port), **env))
-    runner = HardenedAppRunner(create_app(settings), settings=settings)
+    runner = edge_runner(create_app(settings), settings)
     await runner.setup()
     try:
         site = ShedSite(runner, "127.0.0.1", 0)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from gateway.app import create_app
+from gateway.app import create_app, edge_runner
 from gateway.config import load_settings
 from gateway.web.hardening import MAX_ACCEPT_QUEUE, HardenedAppRunner, ShedSite
 from gateway.web.overload import Shedder
@@ -156,7 +156,7 @@ async def test_without_caps_nothing_is_shed(
 async def serving(broker: BrokerProcess, **env: str) -> AsyncIterator[tuple[ShedSite, Shedder]]:
     """The gateway served as `gateway serve` serves it (`ShedSite`), on a free port."""
     settings = load_settings(broker_env(broker, **env))
-    runner = HardenedAppRunner(create_app(settings), settings=settings)
+    runner = edge_runner(create_app(settings), settings)
     await runner.setup()
     try:
         site = ShedSite(runner, "127.0.0.1", 0)

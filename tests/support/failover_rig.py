@@ -18,8 +18,8 @@ from gateway.core.entities import EntityRef
 from gateway.core.failover import Failover, PairClients
 from gateway.core.looplag import LoopLag
 from gateway.core.message import OutboundMessage
+from gateway.core.ports import RealClock
 from gateway.metrics import Metrics
-from gateway.syphon.ports import RealClock
 from gateway.syphon.syphon import MIN_CHECK_SPACING, Syphon
 from tests.support.fake_broker import FakeNamespace
 from tests.support.fake_cluster import ClusterStore, FakeRedis

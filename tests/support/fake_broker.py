@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from gateway.core.backlog import BACKLOG_LOCK_DURATION, PING_CONTENT_TYPE
 from gateway.core.message import OutboundMessage
+from gateway.core.ports import Received
 from gateway.errors import Classification, FailureKind, SendFailure
-from gateway.syphon.ports import Received
 
 CONNECTION = Classification(FailureKind.CONNECTION, False, True, 503, 10.0, True)
 LOCK_LOST = Classification(FailureKind.SERVICE, False, False, 503, 10.0, False)

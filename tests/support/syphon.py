@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from gateway.core.ports import Received
 from gateway.errors import CONNECTION, SendFailure
-from gateway.syphon.ports import Received
 from tests.support.waiting import eventually
 
 
