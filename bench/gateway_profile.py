@@ -198,7 +198,7 @@ async def _access_line(lines: int) -> float:
 LAYERS = (
     (
         "protocol: bytes in, with the head deadline and size cap",
-        "gateway/web/hardening.py",
+        "gateway/web/protocol.py",
         "data_received",
     ),
     ("  aiohttp's part: the head parsed", "aiohttp/web_protocol.py", "data_received"),

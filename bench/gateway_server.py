@@ -83,7 +83,7 @@ def gateway_runner(app: web.Application, settings: Settings) -> web.AppRunner:
         from gateway.app import edge_runner
     except ImportError:
         try:
-            from gateway.web.hardening import HardenedAppRunner
+            from gateway.web.runner import HardenedAppRunner
         except ImportError:
             return web.AppRunner(app, **kwargs)
         return HardenedAppRunner(app, settings=settings, **kwargs)
@@ -206,7 +206,7 @@ def _snapshots(loop: asyncio.AbstractEventLoop) -> None:
 
 async def serve(mode: str, sink: str) -> None:
     _snapshots(asyncio.get_running_loop())
-    from gateway.web.hardening import ShedSite
+    from gateway.web.listener import ShedSite
     from gateway.web.overload import LISTEN_BACKLOG
 
     if mode == "bare":

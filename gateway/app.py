@@ -55,8 +55,9 @@ from gateway.web import handlers
 from gateway.web.admin import FAILOVER, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
 from gateway.web.handlers import EDGE, ROUTER, EdgeState, Lifecycle
-from gateway.web.hardening import HardenedAppRunner, host_check, is_loopback
+from gateway.web.hosts import host_check, is_loopback
 from gateway.web.openapi import add_openapi_route
+from gateway.web.runner import HardenedAppRunner
 
 if TYPE_CHECKING:
     from gateway.state.connect import RedisTarget

@@ -142,7 +142,7 @@ async def _serve(
     banner_file: str | None = None,
 ) -> int:
     from gateway.app import create_app, edge_runner
-    from gateway.web.hardening import ShedSite
+    from gateway.web.listener import ShedSite
     from gateway.web.probes import serving_probes
 
     embedded = None
@@ -294,7 +294,7 @@ def cmd_syphon(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
     from gateway.logs import ACCESS_LOGGER, setup_logging
-    from gateway.web.hardening import is_loopback
+    from gateway.web.hosts import is_loopback
 
     settings = _load(args)
     try:

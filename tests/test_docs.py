@@ -61,7 +61,12 @@ def test_every_status_of_the_openapi_document_is_in_the_http_api_page():
 
 
 def _error_codes() -> set[str]:
-    for module in ("gateway.web.admin", "gateway.web.hardening", "gateway.web.handlers"):
+    for module in (
+        "gateway.web.admin",
+        "gateway.web.hosts",
+        "gateway.web.protocol",
+        "gateway.web.handlers",
+    ):
         importlib.import_module(module)  # defines its own errors
     codes: set[str] = set()
     todo = [GatewayError]

@@ -287,7 +287,7 @@ def test_the_layer_map_names_only_layers() -> None:
 WRONG_WAY = [
     ("gateway.config.loading", "from gateway.core.entities import validate_entity_path"),
     ("gateway.web.handlers", "from gateway.metrics import Metrics"),
-    ("gateway.web.hardening", "from gateway.app import LOOP_LAG"),
+    ("gateway.web.runner", "from gateway.app import LOOP_LAG"),
     ("gateway.servicebus.receiver", "from gateway.syphon.ports import Received"),
     ("gateway.web.x", "from gateway import app"),
     ("gateway.web.x", "from .. import metrics"),
@@ -327,7 +327,7 @@ def test_the_layer_map_refuses(module: str, line: str) -> None:
     [
         ("gateway.core.x", "from gateway.errors import SendFailure"),
         ("gateway.metrics", "from gateway.web.overload import Shedder"),
-        ("gateway.app", "from gateway.web.hardening import HardenedAppRunner"),
+        ("gateway.app", "from gateway.web.runner import HardenedAppRunner"),
         ("gateway.amqp.x", "from sbamqp.codec import decode"),
         ("gateway.web.x", "from aiohttp.web_protocol import _ErrInfo"),
     ],

@@ -248,7 +248,7 @@ class ShutdownSettings:
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    """``[http]``: deadlines and caps for slow or greedy clients (gateway.web.hardening)."""
+    """``[http]``: deadlines and caps for slow or greedy clients (gateway.web.protocol)."""
 
     header_timeout: float = setting(
         10.0,

@@ -76,7 +76,7 @@ class EdgeState:
     ledger: EventLedger = field(default_factory=NullLedger)
     access_log: AccessLog = field(default_factory=AccessLog)
     tracer: Tracer = field(default_factory=Tracer)  # off: the no-op one
-    # Open mode's Host check (gateway.web.hardening.host_check), run by `edge_middleware`.
+    # Open mode's Host check (gateway.web.hosts.host_check), run by `edge_middleware`.
     host_check: Callable[[web.Request], None] | None = None
 
 

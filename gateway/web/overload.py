@@ -18,7 +18,7 @@ act before any of the request's own work:
   event loop's measured delay (`gateway.core.looplag`) is over the bound at two samples in
   a row, the process stops listening the same way, until a sample is under half of it.
   The listener also closes for a moment when connections pile up in the kernel's accept
-  queue (`gateway.web.hardening.ShedSite`): measured, uvloop accepts only a few
+  queue (`gateway.web.listener.ShedSite`): measured, uvloop accepts only a few
   connections per turn of a busy loop, so without these two the excess waits in the
   accept queue and in SYN retransmits, where no cap sees it.
 * **Requests in progress** (``http.max_requests_in_progress``): a request whose head
@@ -72,7 +72,7 @@ RESUME_SHARE: Final = 0.9
 
 
 class ListenerStats(Protocol):
-    """What the listener reports for the metrics (`gateway.web.hardening.ShedSite`)."""
+    """What the listener reports for the metrics (`gateway.web.listener.ShedSite`)."""
 
     @property
     def listening(self) -> bool:
@@ -86,7 +86,7 @@ class ListenerStats(Protocol):
 
 
 class Listener(Protocol):
-    """The listening socket(s), as the shedder drives them (`gateway.web.hardening.ShedSite`)."""
+    """The listening socket(s), as the shedder drives them (`gateway.web.listener.ShedSite`)."""
 
     def pause(self, reason: PauseReason) -> None:
         """Stop listening now: new connections are refused by the kernel."""

@@ -1,7 +1,7 @@
 """The probe port (``probe_port``): ``/healthz``, ``/readyz`` and ``/metrics`` on a second
 listener that overload never closes.
 
-Under overload the listen port stops listening (`gateway.web.hardening.ShedSite`), and the
+Under overload the listen port stops listening (`gateway.web.listener.ShedSite`), and the
 kernel refuses every new connection to it, a probe's as well: a liveness probe refused
 ``failureThreshold`` times in a row would have Kubernetes restart a replica that is merely
 busy. The probe port is a plain `web.TCPSite` of a small application of its own, whose three
@@ -23,7 +23,7 @@ from aiohttp import web
 
 from gateway.config import Settings
 from gateway.web.handlers import EDGE, Handler
-from gateway.web.hardening import ProbeRunner
+from gateway.web.runner import ProbeRunner
 
 PROBE_PATHS: Final = ("/healthz", "/readyz", "/metrics")
 # A probe still in progress at exit is not worth waiting for.

@@ -224,6 +224,6 @@ def test_one_loopback_rule_for_the_listen_host_and_the_host_check(
 ) -> None:
     """`gateway serve` refuses to listen open on a non-loopback host by the same rule as open
     mode's ``Host`` check (there were two, which disagreed on ``LOCALHOST`` and ``[::1]``)."""
-    from gateway.web.hardening import is_loopback
+    from gateway.web.hosts import is_loopback
 
     assert is_loopback(host) is loopback

@@ -194,7 +194,7 @@ PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
 
 
 def test_the_probes_ask_on_the_port_overload_never_closes(case: Case) -> None:
-    """Under overload the gateway stops listening on http (gateway.web.hardening.ShedSite): a
+    """Under overload the gateway stops listening on http (gateway.web.listener.ShedSite): a
     liveness probe refused there would restart a pod that is merely busy. The probes ask on
     the probe port (SBGATE_PROBE_PORT) instead; the Service still sends traffic to http."""
     probe = case.values["containerPorts"]["probe"]

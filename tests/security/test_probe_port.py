@@ -16,8 +16,9 @@ import pytest
 from gateway.app import create_app, edge_runner
 from gateway.config import load_settings
 from gateway.web.handlers import EDGE
-from gateway.web.hardening import HardenedAppRunner, ShedSite
+from gateway.web.listener import ShedSite
 from gateway.web.probes import PROBE_PATHS, probe_app, serving_probes
+from gateway.web.runner import HardenedAppRunner
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import broker_env
 from tests.support.processes import GatewayProcess, free_port

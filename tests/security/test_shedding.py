@@ -19,8 +19,9 @@ import pytest
 
 from gateway.app import create_app, edge_runner
 from gateway.config import load_settings
-from gateway.web.hardening import MAX_ACCEPT_QUEUE, HardenedAppRunner, ShedSite
+from gateway.web.listener import MAX_ACCEPT_QUEUE, ShedSite
 from gateway.web.overload import Shedder
+from gateway.web.runner import HardenedAppRunner
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory, broker_env
 from tests.gateway.test_auth_http import ENV as AUTH_ENV

@@ -1,4 +1,4 @@
-"""Slow, greedy and malformed clients over real sockets (127.0.0.1): `gateway.web.hardening`.
+"""Slow, greedy and malformed clients over real sockets (127.0.0.1): `gateway.web.protocol`.
 
 The pauses between a slow client's bytes are that client's behaviour, not waits for a
 condition: every condition is awaited (EOF on the socket, a response) under a deadline.

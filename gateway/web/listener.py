@@ -1,0 +1,217 @@
+"""The listen port's site: a `web.TCPSite` that stops listening under overload.
+
+**aiohttp's private names used here** (guarded by tests/security/test_aiohttp_privates.py):
+`BaseSite`'s ``_runner`` and `TCPSite`'s ``_server`` (the listening server, closed and
+replaced by this site while it pauses), ``_host`` and ``_backlog`` (to reopen on the same
+address), all created by their ``__init__`` and ``start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import sys
+
+from aiohttp import web
+
+from gateway.web.overload import (
+    LISTEN_BACKLOG,
+    PAUSE_REASONS,
+    PauseReason,
+    Shedder,
+)
+
+log = logging.getLogger(__name__)
+
+
+# After a pause, the closed listening socket may hold its port for a loop turn.
+REOPEN_RETRY = 0.01
+# How often the accept queue is looked at; over `MAX_ACCEPT_QUEUE` connections waiting
+# there, the listener closes for `QUEUE_PAUSE` (gateway.web.overload).
+QUEUE_CHECK = 0.05
+MAX_ACCEPT_QUEUE = 64
+QUEUE_PAUSE = 0.25
+_TCP_INFO_LEN = 104
+_TCPI_UNACKED = 24  # offset of tcpi_unacked: for a listening socket, its accept queue
+
+
+class ShedSite(web.TCPSite):
+    """`web.TCPSite` that stops listening when this process cannot keep up
+    (gateway.web.overload): closing the listening socket makes the kernel refuse new
+    connections at once (and reset those still waiting in its accept queue), at no cost to
+    the event loop; connections already accepted are untouched. It closes:
+
+    * while the runner's shedder says so (`pause` / `resume`: the connection cap, a
+      lagging loop);
+    * for `QUEUE_PAUSE` when more than `MAX_ACCEPT_QUEUE` connections wait in the kernel's
+      accept queue at two looks in a row (every `QUEUE_CHECK`; Linux only, where
+      ``TCP_INFO`` on a listening socket gives its queue): the loop accepts them slower
+      than they come (measured: uvloop accepts a few per loop turn when the loop is busy),
+      and each would wait there, unseen by any cap, until its client gave up.
+
+    Listening again opens a new socket on the same address, in a task this site owns;
+    `stop` cancels and awaits it, and the timers. Each pause is counted under the reason
+    that began it (`pauses`, `paused_seconds`: the app's metrics read them)."""
+
+    __slots__ = (
+        "_began",
+        "_check",
+        "_pause_count",
+        "_pause_reason",
+        "_paused_at",
+        "_paused_for",
+        "_quiet_until",
+        "_reopening",
+        "_runner_loop",
+        "_shedder_wants",
+        "_stopped",
+        "_wake",
+        "_was_long",
+    )
+
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, *, backlog: int = LISTEN_BACKLOG
+    ) -> None:
+        super().__init__(runner, host, port, backlog=backlog, reuse_address=True)
+        self._reopening: asyncio.Task[None] | None = None
+        self._shedder_wants = True
+        self._quiet_until = 0.0  # loop time: closed until then (a long accept queue)
+        self._stopped = False
+        self._check: asyncio.TimerHandle | None = None
+        self._wake: asyncio.TimerHandle | None = None
+        self._was_long = False  # the accept queue was over the bound at the last look
+        self._pause_reason: PauseReason = "connections"  # the shedder's, while it pauses
+        self._paused_at: float | None = None  # loop time the current pause began
+        self._began: PauseReason = "connections"  # the current pause's reason
+        self._runner_loop = asyncio.get_running_loop()
+        self._paused_for: dict[PauseReason, float] = dict.fromkeys(PAUSE_REASONS, 0.0)
+        self._pause_count: dict[PauseReason, int] = dict.fromkeys(PAUSE_REASONS, 0)
+
+    async def start(self) -> None:
+        await super().start()
+        shedder = getattr(self._runner, "shedder", None)
+        if isinstance(shedder, Shedder):
+            shedder.attach(self)
+        metrics = getattr(self._runner, "metrics", None)
+        if metrics is not None:
+            metrics.watch_listener(self)
+        if hasattr(socket, "TCP_INFO"):  # Linux: the accept queue can be read
+            self._check = asyncio.get_running_loop().call_later(QUEUE_CHECK, self._look)
+
+    @property
+    def listening(self) -> bool:
+        return self._server is not None
+
+    def pauses(self, reason: PauseReason) -> int:
+        return self._pause_count[reason]
+
+    def paused_seconds(self, reason: PauseReason) -> float:
+        seconds = self._paused_for[reason]
+        if self._paused_at is not None and self._began == reason:
+            # Read from /metrics' worker thread too: the loop's clock, not the running loop.
+            seconds += self._runner_loop.time() - self._paused_at
+        return seconds
+
+    def pause(self, reason: PauseReason = "connections") -> None:
+        self._shedder_wants = False
+        self._pause_reason = reason
+        self._steer()
+
+    def resume(self) -> None:
+        self._shedder_wants = True
+        self._steer()
+
+    def accept_queue(self) -> int:
+        """Connections the kernel completed that this process has not accepted yet."""
+        sockets = getattr(self._server, "sockets", None) or ()
+        total = 0
+        for sock in sockets:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+            total += int.from_bytes(info[_TCPI_UNACKED : _TCPI_UNACKED + 4], sys.byteorder)
+        return total
+
+    def _why(self) -> PauseReason:
+        if asyncio.get_running_loop().time() < self._quiet_until:
+            return "accept_queue"
+        return self._pause_reason
+
+    def _pause_ended(self) -> None:
+        if self._paused_at is not None:
+            elapsed = asyncio.get_running_loop().time() - self._paused_at
+            self._paused_for[self._began] += elapsed
+            self._paused_at = None
+
+    def _wanted(self) -> bool:
+        return (
+            not self._stopped
+            and self._shedder_wants
+            and asyncio.get_running_loop().time() >= self._quiet_until
+        )
+
+    def _look(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._check = loop.call_later(QUEUE_CHECK, self._look)
+        try:
+            long = self._server is not None and self.accept_queue() > MAX_ACCEPT_QUEUE
+        except OSError:  # a socket closed under us: look again next time
+            long = False
+        # Over the bound at two looks in a row: a burst of connects the loop is still
+        # accepting (a client opening its pool) is not a backlog.
+        long, self._was_long = long and self._was_long, long
+        if long:
+            self._quiet_until = loop.time() + QUEUE_PAUSE
+            if self._wake is not None:
+                self._wake.cancel()
+            self._wake = loop.call_at(self._quiet_until, self._steer)
+            self._steer()
+
+    def _steer(self) -> None:
+        if not self._wanted():
+            if self._server is not None:
+                self._server.close()
+                self._server = None
+                if not self._stopped and self._paused_at is None:
+                    self._paused_at = asyncio.get_running_loop().time()
+                    self._began = self._why()
+                    self._pause_count[self._began] += 1
+        elif self._server is None and self._reopening is None:
+            self._reopening = asyncio.get_running_loop().create_task(
+                self._reopen(), name=f"listen {self.name}"
+            )
+
+    async def _reopen(self) -> None:
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        try:
+            while self._wanted() and self._server is None:
+                try:
+                    listening = await loop.create_server(
+                        server, self._host, self.port, backlog=self._backlog, reuse_address=True
+                    )
+                except OSError as exc:
+                    if exc.errno != errno.EADDRINUSE:
+                        log.warning("listening again on %s failed: %s; retrying", self.name, exc)
+                    await asyncio.sleep(REOPEN_RETRY)
+                    continue
+                if self._wanted():
+                    self._server = listening
+                    self._pause_ended()
+                else:  # paused again meanwhile
+                    listening.close()
+        finally:
+            self._reopening = None
+
+    async def stop(self) -> None:
+        self._stopped = True
+        self._pause_ended()
+        for timer in (self._check, self._wake):
+            if timer is not None:
+                timer.cancel()
+        task = self._reopening
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await super().stop()

@@ -1,0 +1,62 @@
+"""The guard on aiohttp's private code the HTTP edge relies on.
+
+gateway/web/protocol.py subclasses `RequestHandler` and `web.Server`, gateway/web/runner.py
+overrides `AppRunner._make_server`, and gateway/web/listener.py closes and reopens the
+listening socket under a `TCPSite` (their docstrings list each private name they use).
+pyproject.toml bounds aiohttp to the minor release this table was taken on; a change here
+means: re-read the function, re-check those modules (tests/security/test_slow_clients.py and
+test_shedding.py exercise every path over real sockets), update the hash.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.support.guards import changed
+
+# sha256 (first 16 hex digits) of the source of each: the functions we override, call or
+# whose state we read, and the constructors that create the attributes we read.
+RELIED_ON = {
+    # RequestHandler: _messages, _request_count, _waiter, _request_in_progress,
+    # _lingering_time, _force_close, _close, _upgraded, _loop, _request_handler
+    "aiohttp.web_protocol.RequestHandler.__init__": "46c577d1f419158f",
+    "aiohttp.web_protocol.RequestHandler.data_received": "1ee57ebe052e6c80",
+    "aiohttp.web_protocol.RequestHandler.start": "2e565fd40c8e04fb",
+    "aiohttp.web_protocol.RequestHandler._handle_request": "a88a34ee65a2714c",
+    "aiohttp.web_protocol.RequestHandler.connection_lost": "df2fe6e95fd04c7c",
+    "aiohttp.web_protocol.RequestHandler.force_close": "38d0e1e798e4d3b7",
+    "aiohttp.web_protocol._ErrInfo": "0dc0301f961a8bf5",
+    # web.Server: _kwargs, _loop; __call__ builds the protocol (ours replaces it)
+    "aiohttp.web_server.Server.__init__": "ceb06418afb91a22",
+    "aiohttp.web_server.Server.__call__": "c5700549e688b164",
+    # the runner: _make_server, called by setup
+    "aiohttp.web_runner.BaseRunner.setup": "4ceee18981cfca3a",
+    "aiohttp.web_runner.BaseRunner.server": "91e7313a57057a08",
+    "aiohttp.web_runner.AppRunner._make_server": "2d5358865abd00e3",
+    # the site: _runner, _server, _host, _backlog
+    "aiohttp.web_runner.BaseSite.__init__": "207797c37b279554",
+    "aiohttp.web_runner.BaseSite.stop": "c92f18307773ff03",
+    "aiohttp.web_runner.TCPSite.__init__": "187427d7bba5ada2",
+    "aiohttp.web_runner.TCPSite.start": "0baaeca3d4f956ad",
+    "aiohttp.web_runner.TCPSite.name": "71bc7110b48c378b",
+}
+
+
+@pytest.mark.unit
+def test_aiohttp_is_bounded_to_the_minor_release_the_table_was_taken_on() -> None:
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("aiohttp")]
+    assert pins == ["aiohttp>=3.14,<3.15"]
+    assert aiohttp.__version__.startswith("3.14.")
+
+
+@pytest.mark.unit
+def test_the_aiohttp_internals_the_edge_relies_on_are_unchanged() -> None:
+    assert not changed(RELIED_ON), (
+        "aiohttp internals changed, re-check gateway/web/protocol.py, runner.py and "
+        f"listener.py: {changed(RELIED_ON)}"
+    )
