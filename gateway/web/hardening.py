@@ -69,7 +69,6 @@ from gateway.auth.sas import parse_host_entry
 from gateway.config import Settings
 from gateway.errors import RequestError
 from gateway.web.overload import (
-    EXEMPT_PREFIXES,
     LISTEN_BACKLOG,
     MAX_LOOP_LAG,
     PAUSE_REASONS,
@@ -77,6 +76,7 @@ from gateway.web.overload import (
     PauseReason,
     Shedder,
     ShedReason,
+    exempt,
     overloaded_body,
 )
 
@@ -342,7 +342,7 @@ class HardenedRequestHandler(RequestHandler):
             shedder is None
             or head_done is None
             or request_handler is not self._request_handler  # aiohttp answering a bad request
-            or request.path.startswith(EXEMPT_PREFIXES)
+            or exempt(request.path)
         ):
             return await super()._handle_request(request, start_time, request_handler)
         reason = shedder.admit(self._loop.time() - head_done)
