@@ -115,7 +115,7 @@ class FailureKind(Enum):
     ENTITY_DISABLED = "entity_disabled"
     QUOTA_EXCEEDED = "quota_exceeded"
     MESSAGE_TOO_LARGE = "message_too_large"
-    INVALID_MESSAGE = "invalid_message"  # the SDK refused to build the message: client input
+    INVALID_MESSAGE = "invalid_message"  # the gateway could not encode the message: client input
     MESSAGE_REFUSED = "message_refused"  # the broker refused the message itself
     CONNECTION = "connection"  # could not reach the namespace
     SERVICE = "service"  # the broker said internal error
@@ -202,15 +202,16 @@ UNKNOWN = _row(
     recreate=True,
     also="anything else (no row matches, or a bug in an adapter)",
 )
-# A ValueError/TypeError while *building* a message is the client's input (the send never
-# started): a 400 that never counts.
+# A ValueError/TypeError while the gateway builds or encodes a message is the client's input
+# (the send never started): a 400 that never counts. Only the gateway's own encoding raises
+# it; the same errors from inside the SDK's send are the SDK's (`UNKNOWN` or `SERVICE`).
 INVALID_MESSAGE = _row(
     FailureKind.INVALID_MESSAGE,
     transient=False,
     counts=False,
     status=400,
     retry_after=None,
-    also="`ValueError`/`TypeError` while *building* or encoding a message",
+    also="`ValueError`/`TypeError` while the gateway builds or encodes a message",
     message_fault=True,
 )
 # The broker refused the message itself, not the entity: it could not decode it (a

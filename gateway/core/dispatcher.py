@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
 from gateway.core.closing import CANCEL_GRACE, stop
-from gateway.core.message import OutboundMessage
+from gateway.core.message import OutboundMessage, envelope_size
 from gateway.core.ports import NamespaceClient, Sender, Tracer
 from gateway.errors import (
     SHUTDOWN,
@@ -156,7 +156,10 @@ class _Lane:
         self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
 
     def take(self, max_messages: int, max_bytes: int) -> list[_Group]:
-        """Whole groups from the front, within the limits and sharing one batch key."""
+        """Whole groups from the front, within the limits and sharing one batch key. The
+        first group is always taken (the edge held it to the limits alone); more join while
+        the batch's bound (`batch_size`: the groups' sizes and the envelope) stays within
+        `max_bytes`."""
         taken: list[_Group] = []
         count = size = 0
         key: str | None = None
@@ -176,6 +179,7 @@ class _Lane:
                 continue
             if not taken:
                 key = g.batch_key
+                size = envelope_size(g.messages[0]) if g.messages else 0
             taken.append(g)
             count += len(g.messages)
             size += g.size

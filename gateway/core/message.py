@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 AppValue = str | int | float | bool | bytes | dt.datetime
 
-# Fixed per-message overhead of the AMQP encoding (header, section descriptors, ...). Service
-# Bus counts the whole encoded message against its size limit; we count body + properties +
-# this allowance, which errs on the side of answering 413 rather than having the broker reject.
-_OVERHEAD = 64
+# What Service Bus counts against its size limit is the whole encoded AMQP message. `size` is
+# an upper bound of that encoding, not an estimate: every part is counted at its widest AMQP
+# form (a string or binary as str32/vbin32, a map or list as map32/list32, a number as 8
+# bytes), so a message measured at or under a limit encodes at or under it, whatever its
+# property names and values (tests/gateway/test_size_bound.py holds it to the SDK's encoder
+# over generated messages). It errs toward 413, by a few bytes per field.
+_DESCRIBED = 3  # a section's descriptor: 0x00, smallulong, code
+_COMPOUND = 9  # a list32 or map32 constructor: code, 4-byte size, 4-byte count
+_VARIABLE = 5  # a str32, sym32 or vbin32 constructor: code, 4-byte length
+_FIXED8 = 9  # a long, double, timestamp or uint-as-uint: code and up to 8 bytes
+# The body's data section; the header (with a TTL: durable, priority, ttl, first-acquirer,
+# delivery-count); the properties list's 13 fields as nulls, plus two timestamps the SDK
+# stamps with a TTL; the message annotations' map.
+_BODY = _DESCRIBED + _VARIABLE
+_HEADER = _DESCRIBED + _COMPOUND + 4 + _FIXED8
+_PROPERTIES = _DESCRIBED + _COMPOUND + 13
+_STAMPS = 2 * _FIXED8
+_MAP = _DESCRIBED + _COMPOUND
+# The annotation keys the SDK writes (x-opt-scheduled-enqueue-time, x-opt-partition-key).
+_SCHEDULE_ANNOTATION = _VARIABLE + 28 + _FIXED8
+_PARTITION_ANNOTATION = _VARIABLE + 19 + _VARIABLE
+# What one message adds to a broker batch beyond its own encoding (the SDK's
+# `_BATCH_MESSAGE_OVERHEAD_COST`, the larger of its two values: a data section around it).
+BATCH_ITEM_OVERHEAD = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +51,7 @@ class OutboundMessage:
     scheduled_enqueue_time_utc: dt.datetime | None = None
     partition_key: str | None = None
     application_properties: dict[str, AppValue] = field(default_factory=dict)
-    # Bytes as Service Bus counts them against the message size limit (an upper estimate),
+    # An upper bound of the bytes Service Bus counts against its size limit (see above),
     # computed once: the edge checks it and the dispatcher's admission gate counts it.
     size: int = field(init=False, repr=False, compare=False)
 
@@ -43,19 +64,34 @@ class OutboundMessage:
         return self.partition_key or self.session_id
 
 
+def _text(s: str) -> int:
+    return _VARIABLE + len(s.encode("utf-8", "surrogatepass"))
+
+
 def _value_size(v: AppValue) -> int:
+    """An application-property value at its widest encoding: bool 1 byte; int (up to a
+    long), float (a double) and datetime (a timestamp) 9; bytes (sent as a string) and str
+    a str32."""
     if isinstance(v, bool):
         return 1
     if isinstance(v, int | float | dt.datetime):
-        return 8
+        return _FIXED8
     if isinstance(v, bytes):
-        return len(v)
-    return len(v.encode("utf-8"))
+        return _VARIABLE + len(v)
+    return _text(v)
+
+
+def properties_size(props: dict[str, AppValue]) -> int:
+    """The application-properties section of `props`, at its widest."""
+    if not props:
+        return 0
+    return _MAP + sum(_text(k) + _value_size(v) for k, v in props.items())
 
 
 def estimate_size(m: OutboundMessage, extra_properties: dict[str, AppValue] | None = None) -> int:
-    """Body + system properties + application properties (+ `extra_properties`), in bytes."""
-    n = _OVERHEAD + len(m.body)
+    """An upper bound of `m`'s encoding (with `extra_properties` added to its application
+    properties) plus what it adds to a broker batch. See the constants above."""
+    n = BATCH_ITEM_OVERHEAD + _BODY + len(m.body) + _PROPERTIES
     for s in (
         m.message_id,
         m.content_type,
@@ -65,15 +101,38 @@ def estimate_size(m: OutboundMessage, extra_properties: dict[str, AppValue] | No
         m.reply_to,
         m.reply_to_session_id,
         m.to,
-        m.partition_key,
     ):
         if s:
-            n += len(s.encode("utf-8")) + 2
+            n += _text(s)
     if m.time_to_live is not None:
-        n += 9
-    if m.scheduled_enqueue_time_utc is not None:
-        n += 30
-    for props in (m.application_properties, extra_properties or {}):
-        for k, v in props.items():
-            n += len(k.encode("utf-8")) + _value_size(v) + 4
+        n += _HEADER + _STAMPS
+    if m.partition_key or m.scheduled_enqueue_time_utc is not None:
+        n += _MAP
+        if m.scheduled_enqueue_time_utc is not None:
+            n += _SCHEDULE_ANNOTATION
+        if m.partition_key:
+            n += _PARTITION_ANNOTATION + len(m.partition_key.encode("utf-8", "surrogatepass"))
+    props = m.application_properties
+    if extra_properties:
+        props = {**props, **extra_properties}
+    return n + properties_size(props)
+
+
+def envelope_size(first: OutboundMessage) -> int:
+    """An upper bound of a broker batch's envelope, which carries its first message's
+    MessageId, SessionId and PartitionKey (the SDK's `set_batch_envelope_properties`)."""
+    n = _PROPERTIES + _text(first.message_id)
+    if first.session_id:
+        n += _text(first.session_id)
+    if first.partition_key:
+        n += (
+            _MAP + _PARTITION_ANNOTATION + len(first.partition_key.encode("utf-8", "surrogatepass"))
+        )
     return n
+
+
+def batch_size(messages: Sequence[OutboundMessage]) -> int:
+    """An upper bound of one broker send of `messages`: a lone message goes as it is;
+    several go in a batch with an envelope."""
+    total = sum(m.size for m in messages)
+    return total if len(messages) <= 1 else total + envelope_size(messages[0])

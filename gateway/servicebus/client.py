@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader, AmqpMessageProperties
-from azure.servicebus.exceptions import MessageSizeExceededError
 
 from gateway.config import NamespaceSettings, TimeoutSettings
 from gateway.core.closing import Closer
@@ -127,8 +126,13 @@ class SdkSender:
             await self._send_batches(encoded, lambda batch, item: encoding.add(batch, *item))
 
     async def _send_via_sdk(self, messages: Sequence[OutboundMessage]) -> None:
-        """The SDK's own path: one message, or a batch while `encoding` does not apply."""
+        """The SDK's own path: one message, or a batch while `encoding` does not apply. Each
+        message is encoded here first, as the SDK will: what cannot be encoded is the
+        message's fault (400), found before any SDK call, and anything raised inside the
+        SDK's send is the SDK's (gateway.servicebus.errors)."""
         try:
+            for m in messages:
+                encoding.encode(m)
             sdk_messages = [to_amqp(m) for m in messages]
         except (ValueError, TypeError) as exc:
             raise self._invalid(exc) from exc
@@ -141,20 +145,15 @@ class SdkSender:
     async def _send_batches(
         self, items: Sequence[T], add: Callable[[ServiceBusMessageBatch, T], None]
     ) -> None:
-        """`add` every item to the link's batch and send it. When our size estimate let more
-        in than the link takes (`add` refuses an item), send what fits and go on with a new
-        batch; a failure fails every message of the call. An item too large for an empty
-        batch raises `MessageSizeExceededError`."""
+        """`add` every item to one batch of the link's size, then send it: one broker
+        transfer, stored all or none. When the items do not fit the link together, `add`
+        refuses one (`MessageSizeExceededError`, the batch unchanged) and this raises before
+        anything was sent: the dispatcher then bisects the call between its requests, and a
+        request that does not fit alone gets 413 (never part of a call stored, then the rest
+        refused, which a bisection would have sent again)."""
         batch = await self._sender.create_message_batch()
         for item in items:
-            try:
-                add(batch, item)
-            except MessageSizeExceededError:
-                if len(batch) == 0:
-                    raise
-                await self._sender.send_messages(batch)
-                batch = await self._sender.create_message_batch()
-                add(batch, item)
+            add(batch, item)
         await self._sender.send_messages(batch)
 
     def _invalid(self, exc: Exception) -> SendFailure:

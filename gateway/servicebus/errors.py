@@ -10,6 +10,7 @@ is rendered from both.
 from __future__ import annotations
 
 import contextlib
+import logging
 import struct
 from collections.abc import Iterator, Mapping
 
@@ -29,6 +30,8 @@ from azure.servicebus.exceptions import (
 
 from gateway import errors
 from gateway.errors import Classification, SendFailure
+
+log = logging.getLogger(__name__)
 
 # SDK exception type → its row. The most specific type in the exception's MRO wins (every
 # SDK error is a `ServiceBusError`), so the order here does not matter; it follows the table.
@@ -55,9 +58,13 @@ SDK_CONDITIONS: Mapping[str, Classification] = {
     "amqp:decode-error": errors.MESSAGE_REFUSED,
     "amqp:not-allowed": errors.MESSAGE_REFUSED,
 }
-# What the SDK's encoder raises for a value it cannot encode, inside its send: it wraps the
-# error in a `ServiceBusError` ("Handler failed"), which by type alone would count.
-_ENCODING_ERRORS = (ValueError, TypeError, OverflowError, struct.error)
+# Python errors the SDK raises from inside its send, or wraps in a bare `ServiceBusError`
+# ("Handler failed"). They are never the message's fault: the gateway encodes every message
+# itself before the SDK sees it (gateway.servicebus.client), so one raised inside the SDK
+# comes from its own bookkeeping (a link's delivery count at 2**32 - 1 raised struct.error
+# for a good message) and stays on the rows that count toward failover; it is logged with its
+# traceback, as it may be a bug.
+_PYTHON_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, struct.error)
 
 
 def condition(exc: BaseException) -> str | None:
@@ -70,17 +77,11 @@ def condition(exc: BaseException) -> str | None:
 
 
 def classify(exc: BaseException) -> Classification:
-    """The row of `exc`: its AMQP condition's row, else its most specific mapped type (a
-    `ServiceBusError` wrapping an encoding error: `INVALID_MESSAGE`), else `UNKNOWN`."""
+    """The row of `exc`: its AMQP condition's row, else its most specific mapped type, else
+    `UNKNOWN`. Never `INVALID_MESSAGE`: that is only raised where the gateway encodes."""
     cond = condition(exc)
     if cond is not None and cond in SDK_CONDITIONS:
         return SDK_CONDITIONS[cond]
-    if (
-        type(exc) is ServiceBusError
-        and cond is None
-        and isinstance(getattr(exc, "inner_exception", None), _ENCODING_ERRORS)
-    ):
-        return errors.INVALID_MESSAGE
     for cls in type(exc).__mro__:
         row = SDK_EXCEPTIONS.get(cls)
         if row is not None:
@@ -92,6 +93,13 @@ def translate(exc: BaseException, where: str) -> SendFailure:
     """An SDK exception → the `SendFailure` the core acts on. Never leaks credentials:
     only the exception's class and its first line go into the message."""
     first_line = (str(exc).splitlines() or [""])[0][:200]
+    inner = getattr(exc, "inner_exception", None)
+    if isinstance(inner, _PYTHON_ERRORS) or (
+        isinstance(exc, _PYTHON_ERRORS) and not isinstance(exc, ServiceBusError)
+    ):
+        log.warning(
+            "%s: the SDK raised %s inside its send", where, type(exc).__name__, exc_info=exc
+        )
     return SendFailure(classify(exc), f"{where}: {type(exc).__name__}: {first_line}".rstrip(": "))
 
 

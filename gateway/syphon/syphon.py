@@ -157,6 +157,8 @@ class Syphon:
         self._last_check = float("-inf")
         self._sem = asyncio.Semaphore(settings.workers)
         self._tasks: list[asyncio.Task[None]] = []
+        self._reset_task: asyncio.Task[None] | None = None  # closing receivers after a fault
+        self._reset_wanted = False
         self._moving = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -191,10 +193,12 @@ class Syphon:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await self._idle.wait()  # moves in flight finish
-        for t in self._tasks:
+        tasks = [*self._tasks, *([self._reset_task] if self._reset_task is not None else [])]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        self._reset_task = None
         await self._backlog.close()
 
     def request_check(self) -> None:
@@ -593,14 +597,22 @@ class Syphon:
             return
         self.last_fault = self._clock.now()
         self.fault_seen.set()
+        # One reset at a time, owned by close(): a fault during a reset asks for one more
+        # (receivers reopened meanwhile are closed too), and nothing is kept once it ends —
+        # a task per fault, kept for ever, grew by ~9 MB a day while a namespace was away.
+        self._reset_wanted = True
+        if self._reset_task is None or self._reset_task.done():
+            self._reset_task = asyncio.create_task(
+                self._reset_receivers(), name="syphon: close receivers after a fault"
+            )
 
-        async def reset() -> None:
+    async def _reset_receivers(self) -> None:
+        """Close every backlog receiver, each pass within 5 s, until no fault asks again."""
+        while self._reset_wanted and not self._stopping:
+            self._reset_wanted = False
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
                     await self._backlog.reset()
-
-        task = asyncio.create_task(reset(), name="syphon: close receivers after a fault")
-        self._tasks.append(task)  # owned: cancelled and awaited by close()
 
     def _op(self, kind: str) -> None:
         self.stats.operations[kind] += 1

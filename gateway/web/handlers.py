@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 from gateway.auth import AuthError, Right
 from gateway.config import EntityKind, LimitSettings
 from gateway.core.entities import EntityCatalog, EntityRef, validate_entity_path
-from gateway.core.message import OutboundMessage
+from gateway.core.message import OutboundMessage, batch_size
 from gateway.core.ports import Tracer
 from gateway.core.router import Delivery, Router
 from gateway.errors import (
@@ -185,7 +185,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 
 def _check_sizes(messages: list[OutboundMessage], limits: LimitSettings) -> None:
-    total = 0
+    """Each message, and the request as one broker send, within the limits. `size` and
+    `batch_size` are upper bounds of the encoding (gateway/core/message.py), so what passes
+    here fits the link as far as the settings match the entity's real limit."""
     for m in messages:
         size = m.size
         if size > limits.max_message_bytes:
@@ -196,7 +198,7 @@ def _check_sizes(messages: list[OutboundMessage], limits: LimitSettings) -> None
                 size=size,
                 limit=limits.max_message_bytes,
             )
-        total += size
+    total = batch_size(messages)
     if total > limits.max_batch_bytes:
         raise PayloadTooLarge(
             f"the batch is {total} bytes with its properties; "

@@ -47,6 +47,7 @@ accept_queue), with ``sbgate_http_listening`` 0 while paused.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
@@ -61,7 +62,20 @@ SHED_REASONS: Final[tuple[ShedReason, ...]] = ("connections", "in_progress", "he
 PauseReason = Literal["connections", "loop_lag", "accept_queue"]
 PAUSE_REASONS: Final[tuple[PauseReason, ...]] = ("connections", "loop_lag", "accept_queue")
 OVERLOADED: Final = Overloaded.code
-EXEMPT_PREFIXES: Final = ("/healthz", "/readyz", "/metrics", "/admin/")
+# Never shed, by exact route: the probes, the scrape and the admin API (an operator acting on
+# an overloaded replica). Exact, not prefixes: `/metrics/messages` and `/admin/x/messages` are
+# the short routes of entities named `metrics` and `admin/x`, and are shed like any send.
+EXEMPT_PATHS: Final = frozenset(("/healthz", "/readyz", "/metrics", "/admin/entities"))
+_EXEMPT_ADMIN: Final = re.compile(r"/admin/entities/.+/(?:healthy|failover)")
+
+
+def exempt(path: str) -> bool:
+    """Whether a request for `path` is never shed (see `EXEMPT_PATHS`)."""
+    return path in EXEMPT_PATHS or (
+        path.startswith("/admin/entities/") and _EXEMPT_ADMIN.fullmatch(path) is not None
+    )
+
+
 # The listen backlog: connections the kernel completes before the process accepts them.
 LISTEN_BACKLOG: Final = 2048
 # The listener pauses while the event loop runs later than this (see the module docstring).

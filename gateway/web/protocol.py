@@ -66,9 +66,9 @@ from aiohttp.web_request import BaseRequest
 from gateway.config import Settings
 from gateway.errors import RequestError
 from gateway.web.overload import (
-    EXEMPT_PREFIXES,
     Shedder,
     ShedReason,
+    exempt,
     overloaded_body,
 )
 
@@ -274,7 +274,7 @@ class HardenedRequestHandler(RequestHandler):
             shedder is None
             or head_done is None
             or request_handler is not self._request_handler  # aiohttp answering a bad request
-            or request.path.startswith(EXEMPT_PREFIXES)
+            or exempt(request.path)
         ):
             return await super()._handle_request(request, start_time, request_handler)
         reason = shedder.admit(self._loop.time() - head_done)

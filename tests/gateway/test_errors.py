@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import struct
 
 import azure.servicebus.exceptions as sdk_exceptions
 import pytest
@@ -73,8 +75,6 @@ def test_the_messages_own_faults_are_named_by_their_amqp_condition() -> None:
         (ErrorCondition.InternalError, errors.SERVICE),
     ]:
         assert classify(ServiceBusError(message="x", condition=cond)) is row, cond
-    wrapped = ServiceBusError(message="Handler failed: bad", error=TypeError("bad"))
-    assert classify(wrapped) is errors.INVALID_MESSAGE
     message_rows = {r.kind for r in CLASSIFICATIONS if r.message_fault}
     assert message_rows == {
         FailureKind.MESSAGE_TOO_LARGE,
@@ -82,6 +82,29 @@ def test_the_messages_own_faults_are_named_by_their_amqp_condition() -> None:
         FailureKind.MESSAGE_REFUSED,
     }
     assert all(r.http_status in {400, 413} for r in CLASSIFICATIONS if r.message_fault)
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [
+        TypeError("bad"),
+        ValueError("bad"),
+        struct.error("'I' format requires 0 <= number <= 4294967295"),
+    ],
+)
+def test_a_python_error_inside_the_sdk_is_never_the_messages_fault(inner, caplog) -> None:
+    """Issue 33: pyamqp raises these from its own bookkeeping too (a link's delivery count
+    at 2**32 - 1: struct.error for a good message, which was answered 400 and not stored).
+    Only the gateway's own encoding blames the message; inside the SDK it counts, and is
+    logged with its traceback."""
+    wrapped = ServiceBusError(message="Handler failed: bad", error=inner)
+    assert classify(wrapped) is errors.SERVICE
+    with caplog.at_level(logging.WARNING, logger="gateway.servicebus.errors"):
+        failure = translate(wrapped, "p/orders")
+    assert not failure.classification.message_fault
+    assert failure.classification.counts_toward_failover
+    assert classify(inner) is errors.UNKNOWN
+    assert [r.exc_info is not None for r in caplog.records] == [True]
 
 
 def test_each_row_is_named_once() -> None:

@@ -394,21 +394,25 @@ async def _both_paths(limit: int, ms: list[OutboundMessage]) -> tuple[Any, Any]:
             return got
 
 
-async def test_a_send_that_overflows_the_links_batch_sends_the_sdks_batches() -> None:
+async def test_a_send_that_overflows_the_links_batch_sends_nothing() -> None:
+    """Issue 33: a call that does not fit the link in one batch used to send the batch built
+    so far (stored) and go on with another; a failure after that failed the whole call,
+    part of it stored, and the dispatcher's bisection sent the stored part again. Now one
+    call is one transfer, all or none: it is refused before anything is sent."""
     ms = [OutboundMessage(body=bytes([i]) * 400, message_id=f"m-{i}") for i in range(5)]
     limit = new_batch().size_in_bytes + 2 * (len(encoding.encode(ms[0])) + 8)  # two per batch
     ours, sdk = await _both_paths(limit, ms)
-    assert len(ours) == 3 and ours == sdk
+    assert ours == sdk == (FailureKind.MESSAGE_TOO_LARGE, [])
+    ours, sdk = await _both_paths(10 * limit, ms)
+    assert len(ours) == 1 and ours == sdk
 
 
-async def test_a_message_too_large_for_an_empty_batch_is_refused_as_before() -> None:
+async def test_a_message_too_large_for_the_link_fails_the_call_before_anything_is_sent() -> None:
     big = OutboundMessage(body=b"x" * 2000, message_id="big")
-    ms = [OutboundMessage(body=b"small", message_id="s"), big]
-    for batch in ([big, ms[0]], ms):  # first in the batch, or after one that fits
+    small = OutboundMessage(body=b"small", message_id="s")
+    for batch in ([big, small], [small, big]):  # first in the batch, or after one that fits
         ours, sdk = await _both_paths(1000, batch)
-        assert ours == sdk
-    ours, _ = await _both_paths(1000, [big, ms[0]])
-    assert ours == (FailureKind.MESSAGE_TOO_LARGE, [])
+        assert ours == sdk == (FailureKind.MESSAGE_TOO_LARGE, [])
 
 
 async def test_an_invalid_message_fails_the_send_before_anything_is_sent() -> None:

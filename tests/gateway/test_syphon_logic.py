@@ -10,6 +10,7 @@ from gateway.config import LimitSettings, SyphonSettings, TimeoutSettings
 from gateway.core.backlog import restore, rewrite
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.message import OutboundMessage
+from gateway.errors import CONNECTION, SendFailure
 from gateway.state.memory import MemoryStateStore
 from gateway.syphon.syphon import Syphon
 from tests.support.fakes import FakeClient
@@ -87,6 +88,34 @@ async def test_a_namespace_fault_closes_the_partner_within_5_seconds():
         async with asyncio.timeout(5):
             await port.reset_called.wait()
         assert syphon.last_fault is not None
+    finally:
+        await syphon.close(grace=1)
+        await store.close()
+
+
+async def test_thousands_of_faults_keep_no_task_once_their_reset_ends():
+    """Issue 33: every fault's reset task was kept for ever (~630 bytes each, ~9 MB a day
+    while a namespace stayed away). One reset runs at a time; a fault during it asks for one
+    more pass; nothing is held once it ends."""
+    port = FakeBacklog()
+    store = MemoryStateStore("r1")
+    await store.start()
+    syphon = make_syphon(port, None, store)
+    syphon.start()
+    try:
+        held_before = len(syphon._tasks)
+        for _ in range(5000):
+            syphon._fault(QUEUES[0], SendFailure(CONNECTION, "namespace unreachable"))
+        async with asyncio.timeout(5):
+            await port.reset_called.wait()
+        reset = syphon._reset_task
+        assert reset is not None
+        async with asyncio.timeout(5):
+            await reset
+        assert port.resets <= 2, "faults during a reset ask for one more pass, not one each"
+        assert len(syphon._tasks) == held_before
+        tasks = {t for t in asyncio.all_tasks() if "close receivers" in t.get_name()}
+        assert tasks == set()
     finally:
         await syphon.close(grace=1)
         await store.close()

@@ -20,7 +20,7 @@ import pytest
 from gateway.app import create_app, edge_runner
 from gateway.config import load_settings
 from gateway.web.listener import MAX_ACCEPT_QUEUE, ShedSite
-from gateway.web.overload import Shedder
+from gateway.web.overload import Shedder, exempt
 from gateway.web.runner import HardenedAppRunner
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory, broker_env
@@ -227,3 +227,53 @@ async def test_a_long_accept_queue_closes_the_listener_for_a_while(
     for sock in waiting:
         sock.close()
     assert await _stored(control) == 1
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("path", "is_exempt"),
+    [
+        ("/healthz", True),
+        ("/readyz", True),
+        ("/metrics", True),
+        ("/admin/entities", True),
+        ("/admin/entities/orders/healthy", True),
+        ("/admin/entities/a/b/failover", True),
+        ("/metrics/messages", False),  # the short route of an entity named `metrics`
+        ("/healthz/messages", False),
+        ("/admin/x/messages", False),
+        ("/admin/entities/messages", False),
+        ("/admin/entities/orders", False),
+        ("/metricsx", False),
+    ],
+)
+def test_exemptions_are_by_exact_route(path: str, is_exempt: bool) -> None:
+    """Issue 33: the prefix `/metrics` exempted `POST /metrics/messages` from shedding."""
+    assert exempt(path) is is_exempt
+
+
+async def test_an_entity_named_like_an_exempt_route_is_shed_like_any_send(
+    hardened_gateway: GatewayFactory, control: ControlClient
+) -> None:
+    client = await hardened_gateway(
+        {"SBGATE_MAX_REQUESTS_IN_PROGRESS": "1", "SBGATE_ENTITIES": "queue:orders,queue:metrics"}
+    )
+    port = client.port
+    slow_reader, slow_writer = await open_raw(port)
+    slow_writer.write(request_head("/queues/orders/messages", length=10) + b"12345")
+    await slow_writer.drain()
+    shedder = _shedder(client)
+    await eventually(lambda: shedder.in_progress == 1, what="the slow request in progress")
+    for path in ("/metrics/messages", "/queues/metrics/messages"):
+        reader, writer = await open_raw(port)
+        writer.write(request_head(path, length=1) + b"x")
+        status, body = await read_response(reader, within=10)
+        _overloaded(status, body)
+        writer.close()
+    assert (await client.get("/metrics")).status == 200  # the scrape itself is exempt
+    slow_writer.write(b"67890")
+    status, _ = await read_response(slow_reader)
+    assert status == 201
+    slow_writer.close()
+    assert await _stored(control) == 1
+    assert (await control.counters("primary")).get("sends", 0) == 1  # nothing else went out

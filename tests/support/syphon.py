@@ -56,6 +56,7 @@ class FakeBacklog:
         self.ops: list[str] = []
         self.fail_receive = fail_receive
         self.reset_called = asyncio.Event()
+        self.resets = 0
 
     async def receive(self, path: str, max_count: int, wait: float) -> list[Received]:
         self.ops.append("receive")
@@ -83,6 +84,7 @@ class FakeBacklog:
         return {p: (1 if self.fail_receive else 0) for p in paths}
 
     async def reset(self) -> None:
+        self.resets += 1
         self.reset_called.set()
 
     async def close(self) -> None:
