@@ -28,6 +28,7 @@ from pathlib import Path
 
 from gateway.config import NamespaceSettings, Secret, TimeoutSettings
 from gateway.core.message import OutboundMessage
+from gateway.servicebus import internals
 from gateway.servicebus.client import SdkNamespaceClient, SdkSender
 
 
@@ -45,6 +46,7 @@ async def _main(args: argparse.Namespace) -> None:
             ns = NamespaceSettings(
                 name="primary", connection_string=Secret(broker.connection_string("primary"))
             )
+            internals.install()  # as the app's wiring does: the pool shares connections
             client = SdkNamespaceClient(ns, TimeoutSettings(), connections=4)
             try:
                 await _measure(client, args)
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sdk", action="store_true", help="the SDK's own send path only")
     args = parser.parse_args(argv)
     if args.sdk:
-        from gateway.servicebus import lean
+        from gateway.servicebus.internals import lean
 
         lean.usable = lambda sender: False
     asyncio.run(_main(args))

@@ -554,8 +554,16 @@ def default_client_factory(
 ) -> ClientFactory:
     """SDK clients; namespaces given by name share `credential` (created on first use; its
     owner closes it); `observer` counts their connection readers' restarts. `sdk_kwargs` go
-    to each `ServiceBusClient` (tests: ``use_tls=False``)."""
+    to each `ServiceBusClient` (tests: ``use_tls=False``).
+
+    Installs the SDK seam's process-wide pyamqp patches (`gateway.servicebus.internals`)
+    first, before any client exists: the pool shares connections only with them, and the
+    syphon's receivers, on these clients' connections, run on them too. A no-op on an SDK
+    other than the pinned one."""
+    from gateway.servicebus import internals as sdk_internals
     from gateway.servicebus.client import SdkNamespaceClient
+
+    sdk_internals.install()
 
     def make(ns: NamespaceSettings) -> NamespaceClient:
         token = credential.get() if ns.connection_string is None else None

@@ -12,6 +12,7 @@ from aiohttp.web import BaseRunner
 
 from gateway.app import create_app, edge_runner
 from gateway.config import Settings, load_settings
+from gateway.servicebus import internals as sdk_internals
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.support import markers
 from tests.support.markers import forbid_real_components  # noqa: F401 (autouse fixture)
@@ -23,6 +24,13 @@ GatewayFactory = Callable[..., Awaitable[TestClient[Any, web.Application]]]
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     markers.classify(items)  # unit or integration: see tests/support/markers.py
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sdk_patches() -> None:
+    """The SDK seam's process-wide patches, as `create_app` installs them in production:
+    tests that build an `SdkNamespaceClient` without an app share connections as it does."""
+    sdk_internals.install()
 
 
 class HardenedTestServer(TestServer):

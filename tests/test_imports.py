@@ -124,10 +124,15 @@ LAYERS: dict[str, Layer] = {
     "gateway.syphon": Layer(
         ours=(*_BASE, "gateway.config", "gateway.core", "gateway.ledger", "gateway.state")
     ),
-    # the Service Bus adapter: the only layer that drives the SDK
+    # the Service Bus adapter: the only layer that drives the SDK, on its public API
     "gateway.servicebus": Layer(
         ours=(*_BASE, "gateway.config", "gateway.core"),
         third=(*_ANY, "azure.servicebus", "azure.core", "azure.identity", "certifi"),
+    ),
+    # the seam: the one place that uses the SDK's private names (docs/design.md)
+    "gateway.servicebus.internals": Layer(
+        ours=(*_BASE, "gateway.config", "gateway.core", "gateway.servicebus"),
+        third=(*_ANY, "azure.servicebus", "azure.core", "certifi"),
         private=("azure.servicebus",),
     ),
     "gateway.tracing": Layer(
@@ -301,6 +306,10 @@ WRONG_WAY = [
     ("gateway.servicebus.x", "from proton import Message"),
     ("gateway.servicebus.x", "from aiohttp import web"),
     ("gateway.config.x", "from azure.servicebus._pyamqp import error"),
+    ("gateway.servicebus.client", "from azure.servicebus._pyamqp.aio import Connection"),
+    ("gateway.servicebus.receiver", "from azure.servicebus.aio._base_handler_async import X"),
+    ("gateway.servicebus.x", "from azure.servicebus import _common"),
+    ("gateway.core.x", "from gateway.servicebus.internals import encode"),
     ("gateway.web.x", "from gateway.servicebus.client import SdkNamespaceClient"),
     ("gateway.auth.x", "from gateway.core.entities import EntityCatalog"),
     ("gateway.tracing.x", "from proton._reactor import Acceptor"),
@@ -330,6 +339,8 @@ def test_the_layer_map_refuses(module: str, line: str) -> None:
         ("gateway.app", "from gateway.web.runner import HardenedAppRunner"),
         ("gateway.amqp.x", "from sbamqp.codec import decode"),
         ("gateway.web.x", "from aiohttp.web_protocol import _ErrInfo"),
+        ("gateway.servicebus.internals.pool", "from azure.servicebus._pyamqp import _encode"),
+        ("gateway.servicebus.client", "from gateway.servicebus import internals"),
     ],
 )
 def test_the_layer_map_allows(module: str, line: str) -> None:

@@ -5,8 +5,8 @@ Wire format (fields in any order, each value URL-encoded with ``quote_plus``)::
     SharedAccessSignature sr=<resource uri>&sig=<base64 HMAC-SHA256>&se=<unix expiry>&skn=<rule>
 
 The signature is ``HMAC-SHA256(key, "<url-encoded sr>\\n<se>")`` keyed with the UTF-8 bytes of the
-key string itself (not its base64 decoding), exactly as ``azure.servicebus._pyamqp.utils.
-generate_sas_token`` computes it; `mint_token` produces byte-identical output.
+key string itself (not its base64 decoding), exactly as the SDK's own AMQP layer computes it
+(its ``generate_sas_token``); `mint_token` produces byte-identical output.
 
 Everything here is pure: no I/O, the clock is injected. `Authorizer.authorize` is the only entry
 point a request handler needs.

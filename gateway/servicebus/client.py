@@ -2,12 +2,14 @@
 
 One `ServiceBusClient` per namespace, opened at start-up and closed at shutdown. Every
 sender's link goes over the namespace's small pool of shared AMQP connections
-(`gateway.servicebus.pool`), not over a connection of its own. The dispatcher opens senders
+(`internals.ConnectionPool`), not over a connection of its own. The dispatcher opens senders
 when an entity's load needs them and reuses them until they sit idle; it uses each one for
 one send at a time (sharing a sender across concurrent sends is unreliable in the SDK, see
 azure-sdk-for-python#36334) and asks for a new one when a failure makes the link suspect.
-A batch is encoded below the SDK's public API (`gateway.servicebus.encoding`); one message
-on a pooled sender is sent by `gateway.servicebus.lean`, everything else by `send_messages`.
+A batch is encoded below the SDK's public API (`internals.encode` and `internals.add`); one
+message on a pooled sender is sent by `internals.send_one`, everything else by
+`send_messages`. What this borrows from the SDK's insides is all behind that one seam,
+`gateway.servicebus.internals`; this module uses the SDK's public API only.
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ from gateway.config import NamespaceSettings, TimeoutSettings
 from gateway.core.closing import Closer
 from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, SendFailure
-from gateway.servicebus import encoding, lean
+from gateway.servicebus import internals
 from gateway.servicebus.errors import map_exceptions, translate
-from gateway.servicebus.pool import ConnectionPool
 from gateway.supervision import TaskObserver
 
 if TYPE_CHECKING:
@@ -56,17 +57,17 @@ def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
     `ServiceBusMessage` runs a property setter per field, each re-checking and re-creating
     parts of the message. Raises ValueError where `ServiceBusMessage` would (ids over 128
     characters, PartitionKey != SessionId): a message from a backlog queue has not been
-    through the REST parser's checks. Batches skip it: `encoding.encode` goes straight to the
+    through the REST parser's checks. Batches skip it: `internals.encode` goes straight to the
     encoded bytes."""
-    encoding.check(m)
+    internals.check(m)
     annotations: dict[str | bytes, Any] = {}
     # In ServiceBusMessage's order: the encoded map follows it.
     if m.scheduled_enqueue_time_utc is not None:
-        annotations[encoding.SCHEDULED_ENQUEUE_TIME] = m.scheduled_enqueue_time_utc
+        annotations[internals.SCHEDULED_ENQUEUE_TIME] = m.scheduled_enqueue_time_utc
     if m.partition_key:
-        annotations[encoding.PARTITION_KEY] = m.partition_key
+        annotations[internals.PARTITION_KEY] = m.partition_key
     # In ms; the SDK derives creation and absolute expiry times from it when it sends.
-    header = AmqpMessageHeader(time_to_live=encoding.ttl_ms(m))
+    header = AmqpMessageHeader(time_to_live=internals.ttl_ms(m))
     return AmqpAnnotatedMessage(
         data_body=m.body,
         header=header,
@@ -81,7 +82,7 @@ def to_amqp(m: OutboundMessage) -> AmqpAnnotatedMessage:
             reply_to_group_id=m.reply_to_session_id,
         ),
         application_properties={
-            k: encoding.amqp_value(v) for k, v in m.application_properties.items()
+            k: internals.amqp_value(v) for k, v in m.application_properties.items()
         }
         or None,
         # Typed dict[str, Any] in the SDK, which itself uses these bytes keys.
@@ -107,23 +108,23 @@ class SdkSender:
         self._release: Callable[[], None] | None = release
 
     async def send(self, messages: Sequence[OutboundMessage]) -> None:
-        if len(messages) == 1 and lean.usable(self._sender):
-            try:  # encoded once, sent as it is (gateway/servicebus/lean.py)
-                payload = encoding.encode(messages[0])
+        if len(messages) == 1 and internals.can_send_one(self._sender):
+            try:  # encoded once, sent as it is (gateway/servicebus/internals/lean.py)
+                payload = internals.encode(messages[0])
             except (ValueError, TypeError) as exc:
                 raise self._invalid(exc) from exc
             with map_exceptions(self._where):
-                await lean.send(self._sender, payload)
+                await internals.send_one(self._sender, payload)
             return
-        if len(messages) == 1 or not encoding.applies():
+        if len(messages) == 1 or not internals.applies():
             await self._send_via_sdk(messages)
             return
-        try:  # each message encoded once (gateway/servicebus/encoding.py)
-            encoded = [(m, encoding.encode(m)) for m in messages]
+        try:  # each message encoded once (gateway/servicebus/internals/encoding.py)
+            encoded = [(m, internals.encode(m)) for m in messages]
         except (ValueError, TypeError) as exc:
             raise self._invalid(exc) from exc
         with map_exceptions(self._where):
-            await self._send_batches(encoded, lambda batch, item: encoding.add(batch, *item))
+            await self._send_batches(encoded, lambda batch, item: internals.add(batch, *item))
 
     async def _send_via_sdk(self, messages: Sequence[OutboundMessage]) -> None:
         """The SDK's own path: one message, or a batch while `encoding` does not apply. Each
@@ -132,7 +133,7 @@ class SdkSender:
         SDK's send is the SDK's (gateway.servicebus.errors)."""
         try:
             for m in messages:
-                encoding.encode(m)
+                internals.encode(m)
             sdk_messages = [to_amqp(m) for m in messages]
         except (ValueError, TypeError) as exc:
             raise self._invalid(exc) from exc
@@ -191,7 +192,7 @@ class SdkNamespaceClient:
     A namespace given by name authenticates with `credential`, the process's shared one
     (gateway.servicebus.identity), which its owner closes: `close` leaves it open.
     `sdk_kwargs` go to the `ServiceBusClient` (tests: ``use_tls=False`` for the local broker).
-    Sender links share `connections` AMQP connections (`gateway.servicebus.pool`);
+    Sender links share `connections` AMQP connections (`internals.ConnectionPool`);
     `observer` counts their readers' restarts.
     """
 
@@ -227,7 +228,7 @@ class SdkNamespaceClient:
         # Owns the closes of this namespace's senders that outlive CLOSE_TIMEOUT, and the
         # cleanups of cancelled opens, until `close`.
         self._closer = Closer(f"namespace {settings.name}")
-        self.pool = ConnectionPool(self._client, connections, settings.name, observer)
+        self.pool = internals.ConnectionPool(self._client, connections, settings.name, observer)
 
     @property
     def name(self) -> str:

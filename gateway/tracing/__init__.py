@@ -5,7 +5,7 @@ tracing off a request costs one header lookup more. What it does with tracing of
 
 * **On the messages.** When a request carries a W3C ``traceparent`` (or, tracing on, a span
   is active), each of its messages gets the application properties the Azure SDK itself
-  stamps when it traces a send (azure.servicebus._common.tracing): ``Diagnostic-Id`` and
+  stamps when it traces a send (its ``trace_message``): ``Diagnostic-Id`` and
   ``traceparent`` (the same value) and ``tracestate`` when there is one. A consumer using the
   Azure SDK continues the trace. A property the client set itself wins (the SDK, too, only
   adds these when they are missing). The properties go through the backlog unchanged, so a

@@ -50,7 +50,7 @@ async def running(config: BrokerConfig) -> AsyncIterator[LocalBroker]:
 @contextlib.asynccontextmanager
 async def pooled_client(broker: LocalBroker, connections: int) -> AsyncIterator[Any]:
     """The gateway's `SdkNamespaceClient` for `primary`: its senders on `connections` pooled
-    connections (gateway.servicebus.pool), closed on exit."""
+    connections (gateway.servicebus.internals.pool), closed on exit."""
     from gateway.config import NamespaceSettings, Secret, TimeoutSettings
     from gateway.servicebus.client import SdkNamespaceClient
 

@@ -1,8 +1,8 @@
-"""Contract: many sender links on a few shared AMQP connections (gateway.servicebus.pool).
+"""Contract: many sender links on a few shared AMQP connections (gateway.servicebus.internals.pool).
 
 The real SDK (its handlers given our pooled connection) against the local broker: several
 handlers on one connection each put their token over the connection's one `$cbs` link pair
-(gateway.servicebus.shared_cbs) and each sees its own reply.
+(gateway.servicebus.internals.shared_cbs) and each sees its own reply.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from azure.servicebus.exceptions import ServiceBusAuthenticationError
 from gateway.core.message import OutboundMessage
 from gateway.errors import FailureKind, SendFailure
 from gateway.servicebus.client import SdkNamespaceClient, SdkSender
-from gateway.servicebus.shared_cbs import SharedCbsAuthenticator
+from gateway.servicebus.internals.shared_cbs import SharedCbsAuthenticator
 from sblocal import sas
 from sblocal.config import NamespaceConfig, QueueConfig
 from sblocal.server import LocalBroker
@@ -139,7 +139,7 @@ async def test_each_connection_carries_one_cbs_link_pair_for_every_audience(
     pooled: SdkNamespaceClient, control: ControlClient, broker: LocalBroker
 ) -> None:
     """Every sender's put-token goes over its connection's one `$cbs` pair
-    (gateway.servicebus.shared_cbs): per connection, a session and two links for `$cbs`,
+    (gateway.servicebus.internals.shared_cbs): per connection, a session and two links for `$cbs`,
     then one session and one link per sender."""
     senders = await asyncio.gather(*(pooled.open_sender(q) for q in QUEUES))
     await asyncio.gather(*(s.send([_msg(i)]) for i, s in enumerate(senders)))

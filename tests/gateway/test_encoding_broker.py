@@ -1,4 +1,4 @@
-"""Messages encoded once (gateway/servicebus/encoding.py) reach the real broker whole.
+"""Messages encoded once (gateway/servicebus/internals/encoding.py) reach the real broker whole.
 
 The batch path of `SdkSender` over the real azure-servicebus SDK and the local broker: every
 REST property and application-property type comes back through the SDK's receiver, in
@@ -18,8 +18,8 @@ from azure.servicebus.aio import ServiceBusClient
 
 from gateway.core.message import OutboundMessage
 from gateway.errors import FailureKind, SendFailure
-from gateway.servicebus import encoding
 from gateway.servicebus.client import SdkSender
+from gateway.servicebus.internals import encoding
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.gateway.test_integration import receive
 

@@ -20,7 +20,7 @@ from gateway.errors import INVALID_MESSAGE, MESSAGE_REFUSED, FailureKind, SendFa
 from gateway.metrics import Metrics
 from gateway.secret import Secret
 from gateway.servicebus.client import SdkNamespaceClient
-from gateway.servicebus.encoding import amqp_value
+from gateway.servicebus.internals.encoding import amqp_value
 from sblocal.testing import BrokerProcess, ControlClient, ControlError
 from tests.conftest import GatewayFactory
 from tests.security.test_slow_clients import open_raw, read_response

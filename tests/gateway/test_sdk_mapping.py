@@ -17,23 +17,16 @@ real broker.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import inspect
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
-import azure.servicebus
 import pytest
 from azure.core.settings import settings as azure_settings
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus._common import constants as sb_constants
-from azure.servicebus._common import tracing as sb_tracing
-from azure.servicebus._common import utils as sb_utils
-from azure.servicebus._pyamqp import _encode, utils
+from azure.servicebus._pyamqp import _encode
 from azure.servicebus._pyamqp.message import BatchMessage, Header, Properties
 from azure.servicebus._pyamqp.types import TYPE, FieldDefinition
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
@@ -45,9 +38,9 @@ from hypothesis import strategies as st
 
 from gateway.core.message import OutboundMessage
 from gateway.errors import FailureKind, SendFailure
-from gateway.servicebus import encoding
 from gateway.servicebus.client import SdkSender, to_amqp
-from gateway.servicebus.encoding import amqp_value as _amqp_value
+from gateway.servicebus.internals import encoding
+from gateway.servicebus.internals.encoding import amqp_value as _amqp_value
 
 AT = dt.datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
 
@@ -161,7 +154,7 @@ def test_to_amqp_refuses_what_service_bus_message_refuses(fields: dict[str, str]
         to_amqp(m)
 
 
-# -- the encoded form: each message encoded once (gateway/servicebus/encoding.py) -----------
+# -- the encoded form: each message encoded once (gateway/servicebus/internals/encoding.py) -
 
 T = TypeVar("T")
 
@@ -423,113 +416,8 @@ async def test_an_invalid_message_fails_the_send_before_anything_is_sent() -> No
 
 # -- the guard: the pinned SDK, its internals as `encoding` knows them -----------------------
 
-# sha256 (first 16 hex digits) of the source of every SDK function `encoding` reproduces or
-# writes the state of. A change here means: re-read it, re-check encoding.py, update the hash.
-RELIED_ON = {
-    "ServiceBusMessageBatch.__init__": "c2e5785e5508c0b9",
-    "ServiceBusMessageBatch._add": "c87540f24ff7aff6",
-    "ServiceBusMessageBatch.add_message": "beeab9375ad096e2",
-    "ServiceBusMessageBatch.__len__": "ca1b6e70d51c82bf",
-    "ServiceBusMessageBatch.max_size_in_bytes": "8b3cfa639d00ab7b",
-    "ServiceBusMessageBatch.size_in_bytes": "c3295f67fe35a32a",
-    "PyamqpTransport.to_outgoing_amqp_message": "d59a0ddb48f4bc5f",
-    "PyamqpTransport.build_batch_message": "e77d5b6af22e251d",
-    "PyamqpTransport.get_batch_message_encoded_size": "9c3bbdb61f5a38f7",
-    "PyamqpTransport.get_message_encoded_size": "31e1ab36a6837c57",
-    "PyamqpTransport.add_batch": "500982e053ca2ce9",
-    "PyamqpTransport.set_batch_envelope_properties": "00dd74e73e43691a",
-    "PyamqpTransportAsync.send_messages_async": "7c488c86efabaeda",
-    "ServiceBusSender.create_message_batch": "16a49d11c2809643",
-    "ServiceBusSender.send_messages": "a0d194baf42836b1",
-    "_convert_to_single_service_bus_message": "e2676381005fbc39",
-    "trace_message": "2f6e845b0de79f95",
-    "_pyamqp.utils.add_batch": "6611b324dde87b2a",
-    "_pyamqp.utils.get_message_encoded_size": "d77a0063490ef223",
-    "_pyamqp.utils.set_message_properties": "1d10f88325d466f7",
-    "_pyamqp.utils.set_message_annotations": "cc47b339d9bc818c",
-    "_pyamqp._encode.encode_payload": "ee23472f3b06e692",
-    "_pyamqp._encode.encode_value": "ad6e6adfa9240c25",
-    "_pyamqp._encode.encode_unknown": "eb422212804b71f8",
-    "_pyamqp._encode.describe_performative": "04873d06202bbd98",
-    "_pyamqp._encode.encode_list": "d938ddfa788132da",
-    "_pyamqp._encode.encode_null": "da278186214ffab9",
-    "_pyamqp._encode.encode_string": "af92eaf9b188a5d8",
-    "_pyamqp._encode.encode_symbol": "602c2949237bfd26",
-    "_pyamqp._encode.encode_binary": "592ffc7ce70447c3",
-    "_pyamqp._encode.encode_timestamp": "d4db4c3e2b3d7a0a",
-    "_pyamqp._encode.encode_uint": "43ae4a6a3f8cebd4",
-    "_pyamqp._encode.encode_ulong": "44e0f71b9a312fb6",
-    "_pyamqp._encode.encode_message_id": "6303a37896e4f875",
-}
-
-
-def _relied_on() -> dict[str, Any]:
-    batch = ServiceBusMessageBatch
-    return {
-        "ServiceBusMessageBatch.__init__": batch.__init__,
-        "ServiceBusMessageBatch._add": batch._add,
-        "ServiceBusMessageBatch.add_message": batch.add_message,
-        "ServiceBusMessageBatch.__len__": batch.__len__,
-        "ServiceBusMessageBatch.max_size_in_bytes": batch.max_size_in_bytes.fget,  # type: ignore[attr-defined]
-        "ServiceBusMessageBatch.size_in_bytes": batch.size_in_bytes.fget,  # type: ignore[attr-defined]
-        "PyamqpTransport.to_outgoing_amqp_message": PyamqpTransport.to_outgoing_amqp_message,
-        "PyamqpTransport.build_batch_message": PyamqpTransport.build_batch_message,
-        "PyamqpTransport.get_batch_message_encoded_size": (
-            PyamqpTransport.get_batch_message_encoded_size
-        ),
-        "PyamqpTransport.get_message_encoded_size": PyamqpTransport.get_message_encoded_size,
-        "PyamqpTransport.add_batch": PyamqpTransport.add_batch,
-        "PyamqpTransport.set_batch_envelope_properties": (
-            PyamqpTransport.set_batch_envelope_properties
-        ),
-        "PyamqpTransportAsync.send_messages_async": PyamqpTransportAsync.send_messages_async,
-        "ServiceBusSender.create_message_batch": ServiceBusSender.create_message_batch,
-        "ServiceBusSender.send_messages": ServiceBusSender.send_messages,
-        "_convert_to_single_service_bus_message": sb_utils._convert_to_single_service_bus_message,
-        "trace_message": sb_tracing.trace_message,
-        "_pyamqp.utils.add_batch": utils.add_batch,
-        "_pyamqp.utils.get_message_encoded_size": utils.get_message_encoded_size,
-        "_pyamqp.utils.set_message_properties": utils.set_message_properties,
-        "_pyamqp.utils.set_message_annotations": utils.set_message_annotations,
-        "_pyamqp._encode.encode_payload": _encode.encode_payload,
-        "_pyamqp._encode.encode_value": _encode.encode_value,
-        "_pyamqp._encode.encode_unknown": _encode.encode_unknown,
-        "_pyamqp._encode.describe_performative": _encode.describe_performative,
-        "_pyamqp._encode.encode_list": _encode.encode_list,
-        "_pyamqp._encode.encode_null": _encode.encode_null,
-        "_pyamqp._encode.encode_string": _encode.encode_string,
-        "_pyamqp._encode.encode_symbol": _encode.encode_symbol,
-        "_pyamqp._encode.encode_binary": _encode.encode_binary,
-        "_pyamqp._encode.encode_timestamp": _encode.encode_timestamp,
-        "_pyamqp._encode.encode_uint": _encode.encode_uint,
-        "_pyamqp._encode.encode_ulong": _encode.encode_ulong,
-        "_pyamqp._encode.encode_message_id": _encode.encode_message_id,
-    }
-
-
-def test_the_installed_sdk_is_the_exact_pinned_version() -> None:
-    """encoding.py reproduces internals of exactly this version: another one must fail here
-    (and, at run time, `encoding.applies()` turns the path off) rather than send something
-    different."""
-    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
-    pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("azure-servicebus")]
-    assert pins == [f"azure-servicebus=={encoding.SDK_VERSION}"], (
-        "azure-servicebus must stay pinned exactly, to the version encoding.py was checked for"
-    )
-    assert azure.servicebus.__version__ == encoding.SDK_VERSION, (
-        f"azure-servicebus {azure.servicebus.__version__} is installed; "
-        f"gateway/servicebus/encoding.py was checked against {encoding.SDK_VERSION}"
-    )
-    assert encoding.VERSION_MATCHES and encoding.applies()
-
-
-def test_the_sdk_internals_encoding_relies_on_are_unchanged() -> None:
-    got = {
-        name: hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
-        for name, obj in _relied_on().items()
-    }
-    changed = sorted(name for name in RELIED_ON if got[name] != RELIED_ON[name])
-    assert not changed, f"SDK internals changed, re-check gateway/servicebus/encoding.py: {changed}"
+# The SDK functions this relies on are hashed with the rest of the seam's
+# (gateway/servicebus/internals/relied_on.py, tests/gateway/test_sdk_seam.py).
 
 
 def test_the_batch_state_encoding_writes_has_the_shape_it_expects() -> None:

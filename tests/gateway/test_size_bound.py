@@ -3,9 +3,10 @@
 The edge refuses a message over `max_message_bytes` and the dispatcher fills a broker batch
 up to `max_batch_bytes` by `size` alone, so a size below the encoding let a message through
 that the link then refused — after the batch built so far had been stored. Here the bound is
-held to the SDK's own encoder (`gateway.servicebus.encoding`, byte for byte the SDK's path:
-tests/gateway/test_sdk_mapping.py) over generated messages: long names and values (str32),
-many properties, every value type, TTLs, schedules, partition keys, and whole batches.
+held to the SDK's own encoder (`gateway.servicebus.internals.encoding`, byte for byte the
+SDK's path: tests/gateway/test_sdk_mapping.py) over generated messages: long names and
+values (str32), many properties, every value type, TTLs, schedules, partition keys, and
+whole batches.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.core.message import BATCH_ITEM_OVERHEAD, OutboundMessage, batch_size
-from gateway.servicebus import encoding
+from gateway.servicebus.internals import encoding
 
 pytestmark = pytest.mark.unit
 

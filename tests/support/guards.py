@@ -32,11 +32,22 @@ def resolve(dotted: str) -> object:
 
 
 def fingerprint(dotted: str) -> str:
-    source = inspect.getsource(resolve(dotted))  # type: ignore[arg-type]
+    return fingerprint_of(resolve(dotted))
+
+
+def fingerprint_of(obj: object) -> str:
+    source = inspect.getsource(obj)  # type: ignore[arg-type]
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def changed(table: Mapping[str, str]) -> dict[str, str]:
-    """The entries of `table` whose source is not the one fingerprinted: name -> new hash."""
-    now = {name: fingerprint(name) for name in table}
+def changed(
+    table: Mapping[str, str], originals: Mapping[str, object] | None = None
+) -> dict[str, str]:
+    """The entries of `table` whose source is not the one fingerprinted: name -> new hash.
+    `originals` holds what a name was before we replaced it in place (those are hashed)."""
+    originals = originals or {}
+    now = {
+        name: fingerprint_of(originals[name]) if name in originals else fingerprint(name)
+        for name in table
+    }
     return {name: digest for name, digest in now.items() if digest != table[name]}

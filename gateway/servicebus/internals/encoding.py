@@ -36,8 +36,8 @@ REST property, batch sizes to the byte, the batch on the wire) and fails loudly 
 installed SDK is not the pinned version or any function above changed;
 tests/gateway/test_encoding_broker.py receives what it sent through the local broker. At
 run time a different SDK version, or azure-core tracing being on (the SDK then adds trace
-properties and span links per message), turns this path off (`applies`): the sender falls
-back to `add_message`.
+properties and span links per message), turns this path off (`switch.applies`): the sender
+falls back to `add_message`.
 """
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ import struct
 import time
 from typing import Any
 
-import azure.servicebus
-from azure.core.settings import settings as azure_settings
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus._common.constants import (
     _BATCH_MESSAGE_OVERHEAD_COST,
@@ -69,9 +67,10 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.exceptions import MessageSizeExceededError
 
 from gateway.core.message import OutboundMessage
+from gateway.servicebus.internals.switch import SDK_VERSION, VERSION_MATCHES, applies
 
-SDK_VERSION = "7.15.0"
-VERSION_MATCHES = azure.servicebus.__version__ == SDK_VERSION
+__all__ = ["SDK_VERSION", "VERSION_MATCHES", "add", "applies", "check", "encode"]
+
 
 _INT32 = range(-(2**31), 2**31)
 AMQP_MAX_TTL_MS = 2**32 - 1  # the header's ttl field is an AMQP uint
@@ -245,11 +244,6 @@ def encode(m: OutboundMessage) -> bytearray:
     output = bytearray()
     encode_payload(output, message)
     return output
-
-
-def applies() -> bool:
-    """Whether `add` may stand in for `add_message` now: the pinned SDK, tracing off."""
-    return VERSION_MATCHES and azure_settings.tracing_implementation() is None
 
 
 def add(batch: ServiceBusMessageBatch, m: OutboundMessage, encoded: bytearray) -> None:

@@ -25,12 +25,12 @@ may read the peer's answer in that window, which then meets the old state:
 the same fields), sends each delivery once, and writes one TRANSFER at a time per session;
 answers then always meet the state the frame implies. Two more, for
 CPU only: a TRANSFER whose message is already encoded (`Encoded`, from
-`gateway.servicebus.lean`) is sent as it is, and a TRANSFER performative is encoded once
+`gateway.servicebus.internals.lean`) is sent as it is, and a TRANSFER performative is encoded once
 where pyamqp encodes it twice (the session measures it, then the transport encodes it again:
 `_measured_frame`, `_sent_frame`). It patches the
 classes of the pinned azure-servicebus (`encoding.SDK_VERSION`) only, once per process;
 with any other version it returns False and the pool does not share connections
-(`gateway.servicebus.pool`). tests/broker/test_pooled_links.py and
+(`gateway.servicebus.internals.pool`). tests/broker/test_pooled_links.py and
 tests/gateway/test_many_entities.py fail without it.
 """
 
@@ -45,7 +45,6 @@ from azure.servicebus._pyamqp.aio import _session_async, _transport_async
 from azure.servicebus._pyamqp.aio._link_async import Link
 from azure.servicebus._pyamqp.aio._sender_async import SenderLink
 from azure.servicebus._pyamqp.aio._session_async import Session
-from azure.servicebus._pyamqp.aio._transport_async import AsyncTransportMixin
 from azure.servicebus._pyamqp.constants import (
     OUTGOING_WINDOW,
     LinkDeliverySettleReason,
@@ -55,29 +54,29 @@ from azure.servicebus._pyamqp.constants import (
 )
 from azure.servicebus._pyamqp.performatives import TransferFrame
 
-from gateway.servicebus.encoding import VERSION_MATCHES, _described_list
+from gateway.servicebus.internals.encoding import _described_list
+from gateway.servicebus.internals.switch import version_matches
 
 _installed = False
 
-# What `install` replaces or wraps, and the SDK code the pool relies on besides, as they were
-# before any patch: tests/gateway/test_pyamqp_sharing.py pins their sources, so that an SDK
-# change cannot slip past this module and gateway/servicebus/pool.py unread.
-ORIGINALS: dict[str, Any] = {
-    "Session._outgoing_attach": Session._outgoing_attach,
-    "Session.begin": Session.begin,
-    "Session.end": Session.end,
-    "Session._outgoing_transfer": Session._outgoing_transfer,
-    "Link.attach": Link.attach,
-    "Link.detach": Link.detach,
-    "Link._set_state": Link._set_state,
-    "Link._on_session_state_change": Link._on_session_state_change,
-    "Link._outgoing_attach": Link._outgoing_attach,
-    "SenderLink._outgoing_transfer": SenderLink._outgoing_transfer,
-    "SenderLink.update_pending_deliveries": SenderLink.update_pending_deliveries,
-    "SenderLink._incoming_attach": SenderLink._incoming_attach,
-    "_encode.encode_frame": _encode.encode_frame,
-    "AsyncTransportMixin.send_frame": AsyncTransportMixin.send_frame,
-}
+
+# What `install` replaces or wraps, as they were before any patch, by dotted name: the guard
+# (`relied_on.RELIED_ON`, tests/gateway/test_sdk_seam.py) hashes these, not our replacements.
+def _named(*functions: Any) -> dict[str, Any]:
+    return {f"{f.__module__}.{f.__qualname__}": f for f in functions}
+
+
+ORIGINALS: dict[str, Any] = _named(
+    Session._outgoing_attach,
+    Session.begin,
+    Session.end,
+    Session._outgoing_transfer,
+    Link.attach,
+    Link.detach,
+    Link._set_state,
+    SenderLink._outgoing_transfer,
+    _encode.encode_frame,
+)
 
 
 async def _session_outgoing_attach(self: Any, frame: Any) -> None:
@@ -175,8 +174,8 @@ async def _session_outgoing_transfer(self: Any, delivery: Any, trace: Any) -> No
 
 
 class Encoded:
-    """A message's payload, already encoded (`gateway.servicebus.encoding.encode`), given to
-    `SenderLink.send_transfer` in place of a pyamqp `Message` (`gateway.servicebus.lean`)."""
+    """A message's payload, already encoded (`encoding.encode`), given to
+    `SenderLink.send_transfer` in place of a pyamqp `Message` (`lean`)."""
 
     __slots__ = ("payload",)
     _code = 0  # the message format: pyamqp's `Message._code`
@@ -284,11 +283,18 @@ def _sent_frame(frame: Any, **kwargs: Any) -> Any:
     return (len(data) + 8).to_bytes(4, "big") + _FRAME_HEAD, data
 
 
+def installed() -> bool:
+    """Whether `install` patched pyamqp in this process (the pool shares connections then)."""
+    return _installed
+
+
 def install() -> bool:
     """Patch pyamqp for shared connections (idempotent); False when the installed SDK is
-    not the pinned one (the pool then gives each sender its own connection)."""
+    not the pinned one (the pool then gives each sender its own connection). Process-wide:
+    every pyamqp session and link from then on runs on the patched methods, the syphon's
+    receivers' too. Called by the app's wiring (`gateway.servicebus.internals.install`)."""
     global _installed
-    if not VERSION_MATCHES:
+    if not version_matches():
         return False
     if not _installed:
         patched: Any = Session

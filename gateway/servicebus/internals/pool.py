@@ -14,7 +14,7 @@ properties and socket timeout, `connection_for`), and `bind` hands it to one sen
 time that sender (re)opens its link, it first asks its slot for a live connection, so a
 connection the broker dropped is replaced once and the SDK's own retry then succeeds on the
 new one, as it would on a private connection. Its `$cbs` token links are the connection's
-one pair, shared by every handler on it (`gateway.servicebus.shared_cbs`, `Slot.cbs`): a
+one pair, shared by every handler on it (`gateway.servicebus.internals.shared_cbs`, `Slot.cbs`): a
 handler adds only its session and its link. Frames read by any handler on a connection are
 dispatched by pyamqp to the session and link they belong to, so handlers polling one socket
 in turn see each other's dispositions (tests/broker/test_pooled_links.py holds this to the
@@ -58,8 +58,8 @@ from azure.servicebus._pyamqp.constants import AUTH_TYPE_CBS, ConnectionState
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.aio._async_utils import create_authentication
 
-from gateway.servicebus import pyamqp_sharing
-from gateway.servicebus.shared_cbs import OPEN_TIMEOUT, SharedCbs, open_shared
+from gateway.servicebus.internals import pyamqp_sharing
+from gateway.servicebus.internals.shared_cbs import OPEN_TIMEOUT, SharedCbs, open_shared
 from gateway.supervision import TaskObserver, supervised
 
 log = logging.getLogger(__name__)
@@ -338,7 +338,7 @@ class _View:
     @property
     def pooled_reading(self) -> bool:
         """Whether the slot's reader dispatches this connection's frames (`listen` then
-        waits for a wake-up instead of reading): `gateway.servicebus.lean` relies on it."""
+        waits for a wake-up instead of reading): `lean` relies on it."""
         return self._slot.reading
 
     def create_session(self, **kwargs: Any) -> Any:
@@ -394,9 +394,10 @@ class ConnectionPool:
         self.observer = observer  # counts the readers' restarts
         self._slots = [Slot(self, i) for i in range(size)]
         self._opened = itertools.count(1)
-        # pyamqp shares a connection safely only once patched (the pinned SDK only): without
-        # it, each sender keeps the SDK's own connection.
-        self.sharing = pyamqp_sharing.install()
+        # pyamqp shares a connection safely only once patched (the pinned SDK only, by the
+        # app's wiring: `gateway.servicebus.internals.install`): until then, each sender keeps
+        # the SDK's own connection.
+        self.sharing = pyamqp_sharing.installed()
 
     @property
     def size(self) -> int:
@@ -501,7 +502,7 @@ def _ready_at_once(handler: Any) -> None:
 
 def _share_cbs(slot: Slot, handler: Any) -> None:
     """Make `handler.open_async` put its token over its connection's shared `$cbs` pair
-    (`gateway.servicebus.shared_cbs`), or open its own where there is none."""
+    (`gateway.servicebus.internals.shared_cbs`), or open its own where there is none."""
     open_async: Any = handler.open_async
 
     async def shared_open_async(connection: Any = None) -> None:

@@ -36,8 +36,8 @@ from azure.servicebus.aio import ServiceBusSender
 from azure.servicebus.aio._transport._pyamqp_transport_async import PyamqpTransportAsync
 from azure.servicebus.exceptions import OperationTimeoutError
 
-from gateway.servicebus import encoding
-from gateway.servicebus.pyamqp_sharing import Encoded
+from gateway.servicebus.internals import switch
+from gateway.servicebus.internals.pyamqp_sharing import Encoded
 
 # How long a send waits for its disposition before it runs one of the SDK's own iterations
 # (token refresh, deliveries held back for credit) and waits again.
@@ -49,7 +49,7 @@ _sdk_log = logging.getLogger("azure.servicebus.aio._servicebus_sender_async")
 def usable(sender: ServiceBusSender) -> bool:
     """Whether `send` may stand in for `send_messages` on `sender`: the encoding applies
     (pinned SDK, tracing off) and its handler polls a pooled connection whose reader runs."""
-    if not encoding.applies():
+    if not switch.applies():
         return False
     if not getattr(sender, "_running", False):  # not open (or not the SDK's sender)
         return False
