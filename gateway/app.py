@@ -35,7 +35,6 @@ from aiohttp import web
 from gateway.config import ConfigError, NamespaceSettings, Settings
 from gateway.core import failover as failover_module
 from gateway.core.backlog import backlog_path
-from gateway.core.closing import CANCEL_GRACE, Closer, stop_after
 from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Dispatcher
 from gateway.core.entities import EntityCatalog
 from gateway.core.failover import Failover, PairClients
@@ -43,12 +42,12 @@ from gateway.core.looplag import LoopLag
 from gateway.core.ports import BacklogPort, NamespaceClient, Tracer
 from gateway.core.router import PrimaryRouter
 from gateway.ledger import LedgerSettings, create_ledger
+from gateway.lifetimes import CANCEL_GRACE, Closer, TaskObserver, stop_after
 from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
 from gateway.state.memory import LocalState
-from gateway.supervision import TaskObserver
 from gateway.syphon.syphon import Syphon
 from gateway.tracing import close_tracer, create_tracer
 from gateway.web import handlers

@@ -225,13 +225,17 @@ async def _until_stopped(
 
 async def _first_fault(faults: list[asyncio.Event], stop: asyncio.Event) -> bool:
     """Wait for `stop` or any of `faults`; True when a fault came first. Every waiter is
-    cancelled and awaited before returning."""
-    stopper = asyncio.create_task(stop.wait())
-    waiters = [asyncio.create_task(f.wait()) for f in faults]
-    done, pending = await asyncio.wait([stopper, *waiters], return_when=asyncio.FIRST_COMPLETED)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    cancelled and awaited before returning (`TaskSet.stop`: they only wait on events)."""
+    from gateway.lifetimes import CANCEL_GRACE, TaskSet
+
+    waiters = TaskSet("waiting for a signal or a fault")
+    stopper = waiters.spawn(stop.wait(), name="stop")
+    for f in faults:
+        waiters.spawn(f.wait(), name="fault")
+    try:
+        done, _ = await asyncio.wait(list(waiters), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await waiters.stop(CANCEL_GRACE)
     return stopper not in done
 
 

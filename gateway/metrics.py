@@ -400,7 +400,7 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
     def batch_split(self, dest: str) -> None:
         self.batch_splits.inc()
 
-    # TaskObserver (gateway.supervision): every component's loops
+    # TaskObserver (gateway.lifetimes): every component's loops
     def task_restarted(self, task: str) -> None:
         self.task_restarts.labels(task).inc()
 

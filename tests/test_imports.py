@@ -78,7 +78,7 @@ _BASE = (
     "gateway.errors",
     "gateway.secret",
     "gateway.entitypath",
-    "gateway.supervision",
+    "gateway.lifetimes",
 )
 # Libraries that are data formats, not layers: any gateway layer may use them.
 _ANY = ("orjson",)
@@ -113,7 +113,7 @@ LAYERS: dict[str, Layer] = {
     "gateway.errors": Layer(ours=_BASE),
     "gateway.secret": Layer(ours=_BASE),
     "gateway.entitypath": Layer(ours=_BASE),
-    "gateway.supervision": Layer(ours=_BASE),
+    "gateway.lifetimes": Layer(ours=_BASE),
     # settings: read once, validated; the SDK only to parse a connection string
     "gateway.config": Layer(ours=_BASE, third=("azure.servicebus",)),
     "gateway.auth": Layer(ours=_BASE),

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
-from gateway.core.closing import CANCEL_GRACE, stop
 from gateway.core.message import OutboundMessage, envelope_size
 from gateway.core.ports import NamespaceClient, Sender, Tracer
 from gateway.errors import (
@@ -54,6 +53,7 @@ from gateway.errors import (
     Saturated,
     SendFailure,
 )
+from gateway.lifetimes import CANCEL_GRACE, close_quietly, stop
 
 log = logging.getLogger(__name__)
 
@@ -674,10 +674,4 @@ class Dispatcher:
 
 
 async def _close_quietly(sender: Sender) -> None:
-    try:
-        async with asyncio.timeout(SENDER_CLOSE_TIMEOUT):
-            await sender.close()
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # closing a broken link may fail in any way; it is gone either way
-        log.debug("closing a sender failed", exc_info=True)
+    await close_quietly("closing a sender", sender.close(), SENDER_CLOSE_TIMEOUT)

@@ -49,7 +49,6 @@ from typing import Any
 
 from gateway.config import FailoverSettings, LimitSettings, TimeoutSettings
 from gateway.core.backlog import ping_message, rewrite, rewritten_size
-from gateway.core.closing import stop
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.entities import EntityRef
 from gateway.core.looplag import LoopLag
@@ -58,8 +57,8 @@ from gateway.core.ports import NamespaceClient
 from gateway.core.router import Delivery
 from gateway.errors import FailureKind, GatewayError, PayloadTooLarge, SendFailure
 from gateway.ledger import EventLedger, NullLedger
+from gateway.lifetimes import TaskSet, supervised
 from gateway.state.base import BacklogState, EntityState, StateStore, Status
-from gateway.supervision import supervised
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ class FailoverObserver:
     def ping(self, entity: str, ok: bool) -> None: ...
 
     def task_restarted(self, task: str) -> None:
-        """A pinger raised and is being restarted (gateway.supervision)."""
+        """A pinger raised and is being restarted (gateway.lifetimes)."""
 
 
 class Failover:
@@ -144,6 +143,8 @@ class Failover:
         self._rng = rng or random.Random()  # noqa: S311  # nosec B311  # load spreading, not security
         self._choice: dict[str, str] = {}  # entity key -> this replica's backlog queue
         self._entities: dict[str, EntityRef] = {}
+        # Every pinger and timer is owned by `_tasks`; these find an entity's.
+        self._tasks = TaskSet("failover")
         self._pingers: dict[str, asyncio.Task[None]] = {}
         self._timers: dict[str, asyncio.Task[None]] = {}
         self._wake: dict[str, asyncio.Event] = {}
@@ -174,8 +175,7 @@ class Failover:
     async def close(self) -> None:
         """Stop the pingers and timers: within `STOP_TIMEOUT + CANCEL_GRACE`."""
         self._closed = True
-        tasks = list(self._pingers.values()) + list(self._timers.values())
-        await stop(tasks, STOP_TIMEOUT, "failover")
+        await self._tasks.stop(STOP_TIMEOUT)
         self._pingers.clear()
         self._timers.clear()
 
@@ -439,7 +439,7 @@ class Failover:
                 self._wake[st.entity] = asyncio.Event()
                 # A fresh context: started by whichever request saw the failure, the pinger
                 # outlives it and is no part of its trace.
-                self._pingers[st.entity] = asyncio.create_task(
+                self._pingers[st.entity] = self._tasks.spawn(
                     self._pinger(self._entities[st.entity]),
                     name=f"pinger {st.entity}",
                     context=contextvars.Context(),
@@ -464,7 +464,7 @@ class Failover:
                     f"no success within {self._settings.failover_interval:g}s",
                 )
 
-        task = asyncio.create_task(
+        task = self._tasks.spawn(
             fire(), name=f"failover timer {st.entity}", context=contextvars.Context()
         )
         self._timers[st.entity] = task

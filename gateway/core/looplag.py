@@ -12,10 +12,11 @@ which the sampler cannot have reported yet (its callback is one of those waiting
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 from collections import deque
 from collections.abc import Callable
+
+from gateway.lifetimes import CANCEL_GRACE, stop
 
 # Samples are kept this long: longer than any send or open this replica waits for.
 HORIZON = 700.0
@@ -42,11 +43,10 @@ class LoopLag:
         )
 
     async def close(self) -> None:
+        """Stop the sampler (within `CANCEL_GRACE`: it only sleeps)."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop([task], CANCEL_GRACE, "loop lag")
 
     def watch(self, on_sample: Callable[[float], None]) -> None:
         """Also call `on_sample(late)` with every sample (seconds)."""

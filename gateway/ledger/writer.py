@@ -20,7 +20,7 @@ import orjson
 
 from gateway.ledger.events import LEDGER_VERSION, LedgerEvent, Route, format_ts, new_event_ids
 from gateway.ledger.sinks import EncodedLine, LedgerSink
-from gateway.supervision import TaskObserver, supervised
+from gateway.lifetimes import TaskObserver, stop_after, supervised
 
 log = logging.getLogger(__name__)
 
@@ -243,14 +243,10 @@ class Ledger:
         try:
             if task is not None:
                 self._wake.set()
-                await asyncio.wait({task}, timeout=self._close_timeout)
+                # It ends by itself once the buffer is written; past the deadline (and, if
+                # this close is cancelled, at once) it is cancelled.
+                await stop_after([task], self._close_timeout, "ledger")
         finally:
-            if task is not None and not task.done():
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
             self.dropped += len(self._buf)
             self._done += len(self._buf)
             self._buf = []

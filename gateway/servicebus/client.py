@@ -26,12 +26,11 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader, AmqpMessageProperties
 
 from gateway.config import NamespaceSettings, TimeoutSettings
-from gateway.core.closing import Closer
 from gateway.core.message import OutboundMessage
 from gateway.errors import INVALID_MESSAGE, SendFailure
+from gateway.lifetimes import Closer, TaskObserver
 from gateway.servicebus import internals
 from gateway.servicebus.errors import map_exceptions, translate
-from gateway.supervision import TaskObserver
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
@@ -40,7 +39,8 @@ log = logging.getLogger(__name__)
 
 # Our deadline on closing a sender or a client: a link that is half open, or a namespace that
 # went away, can leave the SDK's close waiting indefinitely. Enforced by `Closer`, which holds
-# whether or not the SDK honours the cancellation (gateway/core/closing.py says why it may not).
+# whether or not the SDK honours the cancellation (gateway/lifetimes/closing.py says why it
+# may not).
 CLOSE_TIMEOUT = 5.0
 # Closing a namespace's pooled connections: each stops its reader after its current read
 # (0.5 s) and closes its connection within its own deadline (5 s), in parallel.

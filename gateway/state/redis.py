@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -43,10 +42,13 @@ import orjson
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
+from gateway.lifetimes import Backoff, TaskObserver, TaskSet, supervised
 from gateway.state.base import SEVERITY, BacklogState, EntityState, StateStore, Status
 from gateway.state.connect import Client, RedisTarget, Subscriber
 from gateway.state.memory import LocalState
-from gateway.supervision import TaskObserver, supervised
+
+# Reconnecting to Redis: jittered, so that replicas do not stampede a restarted Redis.
+RECONNECT = Backoff(0.1, 2.0, jitter=0.25)
 
 log = logging.getLogger(__name__)
 K = TypeVar("K")
@@ -366,9 +368,9 @@ def _event_state(ev: object) -> EntityState | BacklogState | tuple[str | None, s
 class RedisStateStore(LocalState):
     """The `StateStore` for several replicas sharing Redis (see the module docstring).
 
-    `op_timeout` bounds every Redis round trip; `reconnect_backoff` is (first, cap) of the
-    reconnect delay; `health_interval` is how long the subscriber may hear nothing before
-    it pings (a stalled Redis is then detected within `health_interval + op_timeout`);
+    `op_timeout` bounds every Redis round trip; `reconnect_backoff` is the reconnect delay
+    (`RECONNECT`: jittered); `health_interval` is how long the subscriber may hear nothing
+    before it pings (a stalled Redis is then detected within `health_interval + op_timeout`);
     `resync_timeout` bounds a whole resync (default `5 * op_timeout`); `max_pending` bounds
     the write queue (distinct keys; on overflow the write is dropped, counted, and a full
     resync is scheduled, which writes memory back where Redis is older).
@@ -381,7 +383,7 @@ class RedisStateStore(LocalState):
         *,
         prefix: str = "sbgate",
         op_timeout: float = 1.0,
-        reconnect_backoff: tuple[float, float] = (0.1, 2.0),
+        reconnect_backoff: Backoff = RECONNECT,
         clock: Callable[[], float] = time.time,
         health_interval: float = 1.0,
         resync_timeout: float | None = None,
@@ -418,7 +420,7 @@ class RedisStateStore(LocalState):
         # Sessions replaced before their credentials expired (`_renew`), not counted as
         # reconnects: the replica stayed online.
         self.renewals = 0
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskSet(f"state store {replica_id}")  # the supervisor and the writer
         # Told when the writer or the supervisor raised and is restarted (metrics; set by
         # the app before `start`).
         self.task_observer: TaskObserver | None = None
@@ -438,16 +440,14 @@ class RedisStateStore(LocalState):
         self._bind_loop()
         self._first_attempt.clear()
         observer = self.task_observer
-        self._tasks = [
-            asyncio.create_task(
-                supervised("state_supervisor", self._supervise, observer),
-                name=f"state-supervisor-{self.replica_id}",
-            ),
-            asyncio.create_task(
-                supervised("state_writer", self._write_loop, observer),
-                name=f"state-writer-{self.replica_id}",
-            ),
-        ]
+        self._tasks.spawn(
+            supervised("state_supervisor", self._supervise, observer),
+            name=f"state-supervisor-{self.replica_id}",
+        )
+        self._tasks.spawn(
+            supervised("state_writer", self._write_loop, observer),
+            name=f"state-writer-{self.replica_id}",
+        )
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(2 * self._op_timeout + self._resync_timeout):
                 await self._first_attempt.wait()
@@ -464,13 +464,9 @@ class RedisStateStore(LocalState):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._op_timeout):
                     await self._drained.wait()
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        # The supervisor's teardown has its own deadlines; this bound is a backstop.
-        _, still = await asyncio.wait(tasks, timeout=3 * self._op_timeout)
-        for task in still:
-            log.error("state task %s did not stop in time", task.get_name())
+        # The supervisor's teardown has its own deadlines; this bound is a backstop (with the
+        # grace for a lost cancel: 3 op_timeouts at the default).
+        await self._tasks.stop(2 * self._op_timeout)
         self._online.clear()
         self._sess = None
         try:
@@ -858,8 +854,8 @@ class RedisStateStore(LocalState):
     async def _supervise(self) -> None:
         """Run sessions forever, reconnecting with capped exponential backoff (jittered so
         replicas do not stampede a restarted Redis). Cancelled by `close`."""
-        first, cap = self._backoff
-        delay = first
+        backoff = self._backoff
+        delay: float | None = None
         while True:
             sessions_before = self._sessions
             try:
@@ -872,9 +868,9 @@ class RedisStateStore(LocalState):
                 self._session_failed("session", None)
             self._first_attempt.set()
             if self._sessions != sessions_before:
-                delay = first  # that session got up: start the backoff from the bottom
-            await asyncio.sleep(delay * random.uniform(0.75, 1.0))  # noqa: S311  # jitter, not security
-            delay = min(cap, delay * 2)
+                delay = None  # that session got up: start the backoff from the bottom
+            delay = backoff.next(delay)
+            await asyncio.sleep(backoff.wait(delay))
 
     async def _session(self) -> None:
         """Connect, subscribe, resync, go online, then listen until something breaks.

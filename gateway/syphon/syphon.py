@@ -56,8 +56,8 @@ from gateway.core.message import OutboundMessage
 from gateway.core.ports import BacklogPort, Clock, NamespaceClient, RealClock, Received, Tracer
 from gateway.errors import FailureKind, GatewayError, SendFailure
 from gateway.ledger import EventLedger, NullLedger
+from gateway.lifetimes import CANCEL_GRACE, Backoff, TaskSet, supervised
 from gateway.state.base import BacklogState, EntityState, StateStore
-from gateway.supervision import supervised
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ MIN_CHECK_SPACING = 1.0  # at most one depth check per second, however many fail
 # Idle (everything healthy and empty) only the safety check runs.
 BUSY_CHECK_INTERVAL = 60.0
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 60.0
+RETRY = Backoff(BACKOFF_MIN, BACKOFF_MAX)
 
 
 class SyphonObserver:
@@ -99,7 +100,7 @@ class SyphonObserver:
         (unix time); None: the queue was found empty."""
 
     def task_restarted(self, task: str) -> None:
-        """A syphon loop raised and is being restarted (gateway.supervision)."""
+        """A syphon loop raised and is being restarted (gateway.lifetimes)."""
 
 
 @dataclass
@@ -156,7 +157,7 @@ class Syphon:
         self._check_requested = True  # the first pass checks depths
         self._last_check = float("-inf")
         self._sem = asyncio.Semaphore(settings.workers)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskSet("syphon")  # its loops, and a reset of the receivers
         self._reset_task: asyncio.Task[None] | None = None  # closing receivers after a fault
         self._reset_wanted = False
         self._moving = 0
@@ -172,32 +173,24 @@ class Syphon:
         if self._store is not None:
             self._store.subscribe(self._on_entity, self._on_backlog, self._on_write)
         observer = self._observer
-        self._tasks.append(
-            asyncio.create_task(
-                supervised("syphon_supervisor", self._supervise, observer),
-                name="syphon supervisor",
-            )
+        self._tasks.spawn(
+            supervised("syphon_supervisor", self._supervise, observer), name="syphon supervisor"
         )
         for q in self._queues:
             loop = functools.partial(self._queue_loop, q)
-            self._tasks.append(
-                asyncio.create_task(supervised("syphon_queue", loop, observer), name=f"syphon {q}")
-            )
+            self._tasks.spawn(supervised("syphon_queue", loop, observer), name=f"syphon {q}")
 
     async def close(self, grace: float) -> None:
         """Let moves in flight finish for up to `grace` seconds, then cancel and await every
-        task. Nothing is completed in a backlog unless its send succeeded."""
+        task (within `CANCEL_GRACE`, + as much again for a lost cancel). Nothing is completed
+        in a backlog unless its send succeeded."""
         self._stopping = True
         for ev in self._runnable.values():
             ev.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await self._idle.wait()  # moves in flight finish
-        tasks = [*self._tasks, *([self._reset_task] if self._reset_task is not None else [])]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.clear()
+        await self._tasks.stop(CANCEL_GRACE)
         self._reset_task = None
         await self._backlog.close()
 
@@ -322,7 +315,7 @@ class Syphon:
                 # when the lock expires: look again then, not at the next safety check.
                 self._recheck(path, self._clock.now() + BACKLOG_LOCK_DURATION + 1.0)
             elif outcome in {"blocked", "failed"}:
-                delay = min(self._backoff.get(path, BACKOFF_MIN / 2) * 2, BACKOFF_MAX)
+                delay = RETRY.next(self._backoff.get(path))
                 if outcome == "blocked":
                     delay = max(delay, self._settings.receive_wait)
                 self._backoff[path] = delay
@@ -602,7 +595,7 @@ class Syphon:
         # a task per fault, kept for ever, grew by ~9 MB a day while a namespace was away.
         self._reset_wanted = True
         if self._reset_task is None or self._reset_task.done():
-            self._reset_task = asyncio.create_task(
+            self._reset_task = self._tasks.spawn(
                 self._reset_receivers(), name="syphon: close receivers after a fault"
             )
 

@@ -16,6 +16,7 @@ import sys
 
 from aiohttp import web
 
+from gateway.lifetimes import CANCEL_GRACE, stop
 from gateway.web.overload import (
     LISTEN_BACKLOG,
     PAUSE_REASONS,
@@ -212,6 +213,5 @@ class ShedSite(web.TCPSite):
                 timer.cancel()
         task = self._reopening
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop([task], CANCEL_GRACE, "listener")
         await super().stop()

@@ -30,8 +30,8 @@ from azure.servicebus.aio import ServiceBusSender
 
 from gateway.app import DISPATCHER, cleanup_bounds
 from gateway.config import LimitSettings, TimeoutSettings, load_settings
-from gateway.core.closing import CANCEL_GRACE, Closer
 from gateway.core.dispatcher import Destination, Dispatcher, _State
+from gateway.lifetimes import CANCEL_GRACE, Closer
 from gateway.servicebus.client import CLOSE_TIMEOUT, SdkSender
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
+from gateway.lifetimes import Backoff
 from gateway.state import BacklogState, EntityState, RedisStateStore, StateStore
 from gateway.state.connect import Client, RedisTarget
 from gateway.state.redis import _entity_from_hash
@@ -40,7 +41,7 @@ OP_TIMEOUT = 0.5
 FAST = {
     "op_timeout": OP_TIMEOUT,
     "health_interval": 0.2,
-    "reconnect_backoff": (0.05, 0.3),
+    "reconnect_backoff": Backoff(0.05, 0.3, jitter=0.25),
 }
 
 

@@ -17,6 +17,7 @@ from redis import Redis as SyncRedis
 
 from gateway.app import redis_target
 from gateway.config import ConfigError, load_settings
+from gateway.lifetimes import Backoff
 from gateway.state import RedisStateStore
 from gateway.state.connect import RedisTarget, parse_sentinel_url
 from gateway.state.entra import EntraIdCredentials, TokenError, object_id
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.timeout(60)
 FAST: dict[str, Any] = {
     "op_timeout": 1.0,  # a TLS handshake on a loaded machine can take longer than 0.3 s
     "health_interval": 0.2,
-    "reconnect_backoff": (0.05, 0.3),
+    "reconnect_backoff": Backoff(0.05, 0.3, jitter=0.25),
 }
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from gateway.core.failover import Failover
+from gateway.lifetimes import Backoff, supervised
 from gateway.metrics import Metrics
 from gateway.state import EntityState, RedisStateStore
-from gateway.supervision import supervised
 from gateway.syphon.syphon import Syphon
 from tests.conftest import GatewayFactory
 from tests.gateway.test_syphon import SYPHON as SYPHON_ENV
@@ -45,8 +45,8 @@ async def test_a_loop_that_raises_is_logged_counted_and_restarted(caplog):
         if len(runs) < 3:
             raise ValueError("boom")
 
-    with caplog.at_level(logging.ERROR, logger="gateway.supervision"):
-        await supervised("demo", loop, restarts, backoff=(0.01, 0.02))
+    with caplog.at_level(logging.ERROR, logger="gateway.lifetimes"):
+        await supervised("demo", loop, restarts, backoff=Backoff(0.01, 0.02))
     assert len(runs) == 3 and restarts.counts == {"demo": 2}
     assert caplog.records[0].exc_info is not None, "logged with its traceback"
 
@@ -117,8 +117,12 @@ async def test_the_state_loops_survive_an_exception(
     redis_server: RedisServer, monkeypatch, method, task
 ):
     restarts = Restarts()
-    writer = RedisStateStore(redis_server.url, "r1", op_timeout=0.5, reconnect_backoff=(0.05, 0.3))
-    reader = RedisStateStore(redis_server.url, "r2", op_timeout=0.5, reconnect_backoff=(0.05, 0.3))
+    writer = RedisStateStore(
+        redis_server.url, "r1", op_timeout=0.5, reconnect_backoff=Backoff(0.05, 0.3, jitter=0.25)
+    )
+    reader = RedisStateStore(
+        redis_server.url, "r2", op_timeout=0.5, reconnect_backoff=Backoff(0.05, 0.3, jitter=0.25)
+    )
     writer.task_observer = restarts
     calls = fail_once(writer, method, monkeypatch)
     if method == "_session_failed":

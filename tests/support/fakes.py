@@ -82,7 +82,7 @@ def msg(i: int | str, size: int = 10, session: str | None = None) -> OutboundMes
 
 
 class Restarts:
-    """A `gateway.supervision.TaskObserver` that counts the restarts, by kind of task."""
+    """A `gateway.lifetimes.TaskObserver` that counts the restarts, by kind of task."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()

@@ -58,9 +58,9 @@ from azure.servicebus._pyamqp.constants import AUTH_TYPE_CBS, ConnectionState
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.aio._async_utils import create_authentication
 
+from gateway.lifetimes import Backoff, TaskObserver, close_quietly, supervised
 from gateway.servicebus.internals import pyamqp_sharing
 from gateway.servicebus.internals.shared_cbs import OPEN_TIMEOUT, SharedCbs, open_shared
-from gateway.supervision import TaskObserver, supervised
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ _CLOSE_TIMEOUT = 5.0
 _READ_WAIT = 0.5
 # A reader that raised starts again after this long, doubling up to the cap: its handlers
 # wait for it meanwhile.
-_READER_BACKOFF = (0.05, 1.0)
+_READER_BACKOFF = Backoff(0.05, 1.0)
 # States in which a connection will not carry another frame.
 _DEAD = frozenset(
     {
@@ -519,10 +519,4 @@ def _share_cbs(slot: Slot, handler: Any) -> None:
 
 
 async def _close_quietly(conn: Connection) -> None:
-    try:
-        async with asyncio.timeout(_CLOSE_TIMEOUT):
-            await conn.close()
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # a dead connection may fail to close in any way; it is gone either way
-        log.debug("closing a connection failed", exc_info=True)
+    await close_quietly("closing a connection", conn.close(), _CLOSE_TIMEOUT)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,19 @@ class Closer:
         """Cancel the closes still running and wait for them (`stop`: at most
         2 * `CANCEL_GRACE`)."""
         await stop(list(self._left), CANCEL_GRACE, self._name)
+
+
+async def close_quietly(what: str, close: Awaitable[None], within: float) -> None:
+    """Await `close` for at most `within` seconds (`asyncio.timeout`: for a close that honours
+    cancellation, such as one already bounded by a `Closer`); its failure or timeout is
+    logged at DEBUG, not raised: what is being closed is discarded either way."""
+    try:
+        async with asyncio.timeout(within):
+            await close
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # closing a broken link may fail in any way; it is gone either way
+        log.debug("%s failed", what, exc_info=True)
 
 
 async def _quietly(what: str, coro: Coroutine[Any, Any, None]) -> None:

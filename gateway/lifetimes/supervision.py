@@ -19,11 +19,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from gateway.lifetimes.backoff import Backoff
+
 log = logging.getLogger(__name__)
 
 # The first restart waits BACKOFF_MIN seconds, each further one twice as long up to
 # BACKOFF_MAX; a run that lasted BACKOFF_MAX without failing starts the backoff over.
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
+RESTARTS = Backoff(BACKOFF_MIN, BACKOFF_MAX)
 
 
 class TaskObserver(Protocol):
@@ -37,12 +40,11 @@ async def supervised(
     run: Callable[[], Awaitable[None]],
     observer: TaskObserver | None = None,
     *,
-    backoff: tuple[float, float] = (BACKOFF_MIN, BACKOFF_MAX),
+    backoff: Backoff = RESTARTS,
 ) -> None:
     """Run `run()` until it returns; restart it when it raises (see the module docstring).
     Cancellation propagates at once, from the loop or from the backoff wait."""
-    first, cap = backoff
-    delay = first
+    delay: float | None = None
     loop = asyncio.get_running_loop()
     while True:
         started = loop.time()
@@ -52,10 +54,10 @@ async def supervised(
         except asyncio.CancelledError:
             raise
         except Exception:
-            if loop.time() - started >= cap:
-                delay = first  # it ran well for a while: a new failure, not a streak
+            if loop.time() - started >= backoff.cap:
+                delay = None  # it ran well for a while: a new failure, not a streak
+            delay = backoff.next(delay)
             log.exception("task %s failed; restarting it in %.1fs", task, delay)
         if observer is not None:
             observer.task_restarted(task)
-        await asyncio.sleep(delay)
-        delay = min(cap, delay * 2)
+        await asyncio.sleep(backoff.wait(delay))
