@@ -142,6 +142,7 @@ async def _serve(
     banner_file: str | None = None,
 ) -> int:
     from gateway.app import create_app, edge_runner
+    from gateway.web.handlers import EDGE
     from gateway.web.listener import ShedSite
     from gateway.web.probes import serving_probes
 
@@ -168,6 +169,7 @@ async def _serve(
             return 2
         site = ShedSite(runner, settings.listen_host, settings.listen_port)
         await site.start()
+        app[EDGE].lifecycle.checks.append(site.not_listening_reason)
         # The probes' own port (when set): never closed by overload, closed after the drain.
         async with serving_probes(app, settings):
             tune_gc()  # what start-up built (the probes' app too) is never collected

@@ -101,6 +101,19 @@ class RedisTarget:
         if self.mode == "sentinel":
             parse_sentinel_url(self.url)  # refuse a malformed one now, not at each session
 
+    def __repr__(self) -> str:
+        """The URL without its password (the access key): a target ends up in logs and
+        tracebacks."""
+        scheme, sep, rest = self.url.partition("://")
+        userinfo, at, hosts = rest.rpartition("@")
+        if at:
+            user, colon, _ = userinfo.partition(":")
+            rest = f"{user}{colon and ':***'}@{hosts}"
+        return (
+            f"RedisTarget(url={scheme + sep + rest!r}, mode={self.mode!r}, "
+            f"ca_file={self.ca_file!r}, credential_provider={self.credential_provider!r})"
+        )
+
     def _expiring(self) -> ExpiringCredentialProvider | None:
         provider = self.credential_provider
         return provider if isinstance(provider, ExpiringCredentialProvider) else None

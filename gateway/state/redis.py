@@ -66,7 +66,11 @@ _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 MAX_TIME = 4_102_444_800.0  # 2100-01-01
 _MAX_EPOCH = 2**53
 _MAX_TEXT = 1024  # `by`, `reason`, names: longer is not ours
-_TIME_TEXT = re.compile(r"[0-9]{1,20}(?:\.[0-9]{0,20})?(?:[eE][-+]?[0-9]{1,3})?")
+# The Lua patterns of `valid_time` (`^%d+$`, `^%d+%.%d*$`, `^%d+[eE][-+]?%d+$`,
+# `^%d+%.%d*[eE][-+]?%d+$`) as one regex, with the same 45-character cap: Lua patterns have
+# no counted repetition, so no part is bounded but the whole (tests/gateway/test_state_grammar.py
+# feeds the same generated strings to both against a real redis-server).
+_TIME_TEXT = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?")
 _EPOCH_TEXT = re.compile(r"[0-9]{1,16}")
 
 # Shared by the scripts: `sev`, `valid_time(s)`, `valid_entity(cur)` (cur = HMGET epoch,
@@ -464,9 +468,9 @@ class RedisStateStore(LocalState):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._op_timeout):
                     await self._drained.wait()
-        # The supervisor's teardown has its own deadlines; this bound is a backstop (with the
-        # grace for a lost cancel: 3 op_timeouts at the default).
-        await self._tasks.stop(2 * self._op_timeout)
+        # The supervisor's teardown has its own deadlines; this bound is a backstop, and a
+        # task whose cancel was lost is cancelled again (`TaskSet.stop`, as every owner closes).
+        await self._tasks.stop(3 * self._op_timeout)
         self._online.clear()
         self._sess = None
         try:

@@ -9,14 +9,13 @@ address), all created by their ``__init__`` and ``start``.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import socket
 import sys
 
 from aiohttp import web
 
-from gateway.lifetimes import CANCEL_GRACE, stop
+from gateway.lifetimes import CANCEL_GRACE, Backoff, stop
 from gateway.web.overload import (
     LISTEN_BACKLOG,
     PAUSE_REASONS,
@@ -29,6 +28,13 @@ log = logging.getLogger(__name__)
 
 # After a pause, the closed listening socket may hold its port for a loop turn.
 REOPEN_RETRY = 0.01
+# A listen that keeps failing is retried after a delay doubling up to this, and logged at
+# most this often.
+REOPEN_RETRY_MAX = 1.0
+REOPEN_LOG_EVERY = 30.0
+# The delays between listen attempts: `REOPEN_RETRY`, doubling up to `REOPEN_RETRY_MAX`.
+RETRY = Backoff(REOPEN_RETRY, REOPEN_RETRY_MAX)
+
 # How often the accept queue is looked at; over `MAX_ACCEPT_QUEUE` connections waiting
 # there, the listener closes for `QUEUE_PAUSE` (gateway.web.overload).
 QUEUE_CHECK = 0.05
@@ -58,6 +64,9 @@ class ShedSite(web.TCPSite):
 
     __slots__ = (
         "_began",
+        "_bind_error",
+        "_bind_failing_since",
+        "_bind_logged_at",
         "_check",
         "_pause_count",
         "_pause_reason",
@@ -65,6 +74,7 @@ class ShedSite(web.TCPSite):
         "_paused_for",
         "_quiet_until",
         "_reopening",
+        "_retry",
         "_runner_loop",
         "_shedder_wants",
         "_stopped",
@@ -77,6 +87,10 @@ class ShedSite(web.TCPSite):
     ) -> None:
         super().__init__(runner, host, port, backlog=backlog, reuse_address=True)
         self._reopening: asyncio.Task[None] | None = None
+        self._retry: float | None = None  # the last wait between listen attempts
+        self._bind_error: OSError | None = None  # the last listen failed (cleared on success)
+        self._bind_failing_since = 0.0
+        self._bind_logged_at = float("-inf")
         self._shedder_wants = True
         self._quiet_until = 0.0  # loop time: closed until then (a long accept queue)
         self._stopped = False
@@ -193,17 +207,49 @@ class ShedSite(web.TCPSite):
                         server, self._host, self.port, backlog=self._backlog, reuse_address=True
                     )
                 except OSError as exc:
-                    if exc.errno != errno.EADDRINUSE:
-                        log.warning("listening again on %s failed: %s; retrying", self.name, exc)
-                    await asyncio.sleep(REOPEN_RETRY)
+                    self._bind_failed(exc)
+                    self._retry = RETRY.next(self._retry)
+                    await asyncio.sleep(self._retry)
                     continue
                 if self._wanted():
                     self._server = listening
                     self._pause_ended()
+                    self._bound_again()
                 else:  # paused again meanwhile
                     listening.close()
         finally:
             self._reopening = None
+
+    def not_listening_reason(self) -> str | None:
+        """A readiness check: why this site cannot listen again when it wants to (another
+        process took the port while it was paused, say), or None."""
+        if self._bind_error is None:
+            return None
+        return f"cannot listen on {self.name}: {self._bind_error}"
+
+    def _bind_failed(self, exc: OSError) -> None:
+        """Logged at the first failure, then at most every `REOPEN_LOG_EVERY` seconds; the
+        readiness check reports it until a listen succeeds."""
+        now = asyncio.get_running_loop().time()
+        if self._bind_error is None:
+            self._bind_failing_since = now
+        self._bind_error = exc
+        if now >= self._bind_logged_at + REOPEN_LOG_EVERY:
+            self._bind_logged_at = now
+            log.warning(
+                "cannot listen again on %s (for %.0f s): %s; retrying, not ready meanwhile",
+                self.name,
+                now - self._bind_failing_since,
+                exc,
+            )
+
+    def _bound_again(self) -> None:
+        self._retry = None
+        if self._bind_error is not None:
+            failed_for = asyncio.get_running_loop().time() - self._bind_failing_since
+            log.warning("listening again on %s after %.1f s", self.name, failed_for)
+            self._bind_error = None
+            self._bind_logged_at = float("-inf")
 
     async def stop(self) -> None:
         self._stopped = True

@@ -298,3 +298,23 @@ def test_sentinel_urls() -> None:
         redis_target(
             load_settings({"SBGATE_REDIS_URL": "redis://h1/0", "SBGATE_REDIS_MODE": "sentinel"})
         )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("rediss://:s3cr3t@cache.example:6380/0", "rediss://:***@cache.example:6380/0"),
+        ("redis://sbgate:s3cr3t@cache/0", "redis://sbgate:***@cache/0"),
+        ("redis://cache:6379", "redis://cache:6379"),
+        (
+            "redis+sentinel://:s3cr3t@s1:26379,s2:26379/main",
+            "redis+sentinel://:***@s1:26379,s2:26379/main",
+        ),
+    ],
+)
+def test_a_targets_repr_hides_the_access_key(url: str, shown: str) -> None:
+    """Issue 33: the dataclass repr printed the URL with its password into logs."""
+    mode = "sentinel" if "sentinel" in url else "standalone"
+    text = repr(RedisTarget(url, mode))
+    assert "s3cr3t" not in text and repr(shown) in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator
 
@@ -277,3 +278,36 @@ async def test_an_entity_named_like_an_exempt_route_is_shed_like_any_send(
     slow_writer.close()
     assert await _stored(control) == 1
     assert (await control.counters("primary")).get("sends", 0) == 1  # nothing else went out
+
+
+async def test_a_listener_that_cannot_listen_again_says_so_and_is_not_ready(
+    broker: BrokerProcess, control: ControlClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 33: paused at the cap, then another process took the port: the reopen retried
+    for ever without a word and readiness stayed green. Now it logs (rate-limited), the
+    readiness check names it, and once the port is free it listens and is ready again."""
+    async with serving(broker, SBGATE_MAX_CONNECTIONS="2") as (site, _):
+        held = [await open_raw(site.port) for _ in range(2)]
+        await eventually(lambda: not site.listening, what="paused at the cap")
+        thief = socket.socket()
+        thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        thief.bind(("127.0.0.1", site.port))
+        thief.listen()
+        try:
+            with caplog.at_level(logging.WARNING, logger="gateway.web.listener"):
+                for _, w in held:
+                    w.close()
+                await eventually(lambda: site.not_listening_reason() is not None, what="noticed")
+                assert "cannot listen on" in (site.not_listening_reason() or "")
+                await eventually(
+                    lambda: any("cannot listen again" in r.message for r in caplog.records),
+                    what="logged",
+                )
+                logged = sum("cannot listen again" in r.message for r in caplog.records)
+                assert logged == 1, "rate-limited: once, not at every retry"
+        finally:
+            thief.close()
+        await eventually(lambda: site.listening, what="listening again")
+        assert site.not_listening_reason() is None
+        await served(site.port)
+    assert await _stored(control) == 1
