@@ -65,7 +65,7 @@ def gateway_app(sink: str) -> tuple[web.Application, Settings]:
     if sink == "sdk":
         return create_app(settings), settings
 
-    from gateway.servicebus.null import NullNamespaceClient
+    from bench.null_sink import NullNamespaceClient
 
     async def provision(ns: NamespaceSettings, paths: list[str]) -> list[str]:
         return list(paths)  # the null sink has every backlog queue

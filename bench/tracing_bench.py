@@ -66,10 +66,10 @@ async def _measure(family: str, requests: int, runs: int) -> dict[str, list[floa
     """Each variant of `family` on one app in this process, alternating run by run (so the
     machine's drift hits them alike); µs of CPU per request, per run."""
     from bench.gateway_server import gateway_runner
+    from bench.null_sink import NullNamespaceClient
     from gateway.app import create_app
     from gateway.config import NamespaceSettings, load_settings
     from gateway.logs import setup_logging
-    from gateway.servicebus.null import NullNamespaceClient
     from gateway.tracing import request_properties
     from gateway.web import handlers
 

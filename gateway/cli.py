@@ -356,7 +356,7 @@ def _delegate(command: str, rest: list[str]) -> int:
 
         return int(token_main(rest))
     if command == "drain":
-        from gateway.servicebus.drain import main as drain_main
+        from gateway.audit.drain import main as drain_main
 
         return int(drain_main(rest))
     missing = _audit_missing()

@@ -105,6 +105,14 @@ class Draining(GatewayError):
     retry_after = 1.0
 
 
+class NoBacklogAvailable(GatewayError):
+    """The primary failed and no backlog queue could take the message."""
+
+    status = 503
+    code = "no_backlog_available"
+    retry_after = 10.0
+
+
 class FailureKind(Enum):
     """Why a send was not stored — the classification the rest of the gateway acts on."""
 
@@ -254,12 +262,10 @@ CLASSIFICATIONS: tuple[Classification, ...] = (
 )
 
 
-class SendFailure(GatewayError):
-    """The broker did not store the message(s). Never reported to a client as accepted."""
-
-    # When the broker operation that failed began, on the dispatcher's clock (None: not a
-    # broker operation's outcome). Failover discounts reports older than what it knows.
-    started: float | None = None
+class BrokerFailure(GatewayError):
+    """A broker operation failed, classified by the one SDK map (gateway.servicebus.errors):
+    a receive, a settlement, a lock renewal (the syphon's receivers raise these), or a send
+    (`SendFailure`)."""
 
     def __init__(self, classification: Classification, message: str) -> None:
         super().__init__(message)
@@ -271,3 +277,11 @@ class SendFailure(GatewayError):
     @property
     def kind(self) -> FailureKind:
         return self.classification.kind
+
+
+class SendFailure(BrokerFailure):
+    """The broker did not store the message(s). Never reported to a client as accepted."""
+
+    # When the broker operation that failed began, on the dispatcher's clock (None: not a
+    # broker operation's outcome). Failover discounts reports older than what it knows.
+    started: float | None = None

@@ -10,8 +10,8 @@ from typing import Any
 
 import orjson
 
+from gateway.audit.drain import drain
 from gateway.core.backlog import is_backlog_path
-from gateway.servicebus.drain import drain
 from loadtests.stack import PRIMARY, QUEUES, SECONDARY, SUBSCRIPTION, TOPIC
 from sblocal.testing import BrokerProcess
 
@@ -45,7 +45,7 @@ async def backlog_depth(broker: BrokerProcess) -> int:
 
 async def drain_all(broker: BrokerProcess, work_dir: Path) -> list[dict[str, Any]]:
     """Receive-and-delete everything from the primary entities, every backlog queue and
-    every dead-letter queue, with `gateway drain` (gateway/servicebus/drain.py). Each record
+    every dead-letter queue, with `gateway drain` (gateway/audit/drain.py). Each record
     gets ``drained_at``: when the drain started (a lower bound)."""
     started = time.monotonic()
     drained_at = datetime.now(UTC).isoformat()

@@ -66,7 +66,7 @@ ACK_SCHEMA: Final = StructType(
     ]
 )
 
-# 3. Delivered ids — written by gateway.servicebus.drain, one line per received message.
+# 3. Delivered ids — written by gateway.audit.drain, one line per received message.
 DELIVERY_SOURCES: Final = ("primary", "backlog", "dlq")
 DELIVERED_SCHEMA: Final = StructType(
     [

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import env_names, load_settings
-from gateway.errors import GatewayError, SendFailure
+from gateway.errors import BrokerFailure, GatewayError, SendFailure
 from gateway.ledger import NullLedger
 from gateway.metrics import Metrics
 from gateway.web.openapi import DOCUMENT
@@ -73,7 +73,7 @@ def _error_codes() -> set[str]:
     while todo:
         cls = todo.pop()
         todo += cls.__subclasses__()
-        if cls not in (GatewayError, SendFailure):  # a SendFailure's code is its row's
+        if cls not in (GatewayError, BrokerFailure, SendFailure):  # their code is their row's
             codes.add(cls.code)
     return codes
 

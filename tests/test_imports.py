@@ -93,6 +93,7 @@ class Layer:
 
 _GATEWAY_ALL = (
     *_BASE,
+    "gateway.audit",
     "gateway.auth",
     "gateway.config",
     "gateway.core",
@@ -167,6 +168,11 @@ LAYERS: dict[str, Layer] = {
         third=("prometheus_client",),
     ),
     "gateway.embedded": Layer(ours=(*_BASE, "gateway.config"), third=_ANY),
+    # `gateway drain`, the audit's receiver: the SDK's public API, the process's credential
+    "gateway.audit": Layer(
+        ours=(*_BASE, "gateway.core", "gateway.servicebus"),
+        third=(*_ANY, "azure.servicebus", "azure.core"),
+    ),
     # only the app factory and the command line know the concrete adapters
     "gateway.app": Layer(ours=_GATEWAY_ALL, third=(*_ANY, "aiohttp", "prometheus_client")),
     "gateway.cli": Layer(

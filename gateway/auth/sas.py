@@ -485,11 +485,6 @@ class Authorizer:
         hosts = sorted(f"{h}:{p}" if p else h for h, p in self._hosts)
         return f"Authorizer(rules={sorted(self._rules)!r}, public_hosts={hosts!r})"
 
-    @property
-    def rule_names(self) -> tuple[str, ...]:
-        """The configured rule names, sorted."""
-        return tuple(sorted(self._rules))
-
     def _serves(self, resource: Resource) -> bool:
         hosts = self._hosts
         port = resource.port if resource.port is not None else resource.default_port

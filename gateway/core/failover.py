@@ -55,7 +55,13 @@ from gateway.core.looplag import LoopLag
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import NamespaceClient
 from gateway.core.router import Delivery
-from gateway.errors import FailureKind, GatewayError, PayloadTooLarge, SendFailure
+from gateway.errors import (
+    FailureKind,
+    GatewayError,
+    NoBacklogAvailable,
+    PayloadTooLarge,
+    SendFailure,
+)
 from gateway.ledger import EventLedger, NullLedger
 from gateway.lifetimes import TaskSet, supervised
 from gateway.state.base import BacklogState, EntityState, StateStore, Status
@@ -75,14 +81,6 @@ def request_budget(limits: LimitSettings, timeouts: TimeoutSettings) -> float:
     """How long a request's attempts may take in all, from when it reaches the router: one
     wait for admission and one broker send. A backlog attempt gets what the primary left."""
     return limits.admission_timeout + timeouts.send_timeout
-
-
-class NoBacklogAvailable(GatewayError):
-    """The primary failed and no backlog queue could take the message."""
-
-    status = 503
-    code = "no_backlog_available"
-    retry_after = 10.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,7 +108,7 @@ class BacklogPort(Protocol):
     """Peek-lock access to the backlog queues of one secondary namespace.
 
     Every method is one broker operation (the syphon counts them) and may hang: the caller
-    owns the deadline. Failures raise `SendFailure` (translated by the adapter).
+    owns the deadline. Failures raise `BrokerFailure` (translated by the adapter).
     """
 
     async def receive(self, path: str, max_count: int, wait: float) -> list[Received]: ...

@@ -29,7 +29,7 @@ from azure.servicebus.exceptions import (
 )
 
 from gateway import errors
-from gateway.errors import Classification, SendFailure
+from gateway.errors import BrokerFailure, Classification, SendFailure
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,12 @@ def classify(exc: BaseException) -> Classification:
     return errors.UNKNOWN
 
 
-def translate(exc: BaseException, where: str) -> SendFailure:
-    """An SDK exception → the `SendFailure` the core acts on. Never leaks credentials:
-    only the exception's class and its first line go into the message."""
+def translate(
+    exc: BaseException, where: str, failure: type[BrokerFailure] = SendFailure
+) -> BrokerFailure:
+    """An SDK exception → the `SendFailure` the core acts on (or `failure`: a receiver's
+    `BrokerFailure`). Never leaks credentials: only the exception's class and its first line
+    go into the message."""
     first_line = (str(exc).splitlines() or [""])[0][:200]
     inner = getattr(exc, "inner_exception", None)
     if isinstance(inner, _PYTHON_ERRORS) or (
@@ -100,17 +103,18 @@ def translate(exc: BaseException, where: str) -> SendFailure:
         log.warning(
             "%s: the SDK raised %s inside its send", where, type(exc).__name__, exc_info=exc
         )
-    return SendFailure(classify(exc), f"{where}: {type(exc).__name__}: {first_line}".rstrip(": "))
+    return failure(classify(exc), f"{where}: {type(exc).__name__}: {first_line}".rstrip(": "))
 
 
 @contextlib.contextmanager
-def map_exceptions(where: str) -> Iterator[None]:
-    """Run SDK calls inside: any exception becomes the `SendFailure` of its row, chained to
-    the original. A `SendFailure` passes through; cancellation (not an `Exception`) is never
-    caught. `where` (namespace/entity) prefixes the failure's message."""
+def map_exceptions(where: str, failure: type[BrokerFailure] = SendFailure) -> Iterator[None]:
+    """Run SDK calls inside: any exception becomes the `failure` (a sender's `SendFailure`, a
+    receiver's `BrokerFailure`) of its row, chained to the original. A `BrokerFailure`
+    passes through; cancellation (not an `Exception`) is never caught. `where`
+    (namespace/entity) prefixes the failure's message."""
     try:
         yield
-    except SendFailure:
+    except BrokerFailure:
         raise
     except Exception as exc:
-        raise translate(exc, where) from exc
+        raise translate(exc, where, failure) from exc

@@ -19,7 +19,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from gateway.config import NamespaceSettings
 from gateway.core.message import AppValue, OutboundMessage
 from gateway.core.ports import Received
-from gateway.errors import SendFailure
+from gateway.errors import BrokerFailure
 from gateway.servicebus.admin import admin_client
 from gateway.servicebus.errors import map_exceptions
 
@@ -103,9 +103,9 @@ class SdkBacklogPort:
 
     async def _call(self, path: str, op: Callable[[ServiceBusReceiver], Awaitable[_T]]) -> _T:
         try:
-            with map_exceptions(f"{self._settings.name}/{path}"):
+            with map_exceptions(f"{self._settings.name}/{path}", BrokerFailure):
                 return await op(await self._receiver(path))
-        except SendFailure as failure:
+        except BrokerFailure as failure:
             if failure.classification.recreate_sender:
                 await self._drop(path)
             raise

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import logging
 from collections import Counter
@@ -54,7 +55,7 @@ from gateway.core.backlog import (
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import BacklogPort, Clock, NamespaceClient, RealClock, Received, Tracer
-from gateway.errors import FailureKind, GatewayError, SendFailure
+from gateway.errors import BrokerFailure, FailureKind, GatewayError, SendFailure
 from gateway.ledger import EventLedger, NullLedger
 from gateway.lifetimes import CANCEL_GRACE, Backoff, TaskSet, supervised
 from gateway.state.base import BacklogState, EntityState, StateStore
@@ -74,6 +75,29 @@ MIN_CHECK_SPACING = 1.0  # at most one depth check per second, however many fail
 BUSY_CHECK_INTERVAL = 60.0
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 60.0
 RETRY = Backoff(BACKOFF_MIN, BACKOFF_MAX)
+
+
+# How the syphon settles a backlog message it does not move or dead-letter.
+Settlement = Literal["complete", "abandon"]
+
+
+@dataclass(frozen=True, slots=True)
+class GoesHome:
+    """A backlog message to send home: its entity and the message restored for it."""
+
+    entity: str
+    message: OutboundMessage
+
+
+class Held(enum.Enum):
+    """A backlog message that does not go home now."""
+
+    BLOCKED = "blocked"  # its entity is still failed over: abandoned, retried later
+    SETTLED = "settled"  # settled here: a ping completed, or dead-lettered
+
+
+# `_triage`'s verdict on one received message.
+Triage = GoesHome | Held
 
 
 class SyphonObserver:
@@ -333,7 +357,7 @@ class Syphon:
                 received = await self._backlog.receive(
                     path, self._settings.max_batch, self._settings.receive_wait
                 )
-        except (SendFailure, TimeoutError) as exc:
+        except (BrokerFailure, TimeoutError) as exc:
             self._fault(path, exc)
             return "failed"
         oldest = min(
@@ -357,11 +381,10 @@ class Syphon:
                 reason = f"{type(exc).__name__}: {exc}"[:1000]
                 await self._dead_letter(path, r, RESTORE_FAILED, reason)
                 continue
-            if triaged == "blocked":
+            if isinstance(triaged, GoesHome):
+                groups.setdefault(triaged.entity, []).append((r, triaged.message))
+            elif triaged is Held.BLOCKED:
                 blocked = True
-            elif triaged is not None:
-                entity, message = triaged
-                groups.setdefault(entity, []).append((r, message))
         failed = False
         for entity, items in groups.items():
             if not await self._move(path, entity, items):
@@ -370,26 +393,24 @@ class Syphon:
             return "failed"
         return "blocked" if blocked else "moved"
 
-    async def _triage(
-        self, path: str, r: Received, now: float
-    ) -> tuple[str, OutboundMessage] | Literal["blocked"] | None:
-        """Where backlog message `r` goes (its entity and the restored message), "blocked"
-        (its entity is still failed over: abandoned), or None: settled here (a ping, or
-        dead-lettered because it cannot or must not go home)."""
+    async def _triage(self, path: str, r: Received, now: float) -> Triage:
+        """Where backlog message `r` goes: `GoesHome` (its entity and the restored message),
+        `Held.BLOCKED` (its entity is still failed over: abandoned) or `Held.SETTLED` (settled
+        here: a ping, or dead-lettered because it cannot or must not go home)."""
         if r.unreadable is not None:
             await self._dead_letter(path, r, RESTORE_FAILED, r.unreadable)
-            return None
+            return Held.SETTLED
         if r.message.content_type == PING_CONTENT_TYPE:
             await self._settle(path, r, "complete")
-            return None
+            return Held.SETTLED
         try:
             restored = restore(r.message, now)
         except RestoreError as exc:
             await self._dead_letter(path, r, RESTORE_FAILED, str(exc))
-            return None
+            return Held.SETTLED
         if restored is None:
             await self._dead_letter(path, r, NOT_A_BACKLOG_MESSAGE, f"no {PATH} property")
-            return None
+            return Held.SETTLED
         entity = self._entities.get(restored.entity_path.lower())
         if entity is None:
             await self._dead_letter(
@@ -399,7 +420,7 @@ class Syphon:
                 f"{PATH} {restored.entity_path[:200]!r} names no entity this gateway serves "
                 "in this namespace pair",
             )
-            return None
+            return Held.SETTLED
         if restored.expired:
             await self._dead_letter(
                 path,
@@ -417,12 +438,12 @@ class Syphon:
                 backlog=path,
                 size=r.message.size,
             )
-            return None
+            return Held.SETTLED
         state = self._store.get(entity.lower()) if self._store else None
         if state is not None and state.status == "failed_over":
             await self._settle(path, r, "abandon")
-            return "blocked"
-        return entity, restored.message
+            return Held.BLOCKED
+        return GoesHome(entity, restored.message)
 
     async def _move(
         self, path: str, entity: str, items: list[tuple[Received, OutboundMessage]]
@@ -532,11 +553,11 @@ class Syphon:
         for r in items:
             if r.locked_until is not None and r.locked_until - now < margin:
                 self._op("renew_lock")
-                with contextlib.suppress(SendFailure, TimeoutError):
+                with contextlib.suppress(BrokerFailure, TimeoutError):
                     async with asyncio.timeout(self._timeouts.send_timeout):
                         await self._backlog.renew(path, r)
 
-    async def _settle(self, path: str, r: Received, how: str) -> None:
+    async def _settle(self, path: str, r: Received, how: Settlement) -> None:
         self._op(how)
         try:
             async with asyncio.timeout(self._timeouts.send_timeout):
@@ -544,7 +565,7 @@ class Syphon:
                     await self._backlog.complete(path, r)
                 else:
                     await self._backlog.abandon(path, r)
-        except (SendFailure, TimeoutError) as exc:
+        except (BrokerFailure, TimeoutError) as exc:
             # A complete that fails leaves the message to be redelivered (and deduplicated
             # by MessageId at the primary); an abandon that fails lets the lock expire.
             # Either way it reappears when its lock expires: look at the queue again then.
@@ -562,7 +583,7 @@ class Syphon:
         try:
             async with asyncio.timeout(self._timeouts.send_timeout):
                 await self._backlog.dead_letter(path, r, reason, description)
-        except (SendFailure, TimeoutError) as exc:
+        except (BrokerFailure, TimeoutError) as exc:
             log.warning("syphon: dead-letter in %s failed: %s", path, exc)
             return
         self.stats.dead_lettered += 1
@@ -585,7 +606,7 @@ class Syphon:
         """A namespace fault (docs/design.md#faults-and-closing): close every backlog
         receiver within 5 seconds — the partner of a failed primary or secondary — so that
         nothing stays locked; the retry timers reopen them with backoff."""
-        kind = exc.kind if isinstance(exc, SendFailure) else FailureKind.TIMEOUT
+        kind = exc.kind if isinstance(exc, BrokerFailure) else FailureKind.TIMEOUT
         if kind not in {FailureKind.CONNECTION, FailureKind.TIMEOUT, FailureKind.UNAUTHORIZED}:
             return
         self.last_fault = self._clock.now()

@@ -16,7 +16,7 @@ pytest.importorskip("sblocal.server", reason="needs the local broker (sblocal)")
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
-from gateway.servicebus.drain import (
+from gateway.audit.drain import (
     DrainError,
     delivered_record,
     drain,

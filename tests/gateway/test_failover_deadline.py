@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from gateway.core.failover import NoBacklogAvailable, request_budget
-from gateway.errors import FailureKind, SendFailure
+from gateway.core.failover import request_budget
+from gateway.errors import FailureKind, NoBacklogAvailable, SendFailure
 from tests.gateway.test_failover_accounting import on_virtual_time
 from tests.support.failover_rig import LIMITS, ORDERS, TIMEOUTS, Replica, messages
 from tests.support.fake_broker import FakeNamespace

@@ -25,11 +25,11 @@ from azure.identity.aio import (
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
 from gateway.app import CLIENTS, CREDENTIAL, create_app, default_client_factory
+from gateway.audit.drain import drain
+from gateway.audit.drain import main as drain_main
 from gateway.config import ConfigError, load_settings
 from gateway.servicebus import admin as admin_module
 from gateway.servicebus.client import SdkNamespaceClient
-from gateway.servicebus.drain import drain
-from gateway.servicebus.drain import main as drain_main
 from gateway.servicebus.identity import SharedCredential, create_credential
 from sblocal.config import BrokerConfig, NamespaceConfig, QueueConfig
 from sblocal.server import LocalBroker

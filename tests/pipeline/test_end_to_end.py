@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.servicebus.drain import drain
+from gateway.audit.drain import drain
 from pipeline.cli import main as audit
 from tests.conftest import GatewayFactory
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from gateway.core.backlog import BACKLOG_LOCK_DURATION, PING_CONTENT_TYPE
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import Received
-from gateway.errors import Classification, FailureKind, SendFailure
+from gateway.errors import BrokerFailure, Classification, FailureKind, SendFailure
 
 CONNECTION = Classification(FailureKind.CONNECTION, False, True, 503, 10.0, True)
 LOCK_LOST = Classification(FailureKind.SERVICE, False, False, 503, 10.0, False)
@@ -121,7 +121,7 @@ class FakeNamespace:
 
     async def receive(self, path: str, max_count: int, wait: float) -> list[Received]:
         if self.down:
-            raise SendFailure(CONNECTION, f"{self._name} is down")
+            raise BrokerFailure(CONNECTION, f"{self._name} is down")
         deadline = _now() + wait
         async with self._arrived:
             while True:
@@ -159,7 +159,7 @@ class FakeNamespace:
         for s in self.entities.get(path, []):
             if s.seq == seq and s.token == token and s.locked_until > _now():
                 return s
-        raise SendFailure(LOCK_LOST, "the lock was lost")
+        raise BrokerFailure(LOCK_LOST, "the lock was lost")
 
     async def complete(self, path: str, message: Received) -> None:
         self.entities[path].remove(self._held_lock(message))

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 
 from gateway.core.ports import Received
-from gateway.errors import CONNECTION, SendFailure
+from gateway.errors import CONNECTION, BrokerFailure
 from tests.support.waiting import eventually
 
 
@@ -61,7 +61,7 @@ class FakeBacklog:
     async def receive(self, path: str, max_count: int, wait: float) -> list[Received]:
         self.ops.append("receive")
         if self.fail_receive:
-            raise SendFailure(CONNECTION, "namespace unreachable")
+            raise BrokerFailure(CONNECTION, "namespace unreachable")
         return []
 
     async def complete(self, path: str, message: Received) -> None:
