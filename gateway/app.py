@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from aiohttp import web
 
@@ -194,7 +194,16 @@ def create_app(
     if authorizer is not None:
         app[AUTHORIZER] = authorizer
     app[METRICS] = metrics
-    app[EDGE] = EdgeState(
+    app[EDGE] = _edge_state(settings, metrics, tracer, open_mode=authorizer is None)
+    _add_routes(app, mode)
+    app.cleanup_ctx.extend(RESOURCES)
+    return app
+
+
+def _edge_state(settings: Settings, metrics: Metrics, tracer: Tracer, open_mode: bool) -> EdgeState:
+    """What the handlers read: the catalog, limits, the metrics as the edge's observer, the
+    lifecycle, ledger, access log, tracer and (open mode) the Host check."""
+    return EdgeState(
         catalog=EntityCatalog(settings.entities),
         limits=settings.limits,
         observer=metrics,
@@ -205,30 +214,10 @@ def create_app(
         # Open mode: only requests for a loopback name or a public host (DNS rebinding).
         host_check=(
             host_check(settings.public_hosts)
-            if authorizer is None and is_loopback(settings.listen_host)
+            if open_mode and is_loopback(settings.listen_host)
             else None
         ),
     )
-    _add_routes(app, mode)
-    # Start order; aiohttp cleans up in reverse, so each resource outlives its users: the
-    # credential its clients, the clients the dispatcher, the ledger everything that emits,
-    # the access log every request.
-    app.cleanup_ctx.extend(
-        [
-            access_log_ctx,
-            loop_lag_ctx,
-            tracer_ctx,
-            credential_ctx,
-            clients_ctx,
-            state_ctx,
-            ledger_ctx,
-            dispatcher_ctx,
-            router_ctx,
-            syphon_ctx,
-            lifecycle_ctx,
-        ]
-    )
-    return app
 
 
 def _add_routes(app: web.Application, mode: Mode) -> None:
@@ -437,6 +426,24 @@ async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
     log.info("gateway ready", extra={"entities": [e.path for e in edge.catalog.all()]})
     yield
     lifecycle.draining = True
+
+
+# Start order; aiohttp cleans up in reverse, so each resource outlives its users: the
+# credential its clients, the clients the dispatcher, the ledger everything that emits, the
+# access log every request.
+RESOURCES: Final = (
+    access_log_ctx,
+    loop_lag_ctx,
+    tracer_ctx,
+    credential_ctx,
+    clients_ctx,
+    state_ctx,
+    ledger_ctx,
+    dispatcher_ctx,
+    router_ctx,
+    syphon_ctx,
+    lifecycle_ctx,
+)
 
 
 # -- helpers -------------------------------------------------------------------------------

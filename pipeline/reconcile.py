@@ -202,45 +202,12 @@ def entity_names(*frames: DataFrame) -> DataFrame:
     )
 
 
-def classify(
-    acks: DataFrame,
-    ledger: DataFrame,
-    delivered: DataFrame,
-    cutoff: dt.datetime | None,
-    names: DataFrame | None = None,
-    *,
-    failed_may_be_stored: bool = False,
-) -> DataFrame:
-    """The messages table: one row per message with its classification.
-
-    With ``failed_may_be_stored`` a delivered 5xx is ``unexpected`` (allowed) instead of
-    ``failed-but-delivered`` (see ``AuditOptions``).
-
-    The promise comes from the client's acknowledgement when there is one, else from the
-    ledger (an ``accepted`` or ``syphoned`` event means the gateway answered 2xx). ``cutoff``
-    is (latest ledger/delivery time - grace): a promise newer than that and not yet delivered
-    is ``pending``, not ``lost``.
-    """
-    facts = message_facts(acks, ledger, delivered)
-    ledger_promised = F.col("accepted_ts").isNotNull() | F.col("syphoned_ts").isNotNull()
-    has_ack = F.coalesce(F.col("ack_attempts"), F.lit(0)) > 0
-    outcome = (
-        F.when(F.col("any_acked"), "acked")
-        .when(F.col("any_indeterminate"), "indeterminate")
-        .when(F.col("any_failed"), "failed")
-        .when(has_ack, "rejected")
-        .when(ledger_promised, "acked")
-        .when(F.col("ledger_rejected"), "rejected")
-    )
-    promised_by = (
-        F.when(F.col("any_acked"), "client")
-        .when(~has_ack & ledger_promised, "ledger")
-        .otherwise(F.lit(None).cast("string"))
-    )
-    promise_ts = F.when(
-        F.col("outcome") == "acked",
-        F.coalesce("first_ack_ts", "accepted_ts", "syphoned_ts", "first_attempt_ts"),
-    )
+def _classification(
+    cutoff: dt.datetime | None, failed_may_be_stored: bool
+) -> tuple[Column, Column, Column, Column, Column]:
+    """`classify`'s classification column, over its facts and its ``outcome`` and
+    ``promise_ts`` columns; and the columns it is computed from that the table shows:
+    (classification, deliveries, backlog copies, backlog shadow, expired)."""
     deliveries = F.coalesce(F.col("deliveries"), F.lit(0))
     is_delivered = F.coalesce(F.col("live_copies"), F.lit(0)) > 0
     stored = is_delivered | F.coalesce(F.col("dlq_expired"), F.lit(False))
@@ -281,6 +248,51 @@ def classify(
         .when(is_delivered, "unexpected")
         .when(expired, "expired")
         .otherwise("unknown")
+    )
+    return classification, deliveries, backlog_copies, shadow, expired
+
+
+def classify(
+    acks: DataFrame,
+    ledger: DataFrame,
+    delivered: DataFrame,
+    cutoff: dt.datetime | None,
+    names: DataFrame | None = None,
+    *,
+    failed_may_be_stored: bool = False,
+) -> DataFrame:
+    """The messages table: one row per message with its classification.
+
+    With ``failed_may_be_stored`` a delivered 5xx is ``unexpected`` (allowed) instead of
+    ``failed-but-delivered`` (see ``AuditOptions``).
+
+    The promise comes from the client's acknowledgement when there is one, else from the
+    ledger (an ``accepted`` or ``syphoned`` event means the gateway answered 2xx). ``cutoff``
+    is (latest ledger/delivery time - grace): a promise newer than that and not yet delivered
+    is ``pending``, not ``lost``.
+    """
+    facts = message_facts(acks, ledger, delivered)
+    ledger_promised = F.col("accepted_ts").isNotNull() | F.col("syphoned_ts").isNotNull()
+    has_ack = F.coalesce(F.col("ack_attempts"), F.lit(0)) > 0
+    outcome = (
+        F.when(F.col("any_acked"), "acked")
+        .when(F.col("any_indeterminate"), "indeterminate")
+        .when(F.col("any_failed"), "failed")
+        .when(has_ack, "rejected")
+        .when(ledger_promised, "acked")
+        .when(F.col("ledger_rejected"), "rejected")
+    )
+    promised_by = (
+        F.when(F.col("any_acked"), "client")
+        .when(~has_ack & ledger_promised, "ledger")
+        .otherwise(F.lit(None).cast("string"))
+    )
+    promise_ts = F.when(
+        F.col("outcome") == "acked",
+        F.coalesce("first_ack_ts", "accepted_ts", "syphoned_ts", "first_attempt_ts"),
+    )
+    classification, deliveries, backlog_copies, shadow, expired = _classification(
+        cutoff, failed_may_be_stored
     )
     if names is None:
         names = entity_names(acks, ledger, delivered)

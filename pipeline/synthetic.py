@@ -300,60 +300,9 @@ def generate(
         lat = 2.0 + rng.random() * 8
         window = in_window(entity, t)
         if window is None:
-            w.ledger_event(
-                t,
-                "accepted",
-                message_id=key[1],
-                entity=entity,
-                route="primary",
-                size=size,
-                latency_ms=lat,
-            )
-            w.ack(
-                t + dt.timedelta(milliseconds=lat),
-                key,
-                "acked",
-                route="primary",
-                latency_ms=lat + 1,
-            )
-            w.deliver(t + dt.timedelta(milliseconds=1), key)
+            _to_primary(w, key, t, size, lat)
         else:
-            backlog = f"{BACKLOG_PREFIX}{i % 4}"
-            lat += 20
-            w.ledger_event(
-                t,
-                "accepted",
-                message_id=key[1],
-                entity=entity,
-                route="backlog",
-                backlog=backlog,
-                size=size,
-                latency_ms=lat,
-            )
-            w.ack(
-                t + dt.timedelta(milliseconds=lat),
-                key,
-                "acked",
-                route="backlog",
-                latency_ms=lat + 1,
-            )
-            _, wend = window
-            if wend is not None:
-                ts = wend + dt.timedelta(seconds=1 + rng.random() * 30)
-                w.ledger_event(
-                    ts,
-                    "syphoned",
-                    message_id=key[1],
-                    entity=entity,
-                    backlog=backlog,
-                    size=size,
-                    replica="gw-0",
-                )
-                w.deliver(ts + dt.timedelta(milliseconds=2), key)
-                exp.syphoned += 1
-            else:  # still in the backlog queue when drained
-                w.deliver(t, key, source="backlog", queue=backlog)
-                exp.waiting_in_backlog += 1
+            _to_backlog(w, key, t, size, lat + 20, f"{BACKLOG_PREFIX}{i % 4}", window[1])
         if track:
             exp.classification[key] = "delivered"
 
@@ -363,6 +312,63 @@ def generate(
     # A few ledger lines duplicated by an at-least-once shipper.
     w.close()
     return exp
+
+
+def _to_primary(w: _Writer, key: tuple[str, str], t: dt.datetime, size: int, lat: float) -> None:
+    """A regular message accepted to the primary, acknowledged and delivered."""
+    entity, message_id = key
+    w.ledger_event(
+        t,
+        "accepted",
+        message_id=message_id,
+        entity=entity,
+        route="primary",
+        size=size,
+        latency_ms=lat,
+    )
+    w.ack(t + dt.timedelta(milliseconds=lat), key, "acked", route="primary", latency_ms=lat + 1)
+    w.deliver(t + dt.timedelta(milliseconds=1), key)
+
+
+def _to_backlog(
+    w: _Writer,
+    key: tuple[str, str],
+    t: dt.datetime,
+    size: int,
+    lat: float,
+    backlog: str,
+    window_end: dt.datetime | None,
+) -> None:
+    """A regular message accepted to a backlog queue during a failover window: syphoned home
+    after the window ends, or still in the backlog when drained (the window never ended)."""
+    entity, message_id = key
+    w.ledger_event(
+        t,
+        "accepted",
+        message_id=message_id,
+        entity=entity,
+        route="backlog",
+        backlog=backlog,
+        size=size,
+        latency_ms=lat,
+    )
+    w.ack(t + dt.timedelta(milliseconds=lat), key, "acked", route="backlog", latency_ms=lat + 1)
+    if window_end is not None:
+        ts = window_end + dt.timedelta(seconds=1 + w.rng.random() * 30)
+        w.ledger_event(
+            ts,
+            "syphoned",
+            message_id=message_id,
+            entity=entity,
+            backlog=backlog,
+            size=size,
+            replica="gw-0",
+        )
+        w.deliver(ts + dt.timedelta(milliseconds=2), key)
+        w.expected.syphoned += 1
+    else:  # still in the backlog queue when drained
+        w.deliver(t, key, source="backlog", queue=backlog)
+        w.expected.waiting_in_backlog += 1
 
 
 def _failover_windows(w: _Writer, plans: Iterable[FailoverPlan], end: dt.datetime) -> None:

@@ -351,3 +351,17 @@ def test_the_layer_map_refuses(module: str, line: str) -> None:
 )
 def test_the_layer_map_allows(module: str, line: str) -> None:
     assert not violations(module, line)
+
+
+@pytest.mark.unit
+def test_no_function_is_over_80_lines() -> None:
+    """A function a reader cannot see whole is split where its steps are (STYLE: function
+    size); decorators and the docstring count."""
+    long = []
+    for module, path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{module}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "functions over 80 lines:\n" + "\n".join(long)

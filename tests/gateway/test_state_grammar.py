@@ -13,14 +13,15 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.state.redis import _PRELUDE_LUA, _epoch, _Invalid, _time
+from gateway.state.redis.lua import PRELUDE_LUA
+from gateway.state.redis.values import Invalid, parse_epoch, parse_time
 from tests.support.processes import RedisServer
 from tests.support.redis import redis_server as redis_server
 
 pytestmark = pytest.mark.integration
 
 _LUA = (
-    _PRELUDE_LUA
+    PRELUDE_LUA
     + """
 local t = valid_time(ARGV[1])
 local e = valid_entity({ARGV[2], 'healthy', nil})
@@ -51,13 +52,13 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 def _python(value: str) -> tuple[float | None, bool]:
     try:
-        t: float | None = _time(value)
-    except _Invalid:
+        t: float | None = parse_time(value)
+    except Invalid:
         t = None
     try:
-        _epoch(value)
+        parse_epoch(value)
         e = True
-    except _Invalid:
+    except Invalid:
         e = False
     return t, e
 

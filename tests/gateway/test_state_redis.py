@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 from gateway.lifetimes import Backoff
 from gateway.state import BacklogState, EntityState, RedisStateStore, StateStore
 from gateway.state.connect import Client, RedisTarget
-from gateway.state.redis import _entity_from_hash
+from gateway.state.redis.values import entity_from_hash
 from tests.support.processes import RedisServer, free_port
 from tests.support.redis import (
     STATE_TAG,
@@ -812,7 +812,7 @@ def test_property_junk_among_good_values_never_splits_the_replicas(
                 await eventually(lambda: _all_agree(stores), what="the replicas agree")
                 for entity, state in stores[0].snapshot().items():
                     held = await raw.hgetall(f"{{sbgate}}:entity:{entity}")
-                    assert _entity_from_hash(entity, held) == state
+                    assert entity_from_hash(entity, held) == state
                 assert all(s.stats.reconnects == s.stats.resyncs - 1 for s in stores)
         finally:
             await raw.aclose()

@@ -32,20 +32,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
-from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.lifetimes import Backoff, TaskObserver, TaskSet, supervised
-from gateway.state.base import SEVERITY, BacklogState, EntityState, StateStore, Status
+from gateway.state.base import BacklogState, EntityState, StateStore, Status
 from gateway.state.connect import Client, RedisTarget, Subscriber
 from gateway.state.memory import LocalState
+from gateway.state.redis.session import Session, SessionBroken
+from gateway.state.redis.values import (
+    Invalid,
+    backlog_event,
+    backlog_from_hash,
+    entity_event,
+    entity_from_hash,
+    event_state,
+    written_event,
+)
 
 # Reconnecting to Redis: jittered, so that replicas do not stampede a restarted Redis.
 RECONNECT = Backoff(0.1, 2.0, jitter=0.25)
@@ -58,315 +65,12 @@ T = TypeVar("T")
 # What a failed Redis call can raise (besides our own deadline's TimeoutError).
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
-# Values in Redis are input: anyone with write access (or an operator's typo) can put
-# anything under the prefix. A time is a decimal Unix time in [0, MAX_TIME] (no inf, nan or
-# year 33658), an epoch decimal digits below 2^53 (Lua numbers are doubles). The Lua checks
-# and the Python ones (`_time`, `_epoch`) accept exactly the same strings, so that a script
-# and every replica agree on what is valid.
-MAX_TIME = 4_102_444_800.0  # 2100-01-01
-_MAX_EPOCH = 2**53
-_MAX_TEXT = 1024  # `by`, `reason`, names: longer is not ours
-# The Lua patterns of `valid_time` (`^%d+$`, `^%d+%.%d*$`, `^%d+[eE][-+]?%d+$`,
-# `^%d+%.%d*[eE][-+]?%d+$`) as one regex, with the same 45-character cap: Lua patterns have
-# no counted repetition, so no part is bounded but the whole (tests/gateway/test_state_grammar.py
-# feeds the same generated strings to both against a real redis-server).
-_TIME_TEXT = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?")
-_EPOCH_TEXT = re.compile(r"[0-9]{1,16}")
-
-# Shared by the scripts: `sev`, `valid_time(s)`, `valid_entity(cur)` (cur = HMGET epoch,
-# status, since), and `repair(key, type)`: a key of another type than ours is deleted (it
-# cannot be read, and would make every write to it fail), so the write that follows
-# replaces it.
-_PRELUDE_LUA = (
-    "local sev = {"
-    + ", ".join(f"{k}={v}" for k, v in SEVERITY.items())
-    + "}\n"
-    + f"local MAX_TIME, MAX_EPOCH = {MAX_TIME!r}, {_MAX_EPOCH}\n"
-    + r"""
-local function valid_time(s)
-  if type(s) ~= 'string' or #s > 45 then return nil end
-  if not (string.match(s, '^%d+$') or string.match(s, '^%d+%.%d*$')
-          or string.match(s, '^%d+[eE][-+]?%d+$') or string.match(s, '^%d+%.%d*[eE][-+]?%d+$')) then
-    return nil
-  end
-  local t = tonumber(s)
-  if t == nil or not (t >= 0 and t <= MAX_TIME) then return nil end
-  return t
-end
-local function valid_entity(cur)
-  if type(cur[1]) ~= 'string' or #cur[1] > 16 or not string.match(cur[1], '^%d+$') then
-    return false
-  end
-  if tonumber(cur[1]) >= MAX_EPOCH then return false end
-  if cur[2] == nil or sev[cur[2]] == nil then return false end
-  return cur[3] == nil or valid_time(cur[3]) ~= nil
-end
-local function repair(key, want)
-  local t = redis.call('TYPE', key).ok
-  if t ~= want and t ~= 'none' then redis.call('DEL', key) end
-end
-"""
-)
-
-# KEYS[1] entity hash. ARGV: base epoch, epoch, status, since, by, reason, channel, event.
-# -> {1} applied, {0} absent (or invalid: the caller restores over it), {0, epoch, status,
-# since, by, reason} stored.
-_TRANSITION_LUA = (
-    _PRELUDE_LUA
-    + """
-repair(KEYS[1], 'hash')
-local cur = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'since', 'by', 'reason')
-local valid = cur[1] and valid_entity(cur)
-if (valid and tonumber(cur[1]) or 0) == tonumber(ARGV[1]) then
-  redis.call('HSET', KEYS[1], 'status', ARGV[3], 'epoch', ARGV[2], 'since', ARGV[4],
-             'by', ARGV[5], 'reason', ARGV[6])
-  redis.call('PUBLISH', ARGV[7], ARGV[8])
-  return {1}
-end
-if not valid then return {0} end
-return {0, cur[1], cur[2] or '', cur[3] or '0', cur[4] or '', cur[5] or ''}
-"""
-)
-
-# Restore-if-absent-or-older (what a resync writes back; an invalid hash counts as absent).
-# Same ARGV as the transition minus the base epoch; "older" is `EntityState.newer_than`:
-# lower epoch, or same epoch and less severe.
-_RESTORE_LUA = (
-    _PRELUDE_LUA
-    + """
-repair(KEYS[1], 'hash')
-local cur = redis.call('HMGET', KEYS[1], 'epoch', 'status', 'since', 'by', 'reason')
-local apply = false
-if not cur[1] or not valid_entity(cur) then
-  apply = true
-else
-  local e, ne = tonumber(cur[1]), tonumber(ARGV[1])
-  if ne > e or (ne == e and (sev[ARGV[2]] or 0) > (sev[cur[2]] or 0)) then
-    apply = true
-  end
-end
-if apply then
-  redis.call('HSET', KEYS[1], 'status', ARGV[2], 'epoch', ARGV[1], 'since', ARGV[3],
-             'by', ARGV[4], 'reason', ARGV[5])
-  redis.call('PUBLISH', ARGV[6], ARGV[7])
-  return {1}
-end
-return {0, cur[1], cur[2] or '', cur[3] or '0', cur[4] or '', cur[5] or ''}
-"""
-)
-
-# KEYS[1] backlog hash. ARGV: until, px, by, reason, channel, event. The later `until` wins
-# (an invalid one loses). -> {1} applied, {0, until, by, reason} stored (out at least as long).
-_DISABLE_LUA = (
-    _PRELUDE_LUA
-    + """
-repair(KEYS[1], 'hash')
-local cur = redis.call('HMGET', KEYS[1], 'until', 'by', 'reason')
-local u = valid_time(cur[1])
-if u and u >= tonumber(ARGV[1]) then
-  return {0, cur[1], cur[2] or '', cur[3] or ''}
-end
-redis.call('HSET', KEYS[1], 'until', ARGV[1], 'by', ARGV[3], 'reason', ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PUBLISH', ARGV[5], ARGV[6])
-return {1}
-"""
-)
-
-# KEYS[1] backlog hash. ARGV: channel, event. Published even if absent, so a replica that
-# missed the disable's expiry still drops it. DEL takes a key of any type.
-_ENABLE_LUA = """
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1], ARGV[2])
-return 1
-"""
-
-# KEYS[1] lease. ARGV: replica, ttl ms. Take it if free, renew it only if we hold it.
-_ACQUIRE_LUA = (
-    _PRELUDE_LUA
-    + """
-repair(KEYS[1], 'string')
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-)
-
-_RELEASE_LUA = """
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
 # How soon to try again when fetching fresh credentials failed (the old ones still work).
 _RENEW_RETRY = 10.0
 
 
-class _SessionBroken(Exception):
-    """A call on this session failed elsewhere (writer, lease): reconnect and resync."""
-
-
-@dataclass(slots=True)
-class _Session:
-    """One connection generation: the command client and its registered scripts."""
-
-    client: Client
-    publish: str  # PUBLISH, or SPUBLISH when the subscribers listen on a sharded channel
-    transition: AsyncScript
-    restore: AsyncScript
-    disable: AsyncScript
-    enable: AsyncScript
-    acquire: AsyncScript
-    release: AsyncScript
-
-    @classmethod
-    def open(cls, client: Client, publish: str) -> _Session:
-        def reg(lua: str) -> AsyncScript:
-            return client.register_script(lua.replace("'PUBLISH'", f"'{publish}'"))
-
-        return cls(
-            client,
-            publish,
-            reg(_TRANSITION_LUA),
-            reg(_RESTORE_LUA),
-            reg(_DISABLE_LUA),
-            reg(_ENABLE_LUA),
-            reg(_ACQUIRE_LUA),
-            reg(_RELEASE_LUA),
-        )
-
-
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-def _entity_event(s: EntityState) -> bytes:
-    return orjson.dumps(
-        {
-            "kind": "entity",
-            "entity": s.entity,
-            "status": s.status,
-            "epoch": s.epoch,
-            "since": s.since,
-            "by": s.by,
-            "reason": s.reason,
-        }
-    )
-
-
-def _backlog_event(b: BacklogState) -> bytes:
-    return orjson.dumps(
-        {"kind": "backlog", "queue": b.queue, "until": b.until, "by": b.by, "reason": b.reason}
-    )
-
-
-def _written_event(queue: str | None, by: str) -> bytes:
-    return orjson.dumps({"kind": "written", "queue": queue, "by": by})
-
-
-class _Invalid(ValueError):
-    """A value read from Redis or the channel that is not one we could have written."""
-
-
-def _time(value: object) -> float:
-    """A Unix time as stored or published: a number or the decimal text `_TIME_TEXT`, in
-    [0, `MAX_TIME`] (never inf or nan)."""
-    if isinstance(value, str):
-        if len(value) > 45 or _TIME_TEXT.fullmatch(value) is None:
-            raise _Invalid(f"time {value[:50]!r} is not a decimal number")
-        number = float(value)
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        try:
-            number = float(value)
-        except OverflowError:
-            raise _Invalid("time out of range") from None
-    else:
-        raise _Invalid(f"time of type {type(value).__name__}")
-    if not 0.0 <= number <= MAX_TIME:  # also False for nan
-        raise _Invalid(f"time {value!r} is not a Unix time in [0, {MAX_TIME:.0f}]")
-    return number
-
-
-def _epoch(value: object) -> int:
-    if isinstance(value, str) and _EPOCH_TEXT.fullmatch(value):
-        number = int(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    else:
-        raise _Invalid(f"epoch {str(value)[:50]!r} is not decimal digits")
-    if not 0 <= number < _MAX_EPOCH:
-        raise _Invalid(f"epoch {number} out of range")
-    return number
-
-
-def _text(value: object, what: str, *, empty: bool = True) -> str:
-    if not isinstance(value, str) or len(value) > _MAX_TEXT or (not empty and not value):
-        raise _Invalid(f"{what} is not a string of 0-{_MAX_TEXT} characters")
-    return value
-
-
-def _status(value: object) -> Status:
-    if not isinstance(value, str) or value not in SEVERITY:
-        raise _Invalid(f"unknown status {str(value)[:50]!r}")
-    return cast(Status, value)
-
-
-def _entity_from_hash(entity: str, h: Mapping[str, str]) -> EntityState:
-    if "epoch" not in h or "status" not in h:
-        raise _Invalid("no epoch or no status")
-    return EntityState(
-        entity=entity,
-        status=_status(h["status"]),
-        epoch=_epoch(h["epoch"]),
-        since=_time(h.get("since", "0")),
-        by=_text(h.get("by", ""), "by"),
-        reason=_text(h.get("reason", ""), "reason"),
-    )
-
-
-def _backlog_from_hash(queue: str, h: Mapping[str, str]) -> BacklogState:
-    if "until" not in h:
-        raise _Invalid("no until")
-    return BacklogState(
-        queue, _time(h["until"]), _text(h.get("by", ""), "by"), _text(h.get("reason", ""), "reason")
-    )
-
-
-def _event_state(ev: object) -> EntityState | BacklogState | tuple[str | None, str]:
-    """A pub/sub event, validated: an entity state, a backlog state, or a backlog write
-    announcement (queue, by). Raises `_Invalid` (a ValueError) for anything else."""
-    if not isinstance(ev, dict):
-        raise _Invalid("not a JSON object")
-    kind = ev.get("kind")
-    try:
-        if kind == "entity":
-            return EntityState(
-                entity=_text(ev["entity"], "entity", empty=False),
-                status=_status(ev["status"]),
-                epoch=_epoch(ev["epoch"]),
-                since=_time(ev["since"]),
-                by=_text(ev["by"], "by"),
-                reason=_text(ev["reason"], "reason"),
-            )
-        if kind == "backlog":
-            return BacklogState(
-                queue=_text(ev["queue"], "queue", empty=False),
-                until=_time(ev["until"]),
-                by=_text(ev["by"], "by"),
-                reason=_text(ev["reason"], "reason"),
-            )
-        if kind == "written":
-            queue = ev["queue"]
-            return (None if queue is None else _text(queue, "queue", empty=False)), _text(
-                ev["by"], "by"
-            )
-    except KeyError as exc:
-        raise _Invalid(f"no {exc}") from None
-    raise _Invalid(f"unknown kind {str(kind)[:50]!r}")
 
 
 class RedisStateStore(LocalState):
@@ -414,7 +118,7 @@ class RedisStateStore(LocalState):
         # Backlog-write announcements not yet published (a set: one per queue is enough).
         self._pending_writes: dict[str | None, None] = {}
         self._resync_needed = False
-        self._sess: _Session | None = None
+        self._sess: Session | None = None
         self._online = asyncio.Event()  # a session is up and resynced
         self._broken = asyncio.Event()  # a call failed: the supervisor must reconnect
         self._wake = asyncio.Event()  # the writer has (or may have) something to do
@@ -566,8 +270,8 @@ class RedisStateStore(LocalState):
         """Apply one pub/sub event to memory if it is newer (sync: no await in between).
         An event that is not one we could have published is counted and ignored."""
         try:
-            event = _event_state(orjson.loads(data))
-        except ValueError as exc:  # orjson's errors and `_Invalid` are ValueErrors
+            event = event_state(orjson.loads(data))
+        except ValueError as exc:  # orjson's errors and `Invalid` are ValueErrors
             self._invalid("event", self._channel, f"{str(data)[:200]!r}: {exc}")
             return
         if isinstance(event, EntityState):
@@ -606,7 +310,7 @@ class RedisStateStore(LocalState):
             return None
         try:
             return parse(name, h)
-        except _Invalid as exc:
+        except Invalid as exc:
             self._invalid("resync", key, exc)
             return None
 
@@ -618,8 +322,8 @@ class RedisStateStore(LocalState):
         _, epoch, status, since, by, reason = reply[:6]
         h = {"epoch": epoch, "status": status, "since": since, "by": by, "reason": reason}
         try:
-            return _entity_from_hash(entity, h)
-        except _Invalid as exc:
+            return entity_from_hash(entity, h)
+        except Invalid as exc:
             self._invalid("reply", self._key("entity", entity), exc)
             return None
 
@@ -712,7 +416,7 @@ class RedisStateStore(LocalState):
             return ("written", "" if written is None else written)
         return None
 
-    async def _write_job(self, sess: _Session, kind: str, key: str) -> None:
+    async def _write_job(self, sess: Session, kind: str, key: str) -> None:
         """Do one write of `_next_job`. On a Redis error the change is queued again (unless
         a newer one replaced it meanwhile) and the error propagates."""
         if kind == "resync":
@@ -728,7 +432,7 @@ class RedisStateStore(LocalState):
             )
         else:
             queue = key or None
-            event = _written_event(queue, self.replica_id)
+            event = written_event(queue, self.replica_id)
             await self._write_pending(
                 self._pending_writes,
                 queue,
@@ -748,7 +452,7 @@ class RedisStateStore(LocalState):
             pending.setdefault(key, value)
             raise
 
-    async def _write_entity(self, sess: _Session, entity: str, base: int) -> None:
+    async def _write_entity(self, sess: Session, entity: str, base: int) -> None:
         state = self._entities.get(entity)
         if state is None:
             return
@@ -781,7 +485,7 @@ class RedisStateStore(LocalState):
         if (local and stored != held) or stored.newer_than(held):
             self._adopt_entity(stored)
 
-    async def _restore(self, sess: _Session, state: EntityState) -> None:
+    async def _restore(self, sess: Session, state: EntityState) -> None:
         """Write `state` if Redis lacks the entity or holds something older; otherwise
         adopt what Redis holds (it is newer, or ties and Redis decides)."""
         reply = await sess.restore(
@@ -799,10 +503,10 @@ class RedisStateStore(LocalState):
         if stored is not None and stored != held and not held.newer_than(stored):
             self._adopt_entity(stored)
 
-    async def _write_backlog(self, sess: _Session, queue: str, disable: bool) -> None:
+    async def _write_backlog(self, sess: Session, queue: str, disable: bool) -> None:
         key = self._key("backlog", queue)
         if not disable:
-            event = _backlog_event(BacklogState(queue, 0.0, self.replica_id, "enabled"))
+            event = backlog_event(BacklogState(queue, 0.0, self.replica_id, "enabled"))
             await sess.enable(keys=[key], args=[self._channel, event], client=sess.client)
             self.stats.writes += 1
             return
@@ -814,17 +518,17 @@ class RedisStateStore(LocalState):
             return  # already over: nothing to tell anyone
         reply = await sess.disable(
             keys=[key],
-            args=[repr(held.until), px, held.by, held.reason, self._channel, _backlog_event(held)],
+            args=[repr(held.until), px, held.by, held.reason, self._channel, backlog_event(held)],
             client=sess.client,
         )
         if reply[0] == 1:
             self.stats.writes += 1
             return
         try:
-            stored = _backlog_from_hash(
+            stored = backlog_from_hash(
                 queue, {"until": reply[1], "by": reply[2], "reason": reply[3]}
             )
-        except (_Invalid, IndexError) as exc:
+        except (Invalid, IndexError) as exc:
             self._invalid("reply", key, exc)
             return
         if stored.until > held.until:
@@ -832,7 +536,7 @@ class RedisStateStore(LocalState):
 
     # -- sessions ---------------------------------------------------------------------------
 
-    def _call_failed(self, sess: _Session, where: str, exc: BaseException) -> None:
+    def _call_failed(self, sess: Session, where: str, exc: BaseException) -> None:
         """A call on `sess` failed: break the session, unless it is already a past one."""
         if sess is self._sess:
             self._session_failed(where, exc)
@@ -864,7 +568,7 @@ class RedisStateStore(LocalState):
             sessions_before = self._sessions
             try:
                 await self._session()
-            except _SessionBroken:
+            except SessionBroken:
                 pass  # already counted and logged where the call failed
             except Exception:
                 # A bug (bad data, unexpected reply): log it loudly, keep the replica alive.
@@ -883,7 +587,7 @@ class RedisStateStore(LocalState):
             await self._target.prepare()
         except Exception as exc:  # no credentials (Entra ID unreachable, no oid claim, ...)
             self._session_failed("credentials", exc)
-            raise _SessionBroken from exc
+            raise SessionBroken from exc
         client: Client | None = None
         pubsub: Subscriber | None = None
         try:
@@ -895,10 +599,10 @@ class RedisStateStore(LocalState):
             # Subscribe before reading the snapshot: a change made while we read is then
             # either in what we read or in an event we will get (both are idempotent).
             pubsub = await self._target.subscriber(client, self._channel, self._op_timeout)
-            sess = _Session.open(client, pubsub.publish)
+            sess = Session.open(client, pubsub.publish)
             await self._resync(sess)
             if self._broken.is_set():
-                raise _SessionBroken
+                raise SessionBroken
             self._sess = sess
             self._online.set()
             if self._sessions:
@@ -921,7 +625,7 @@ class RedisStateStore(LocalState):
                 client, pubsub = await self._renew(client, pubsub)
         except _REDIS_ERRORS as exc:
             self._session_failed("session", exc)
-            raise _SessionBroken from exc
+            raise SessionBroken from exc
         finally:
             self._online.clear()
             self._sess = None
@@ -950,7 +654,7 @@ class RedisStateStore(LocalState):
             )
             new_pubsub = await self._target.subscriber(new_client, self._channel, self._op_timeout)
             await self._drain(pubsub)
-            self._sess = _Session.open(new_client, new_pubsub.publish)
+            self._sess = Session.open(new_client, new_pubsub.publish)
             self.renewals += 1
             log.debug("state: replica %s renewed its redis connections", self.replica_id)
             await self._listen(new_pubsub, self._op_timeout)
@@ -984,7 +688,7 @@ class RedisStateStore(LocalState):
         ping_sent: float | None = None
         while True:
             if self._broken.is_set():
-                raise _SessionBroken
+                raise SessionBroken
             if until is not None and loop.time() >= until:
                 return
             async with asyncio.timeout(self._tick + self._op_timeout):
@@ -1015,7 +719,7 @@ class RedisStateStore(LocalState):
 
     # -- resync -----------------------------------------------------------------------------
 
-    async def _resync(self, sess: _Session) -> None:
+    async def _resync(self, sess: Session) -> None:
         """Read every entity and backlog from Redis and merge with memory: adopt what Redis
         holds unless memory is newer; write back (restore) what memory has newer or Redis
         lacks. Bounded by `resync_timeout`; raises the Redis error if it fails."""
@@ -1027,7 +731,7 @@ class RedisStateStore(LocalState):
             restore: list[EntityState] = []
             for entity in set(entities) | set(self._entities):
                 h = entities.get(entity)
-                stored = self._parsed_or_none("entity", entity, h, _entity_from_hash)
+                stored = self._parsed_or_none("entity", entity, h, entity_from_hash)
                 held = self._entities.get(entity)
                 if held is None:
                     if stored is not None:
@@ -1044,7 +748,7 @@ class RedisStateStore(LocalState):
                 if queue in self._pending_backlogs:
                     continue  # our later change is queued and will be written after this
                 stored_b = self._parsed_or_none(
-                    "backlog", queue, backlogs.get(queue), _backlog_from_hash
+                    "backlog", queue, backlogs.get(queue), backlog_from_hash
                 )
                 held_b = self._backlogs.get(queue)
                 if held_b is not None and held_b.until <= now:
@@ -1063,7 +767,7 @@ class RedisStateStore(LocalState):
         self._legacy_head = None  # imported once: from now on only the tagged layout
 
     async def _read_layouts(
-        self, sess: _Session, kind: str
+        self, sess: Session, kind: str
     ) -> dict[str, dict[str, str] | BaseException]:
         """`_read_all`, plus — on this process's first resync, on one endpoint — the hashes of
         the untagged layout that releases before the hash tag wrote (`<prefix>:<kind>:`),
@@ -1075,7 +779,7 @@ class RedisStateStore(LocalState):
         return {**old, **found}
 
     async def _read_all(
-        self, sess: _Session, kind: str, head: str | None = None
+        self, sess: Session, kind: str, head: str | None = None
     ) -> dict[str, dict[str, str] | BaseException]:
         """Every `{<prefix>}:<kind>:*` hash (or `<head>*`), keyed by the name after it; the
         error instead for a key that could not be read (of another type: one bad key never
@@ -1096,7 +800,7 @@ class RedisStateStore(LocalState):
         return f"{{{self._prefix}}}:{kind}:{name}"
 
     def _entity_args(self, s: EntityState) -> list[str | int]:
-        event = _entity_event(s).decode()
+        event = entity_event(s).decode()
         return [s.epoch, s.status, repr(s.since), s.by, s.reason, self._channel, event]
 
 
