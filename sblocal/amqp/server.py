@@ -260,10 +260,7 @@ class _NamespaceHandler(Handler):
         if address == "$cbs" or address.lower().endswith(_MGMT_SUFFIX):
             link._sb_kind = "reply"
             link._sb_tag = 0
-            # Each SDK handler on a shared connection has its own session with its own
-            # `$cbs` reply link: a reply goes back on the requester's session.
-            _replies(link.session)[address.lower()] = link
-            link.connection._sb_replies[address.lower()] = link
+            _register_reply(link)
             link.open()
             return
         link._sb_kind = "receive"
@@ -317,10 +314,10 @@ class _NamespaceHandler(Handler):
             links = self._rt.receivers.get(id(entity), [])
             self._rt.receivers[id(entity)] = [lk for lk in links if lk is not link and lk != link]
         elif kind == "reply":
-            address = link._sb_address.lower()
-            for replies in (_replies(link.session), link.connection._sb_replies):
-                if replies.get(address) is link:
-                    replies.pop(address, None)
+            for key in link._sb_reply_keys:
+                for replies in (_replies(link.session), link.connection._sb_replies):
+                    if replies.get(key) is link:
+                        replies.pop(key, None)
 
     def _close_link(self, link: Any, condition: str, description: str) -> None:
         self._unregister(link)
@@ -575,8 +572,9 @@ class _NamespaceHandler(Handler):
         self._reply(link, request.reply_to or "$cbs", reply)
 
     def _reply(self, request_link: Any, address: str, reply: Message) -> None:
-        """Send `reply` on the reply link for `address`: the one in the request's session,
-        else the connection's latest (a client may reply-to a link of another session)."""
+        """Send `reply` on the reply link `address` names (the request's reply-to, else the
+        node's own address): the one in the request's session, else the connection's latest
+        (Node and .NET put their reply link in a session of its own)."""
         key = address.lower()
         conn = request_link.connection
         link = _replies(request_link.session).get(key) or conn._sb_replies.get(key)
@@ -795,6 +793,20 @@ class AmqpServer:
         """Any thread: messages may have become deliverable in this namespace."""
         if self._thread is not None and self._thread.is_alive():
             self.call(lambda: self.pump_namespace(name))
+
+
+def _register_reply(link: Any) -> None:
+    """File a `$cbs` / `$management` reply link under every name a request's reply-to may
+    use for it: Python sends no reply-to (the node's address is the key), Node's reply-to is
+    its receiver's link name, .NET's its receiver's target address."""
+    keys = {link._sb_address.lower(), link.name.lower()}
+    target = link.remote_target.address
+    if target:
+        keys.add(target.lower())
+    link._sb_reply_keys = keys
+    for key in keys:
+        _replies(link.session)[key] = link
+        link.connection._sb_replies[key] = link
 
 
 def _replies(session: Any) -> dict[str, Any]:
