@@ -6,12 +6,13 @@ object is touched only from that thread. Other threads act on the reactor throug
 pipe; the returned `concurrent.futures.Future` carries the result back. Namespace state
 (`sblocal.store.Namespace`) has its own lock, so the HTTP threads may read it directly.
 
-What the azure-servicebus SDK needs from a peer (docs/design.md, "What the SDK needs from a
-broker") is implemented here: SASL ANONYMOUS, sender links whose transfers are settled
-accepted/rejected with an error that always carries an ``info`` map, batches (several
-messages in data sections), peek-lock deliveries tagged with the lock token and the
-settlement echo; the ``$cbs`` put-token (`cbs`) and the ``<entity>/$management`` operations
-(`operations`) are answered by their own modules.
+What the Service Bus SDKs need from a peer (docs/design.md, "What the SDK needs from a
+broker") is implemented here: sender links whose transfers are settled accepted/rejected
+with an error that always carries an ``info`` map, batches (several messages in data
+sections), peek-lock deliveries tagged with the lock token and the settlement echo. SASL,
+optional TLS and each transfer's message format are handled in front of proton (`front`);
+the ``$cbs`` put-token (`cbs`) and the ``<entity>/$management`` operations (`operations`)
+are answered by their own modules.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import queue
+import ssl
 import threading
 import uuid
 from collections.abc import Callable
@@ -35,11 +37,13 @@ from proton import (
     Transport,
     symbol,
 )
+from proton._handlers import IOHandler
 from proton._reactor import Acceptor
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from sblocal import codec, sas
 from sblocal.amqp import cbs, operations
+from sblocal.amqp.front import FrontLayer
 from sblocal.faults import FaultRule, FaultTable
 from sblocal.store import BrokerError, Entity, Namespace, StoredMessage, now_ms
 
@@ -100,15 +104,38 @@ class _Callback(Handler):
             _log.exception("timer callback failed")
 
 
-class _SaslAcceptor(Acceptor):
-    """proton's Acceptor, plus SASL ANONYMOUS on each accepted transport.
+class _FrontIOHandler(IOHandler):
+    """proton's I/O handler, told that a socket's transport is its `FrontLayer`: proton
+    updates a selectable from the transport an event names (the bare proton transport),
+    which knows nothing of the bytes the front layer still has to write."""
 
-    The SASL layer has to exist before the transport produces its first bytes, i.e. before
-    the connection is bound, which the stock Acceptor gives no hook for.
+    def on_transport(self, event: Any) -> None:
+        t = event.transport
+        s = t._selectable
+        if s and not s.is_terminal:
+            self.update(s._transport or t, s, t._reactor.now)
+
+
+class _SaslAcceptor(Acceptor):
+    """proton's Acceptor, with a `FrontLayer` (SASL, optional TLS, the message-format
+    sniffer) between each accepted socket and a proton transport without SASL.
+
+    The front layer has to exist before the transport produces its first bytes, i.e.
+    before the connection is bound, which the stock Acceptor gives no hook for.
     """
 
+    def __init__(
+        self,
+        reactor: Container,
+        host: str,
+        port: int,
+        handler: Handler,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(reactor, host, port, handler)
+        self._tls = tls
+
     def on_selectable_readable(self, event: Any) -> None:
-        from proton._handlers import IOHandler
         from proton._io import IO
         from proton._url import Url
 
@@ -121,14 +148,13 @@ class _SaslAcceptor(Acceptor):
         conn.url = Url(host=name[0], port=name[1])  # type: ignore[no-untyped-call]
         transport: Any = Transport(Transport.SERVER)
         transport.idle_timeout = 0
-        sasl = transport.sasl()
-        sasl.allow_insecure_mechs = True
-        sasl.allowed_mechs("ANONYMOUS")
+        front = FrontLayer(transport, self._tls)
+        conn._sb_front = front
         transport.bind(conn)
         sel: Any = reactor.selectable(delegate=sock)
-        sel._transport = transport
+        sel._transport = front
         transport._selectable = sel
-        IOHandler.update(transport, sel, reactor.now)
+        IOHandler.update(front, sel, reactor.now)  # type: ignore[arg-type]
 
     @property
     def port(self) -> int:
@@ -619,7 +645,7 @@ class AmqpServer:
         self.runtimes = {rt.name: rt for rt in runtimes}
         self._interval = housekeeping_interval
         self._handler = _ReactorHandler(self)
-        self.container = Container(self._handler)
+        self.container = Container(self._handler, global_handler=_FrontIOHandler())
         self._ns_handlers = {rt.name: _NamespaceHandler(self, rt) for rt in runtimes}
         self._injector = EventInjector()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
