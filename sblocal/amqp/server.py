@@ -43,7 +43,7 @@ from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from sblocal import codec, sas
 from sblocal.amqp import cbs, operations
-from sblocal.amqp.front import FrontLayer
+from sblocal.amqp.front import BATCH_FORMAT, FrontLayer
 from sblocal.faults import FaultRule, FaultTable
 from sblocal.store import BrokerError, Entity, Namespace, StoredMessage, now_ms
 
@@ -408,12 +408,16 @@ class _NamespaceHandler(Handler):
                 data = link.recv(delivery.pending)
                 link.advance()
                 kind = getattr(link, "_sb_kind", "send")
+                # Asked for every delivery, so that the sniffer forgets each one.
+                message_format = link.connection._sb_front.sniffer.message_format(
+                    link.name, delivery
+                )
                 if kind == "cbs":
                     self._on_cbs(link, delivery, data)
                 elif kind == "mgmt":
                     self._on_management(link, delivery, data)
                 else:
-                    self._on_send(link, delivery, data)
+                    self._on_send(link, delivery, data, message_format)
                 if link.state & Link.LOCAL_ACTIVE and link.credit < _INCOMING_CREDIT // 2:
                     link.flow(_INCOMING_CREDIT - link.credit)
             elif delivery.updated:
@@ -432,7 +436,7 @@ class _NamespaceHandler(Handler):
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
 
-    def _on_send(self, link: Any, delivery: Any, data: bytes) -> None:
+    def _on_send(self, link: Any, delivery: Any, data: bytes, message_format: int) -> None:
         if link.connection.state & Endpoint.LOCAL_CLOSED:
             # We closed this connection (drop-connections): like Service Bus, nothing that
             # arrives after our close is stored; the client sees the close, not an outcome.
@@ -465,10 +469,7 @@ class _NamespaceHandler(Handler):
             )
             return
         try:
-            try:
-                inner = codec.split_batch(data)
-            except codec.CodecError:
-                inner = None
+            inner = codec.split_batch(data) if message_format == BATCH_FORMAT else None
             raw = inner if inner is not None else [data]
             limit = target.message_size_limit
             if inner is not None and len(data) > limit:

@@ -153,15 +153,17 @@ def test_parse_message_reads_broker_fields_and_keeps_the_tail() -> None:
         codec.parse_message(b"\x00\x53")
 
 
-def test_split_batch_recognises_the_sdk_batch_shape() -> None:
+def test_split_batch_takes_each_data_section_of_the_envelope_as_a_message() -> None:
     inner = [_encoded(id=f"m{i}", body=f"b{i}".encode()) for i in range(3)]
     envelope = Message(id="m0")
     outer = bytes(envelope.encode())
     for m in inner:
         outer += codec.encode_value(codec.Described(codec.ulong(codec.DATA), m))
     assert codec.split_batch(outer) == inner
-    assert codec.split_batch(_encoded(body=b"\x00not a message")) is None
-    assert codec.split_batch(_encoded(body="text value")) is None
+    with pytest.raises(codec.CodecError):
+        codec.split_batch(_encoded(body="text value"))
+    with pytest.raises(codec.CodecError):
+        codec.split_batch(bytes(Message(id="empty").encode()))
 
 
 # -- faults ----------------------------------------------------------------------------------
