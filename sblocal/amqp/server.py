@@ -164,8 +164,11 @@ class _SaslAcceptor(Acceptor):
 class NamespaceRuntime:
     """Reactor-side state of one namespace (reactor thread only, except the settings)."""
 
-    def __init__(self, namespace: Namespace, host: str, port: int) -> None:
+    def __init__(
+        self, namespace: Namespace, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.namespace = namespace
+        self.tls = tls  # AMQPS on the port when set, else plain AMQP
         self.faults = FaultTable()
         self.latency = Latency()
         self.host = host
@@ -736,7 +739,9 @@ class AmqpServer:
         self.container.schedule(self._interval, self._handler)
 
     def _listen(self, rt: NamespaceRuntime) -> None:
-        acceptor = _SaslAcceptor(self.container, rt.host, rt.port, self._ns_handlers[rt.name])
+        acceptor = _SaslAcceptor(
+            self.container, rt.host, rt.port, self._ns_handlers[rt.name], rt.tls
+        )
         rt.acceptor = acceptor
         rt.port = acceptor.port
 

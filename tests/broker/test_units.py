@@ -91,6 +91,7 @@ def test_json_config_and_durations(tmp_path: Path) -> None:
         ({"namespaces": [{"name": "a", "queues": [{"path": "q", "nope": 1}]}]}, "unknown property"),
         ({"namespaces": [{"name": "a", "amqp_port": 70000}]}, "amqp_port"),
         ({"namespaces": [{"name": "a"}], "extra": 1}, "unknown top-level"),
+        ({"namespaces": [{"name": "a"}], "amqp_tls": "yes"}, "amqp_tls"),
     ],
 )
 def test_invalid_configs_say_where(tmp_path: Path, raw: dict[str, object], message: str) -> None:
@@ -99,6 +100,14 @@ def test_invalid_configs_say_where(tmp_path: Path, raw: dict[str, object], messa
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert message in str(info.value)
+
+
+def test_amqp_tls_is_off_unless_the_config_turns_it_on(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"namespaces": [{"name": "a"}]}))
+    assert load_config(path).amqp_tls is False
+    path.write_text(json.dumps({"namespaces": [{"name": "a"}], "amqp_tls": True}))
+    assert load_config(path).amqp_tls is True
 
 
 # -- SAS -------------------------------------------------------------------------------------
