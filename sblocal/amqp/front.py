@@ -163,6 +163,7 @@ class FrontLayer:
         self._failing = False
         self._tls: ssl.SSLObject | None = None
         self._handshaken = False
+        self._encrypted = 0  # proton's bytes in `_out` as TLS records, not yet written
         if tls is not None:
             self._in_bio = ssl.MemoryBIO()
             self._out_bio = ssl.MemoryBIO()
@@ -310,11 +311,13 @@ class FrontLayer:
             self._out += self._out_bio.read()
 
     def pending(self) -> int:
-        if self._phase == "amqp" and self._tls is not None:
+        if self._phase == "amqp" and self._tls is not None and not self._encrypted:
             waiting = int(self.transport.pending())
             if waiting > 0:
+                # Taken from proton only once written (`pop`): a transport with nothing left
+                # to write and its head closed is done, and its socket closed at once.
                 self._emit(bytes(self.transport.peek(waiting) or b""))
-                self.transport.pop(waiting)
+                self._encrypted = waiting
             elif waiting < 0 and not self._out:
                 return waiting
         if self._out:
@@ -332,7 +335,10 @@ class FrontLayer:
         return self.transport.peek(size)
 
     def pop(self, size: int) -> None:
-        if self._out:
-            del self._out[:size]
-        else:
+        if not self._out:
             self.transport.pop(size)
+            return
+        del self._out[:size]
+        if not self._out and self._encrypted:
+            self.transport.pop(self._encrypted)
+            self._encrypted = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +19,9 @@ from typing import Any
 
 import pytest
 
+from sblocal.server import LocalBroker
 from sblocal.testing import BrokerProcess, ControlClient
+from tests.broker.conftest import fast_config, running
 
 NODE = shutil.which("node")
 NODE_DIR = Path(__file__).parent / "node"
@@ -58,7 +61,9 @@ async def run_node(job: dict[str, Any], *, env: dict[str, str] | None = None) ->
     return result
 
 
-def _job(broker: BrokerProcess, *steps: dict[str, Any], entity: str = "orders") -> dict[str, Any]:
+def _job(
+    broker: BrokerProcess | LocalBroker, *steps: dict[str, Any], entity: str = "orders"
+) -> dict[str, Any]:
     return {
         "connectionString": broker.connection_string("primary"),
         "entity": entity,
@@ -140,3 +145,15 @@ async def test_an_unknown_entity_fails_the_send_instead_of_hanging(broker: Broke
     )
     assert result["ok"] is False
     assert result["error"]["code"] == "MessagingEntityNotFound", result
+
+
+async def test_sends_over_amqps_trusting_the_development_certificate():
+    """Node keeps the connection string's port with TLS on (the Python SDK would dial 5671)
+    and trusts an extra CA through NODE_EXTRA_CA_CERTS."""
+    async with running(fast_config(amqp_tls=True)) as tls_broker:
+        assert tls_broker.ca_cert is not None
+        env = {**os.environ, "NODE_EXTRA_CA_CERTS": tls_broker.ca_cert}
+        job = _job(tls_broker, {"op": "batch", "messages": _messages("tls", 2)})
+        result = await run_node(job, env=env)
+        assert result == {"ok": True, "steps": [{"sent": 2}]}
+        assert tls_broker.namespace("primary").counters.messages_received == 2
