@@ -6,12 +6,13 @@ object is touched only from that thread. Other threads act on the reactor throug
 pipe; the returned `concurrent.futures.Future` carries the result back. Namespace state
 (`sblocal.store.Namespace`) has its own lock, so the HTTP threads may read it directly.
 
-What the azure-servicebus SDK needs from a peer (docs/design.md, "What the SDK needs from a
-broker") is implemented here: SASL ANONYMOUS, sender links whose transfers are settled
-accepted/rejected with an error that always carries an ``info`` map, batches (several
-messages in data sections), peek-lock deliveries tagged with the lock token and the
-settlement echo; the ``$cbs`` put-token (`cbs`) and the ``<entity>/$management`` operations
-(`operations`) are answered by their own modules.
+What the Service Bus SDKs need from a peer (docs/design.md, "What the SDK needs from a
+broker") is implemented here: sender links whose transfers are settled accepted/rejected
+with an error that always carries an ``info`` map, batches (several messages in data
+sections), peek-lock deliveries tagged with the lock token and the settlement echo. SASL,
+optional TLS and each transfer's message format are handled in front of proton (`front`);
+the ``$cbs`` put-token (`cbs`) and the ``<entity>/$management`` operations (`operations`)
+are answered by their own modules.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import queue
+import ssl
 import threading
 import uuid
 from collections.abc import Callable
@@ -35,11 +37,13 @@ from proton import (
     Transport,
     symbol,
 )
+from proton._handlers import IOHandler
 from proton._reactor import Acceptor
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from sblocal import codec, sas
 from sblocal.amqp import cbs, operations
+from sblocal.amqp.front import BATCH_FORMAT, FrontLayer
 from sblocal.faults import FaultRule, FaultTable
 from sblocal.store import BrokerError, Entity, Namespace, StoredMessage, now_ms
 
@@ -100,15 +104,38 @@ class _Callback(Handler):
             _log.exception("timer callback failed")
 
 
-class _SaslAcceptor(Acceptor):
-    """proton's Acceptor, plus SASL ANONYMOUS on each accepted transport.
+class _FrontIOHandler(IOHandler):
+    """proton's I/O handler, told that a socket's transport is its `FrontLayer`: proton
+    updates a selectable from the transport an event names (the bare proton transport),
+    which knows nothing of the bytes the front layer still has to write."""
 
-    The SASL layer has to exist before the transport produces its first bytes, i.e. before
-    the connection is bound, which the stock Acceptor gives no hook for.
+    def on_transport(self, event: Any) -> None:
+        t = event.transport
+        s = t._selectable
+        if s and not s.is_terminal:
+            self.update(s._transport or t, s, t._reactor.now)
+
+
+class _SaslAcceptor(Acceptor):
+    """proton's Acceptor, with a `FrontLayer` (SASL, optional TLS, the message-format
+    sniffer) between each accepted socket and a proton transport without SASL.
+
+    The front layer has to exist before the transport produces its first bytes, i.e.
+    before the connection is bound, which the stock Acceptor gives no hook for.
     """
 
+    def __init__(
+        self,
+        reactor: Container,
+        host: str,
+        port: int,
+        handler: Handler,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(reactor, host, port, handler)
+        self._tls = tls
+
     def on_selectable_readable(self, event: Any) -> None:
-        from proton._handlers import IOHandler
         from proton._io import IO
         from proton._url import Url
 
@@ -121,14 +148,13 @@ class _SaslAcceptor(Acceptor):
         conn.url = Url(host=name[0], port=name[1])  # type: ignore[no-untyped-call]
         transport: Any = Transport(Transport.SERVER)
         transport.idle_timeout = 0
-        sasl = transport.sasl()
-        sasl.allow_insecure_mechs = True
-        sasl.allowed_mechs("ANONYMOUS")
+        front = FrontLayer(transport, self._tls)
+        conn._sb_front = front
         transport.bind(conn)
         sel: Any = reactor.selectable(delegate=sock)
-        sel._transport = transport
+        sel._transport = front
         transport._selectable = sel
-        IOHandler.update(transport, sel, reactor.now)
+        IOHandler.update(front, sel, reactor.now)  # type: ignore[arg-type]
 
     @property
     def port(self) -> int:
@@ -138,8 +164,11 @@ class _SaslAcceptor(Acceptor):
 class NamespaceRuntime:
     """Reactor-side state of one namespace (reactor thread only, except the settings)."""
 
-    def __init__(self, namespace: Namespace, host: str, port: int) -> None:
+    def __init__(
+        self, namespace: Namespace, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.namespace = namespace
+        self.tls = tls  # AMQPS on the port when set, else plain AMQP
         self.faults = FaultTable()
         self.latency = Latency()
         self.host = host
@@ -260,10 +289,7 @@ class _NamespaceHandler(Handler):
         if address == "$cbs" or address.lower().endswith(_MGMT_SUFFIX):
             link._sb_kind = "reply"
             link._sb_tag = 0
-            # Each SDK handler on a shared connection has its own session with its own
-            # `$cbs` reply link: a reply goes back on the requester's session.
-            _replies(link.session)[address.lower()] = link
-            link.connection._sb_replies[address.lower()] = link
+            _register_reply(link)
             link.open()
             return
         link._sb_kind = "receive"
@@ -317,10 +343,10 @@ class _NamespaceHandler(Handler):
             links = self._rt.receivers.get(id(entity), [])
             self._rt.receivers[id(entity)] = [lk for lk in links if lk is not link and lk != link]
         elif kind == "reply":
-            address = link._sb_address.lower()
-            for replies in (_replies(link.session), link.connection._sb_replies):
-                if replies.get(address) is link:
-                    replies.pop(address, None)
+            for key in link._sb_reply_keys:
+                for replies in (_replies(link.session), link.connection._sb_replies):
+                    if replies.get(key) is link:
+                        replies.pop(key, None)
 
     def _close_link(self, link: Any, condition: str, description: str) -> None:
         self._unregister(link)
@@ -385,12 +411,16 @@ class _NamespaceHandler(Handler):
                 data = link.recv(delivery.pending)
                 link.advance()
                 kind = getattr(link, "_sb_kind", "send")
+                # Asked for every delivery, so that the sniffer forgets each one.
+                message_format = link.connection._sb_front.sniffer.message_format(
+                    link.name, delivery
+                )
                 if kind == "cbs":
                     self._on_cbs(link, delivery, data)
                 elif kind == "mgmt":
                     self._on_management(link, delivery, data)
                 else:
-                    self._on_send(link, delivery, data)
+                    self._on_send(link, delivery, data, message_format)
                 if link.state & Link.LOCAL_ACTIVE and link.credit < _INCOMING_CREDIT // 2:
                     link.flow(_INCOMING_CREDIT - link.credit)
             elif delivery.updated:
@@ -409,7 +439,7 @@ class _NamespaceHandler(Handler):
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
 
-    def _on_send(self, link: Any, delivery: Any, data: bytes) -> None:
+    def _on_send(self, link: Any, delivery: Any, data: bytes, message_format: int) -> None:
         if link.connection.state & Endpoint.LOCAL_CLOSED:
             # We closed this connection (drop-connections): like Service Bus, nothing that
             # arrives after our close is stored; the client sees the close, not an outcome.
@@ -442,10 +472,7 @@ class _NamespaceHandler(Handler):
             )
             return
         try:
-            try:
-                inner = codec.split_batch(data)
-            except codec.CodecError:
-                inner = None
+            inner = codec.split_batch(data) if message_format == BATCH_FORMAT else None
             raw = inner if inner is not None else [data]
             limit = target.message_size_limit
             if inner is not None and len(data) > limit:
@@ -575,8 +602,9 @@ class _NamespaceHandler(Handler):
         self._reply(link, request.reply_to or "$cbs", reply)
 
     def _reply(self, request_link: Any, address: str, reply: Message) -> None:
-        """Send `reply` on the reply link for `address`: the one in the request's session,
-        else the connection's latest (a client may reply-to a link of another session)."""
+        """Send `reply` on the reply link `address` names (the request's reply-to, else the
+        node's own address): the one in the request's session, else the connection's latest
+        (Node and .NET put their reply link in a session of its own)."""
         key = address.lower()
         conn = request_link.connection
         link = _replies(request_link.session).get(key) or conn._sb_replies.get(key)
@@ -621,7 +649,7 @@ class AmqpServer:
         self.runtimes = {rt.name: rt for rt in runtimes}
         self._interval = housekeeping_interval
         self._handler = _ReactorHandler(self)
-        self.container = Container(self._handler)
+        self.container = Container(self._handler, global_handler=_FrontIOHandler())
         self._ns_handlers = {rt.name: _NamespaceHandler(self, rt) for rt in runtimes}
         self._injector = EventInjector()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
@@ -711,7 +739,9 @@ class AmqpServer:
         self.container.schedule(self._interval, self._handler)
 
     def _listen(self, rt: NamespaceRuntime) -> None:
-        acceptor = _SaslAcceptor(self.container, rt.host, rt.port, self._ns_handlers[rt.name])
+        acceptor = _SaslAcceptor(
+            self.container, rt.host, rt.port, self._ns_handlers[rt.name], rt.tls
+        )
         rt.acceptor = acceptor
         rt.port = acceptor.port
 
@@ -795,6 +825,20 @@ class AmqpServer:
         """Any thread: messages may have become deliverable in this namespace."""
         if self._thread is not None and self._thread.is_alive():
             self.call(lambda: self.pump_namespace(name))
+
+
+def _register_reply(link: Any) -> None:
+    """File a `$cbs` / `$management` reply link under every name a request's reply-to may
+    use for it: Python sends no reply-to (the node's address is the key), Node's reply-to is
+    its receiver's link name, .NET's its receiver's target address."""
+    keys = {link._sb_address.lower(), link.name.lower()}
+    target = link.remote_target.address
+    if target:
+        keys.add(target.lower())
+    link._sb_reply_keys = keys
+    for key in keys:
+        _replies(link.session)[key] = link
+        link.connection._sb_replies[key] = link
 
 
 def _replies(session: Any) -> dict[str, Any]:
