@@ -2,7 +2,9 @@
 
 Requests carry a reply-to; replies carry `statusCode` / `statusDescription` (camel case,
 unlike `$cbs`) and, on failure, the error condition. Supported: renew-lock, peek-message,
-schedule-message, cancel-scheduled-message, update-disposition, receive-by-sequence-number.
+schedule-message, cancel-scheduled-message, update-disposition, receive-by-sequence-number,
+and for sessions renew-session-lock, get-session-state and set-session-state (a session
+receiver's peek names its session and sees only that session's messages).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from proton import Message, symbol
+from proton import Message, symbol, timestamp
 
 from sblocal import codec
 from sblocal.store import BrokerError, Entity, Namespace
@@ -63,19 +65,14 @@ def _operation(
     entity = ns.receive_source(path)
     if entity is None:
         raise BrokerError("amqp:not-found", f"The entity '{path}' could not be found.", 404)
+    if op in _SESSION_OPERATIONS:
+        return _session_operation(ns, op, entity, body), 200
     if op == "renew-lock":
         tokens = [_uuid(t) for t in _elements(body["lock-tokens"])]
         expirations = ns.renew(entity, tokens)
         return {"expirations": codec.timestamp_array(expirations)}, 200
     if op == "peek-message":
-        from_seq = int(body.get("from-sequence-number", 1))
-        count = int(body.get("message-count", 1))
-        msgs = ns.peek(entity, from_seq, count)
-        if not msgs:
-            return None, 204
-        return {
-            "messages": [{"message": m.encode(with_lock=False, with_state=True)} for m in msgs]
-        }, 200
+        return _peek(ns, entity, body)
     if op == "update-disposition":
         status = str(body["disposition-status"])
         tokens = [_uuid(t) for t in _elements(body["lock-tokens"])]
@@ -103,6 +100,36 @@ def _operation(
     raise BrokerError(
         "amqp:not-implemented", f"The operation '{operation}' is not supported by sblocal.", 501
     )
+
+
+def _peek(ns: Namespace, entity: Entity, body: Any) -> tuple[Any, int]:
+    from_seq = int(body.get("from-sequence-number", 1))
+    count = int(body.get("message-count", 1))
+    msgs = ns.peek(entity, from_seq, count, _text(body.get("session-id")))
+    if not msgs:
+        return None, 204
+    return {
+        "messages": [{"message": m.encode(with_lock=False, with_state=True)} for m in msgs]
+    }, 200
+
+
+_SESSION_OPERATIONS = ("renew-session-lock", "get-session-state", "set-session-state")
+
+
+def _session_operation(ns: Namespace, op: str, entity: Entity, body: Any) -> Any:
+    """The operations on one session, named by `session-id`; each needs the session to be
+    locked (by a receiver), as on Service Bus."""
+    session = _text(body["session-id"])
+    if session is None:
+        raise BrokerError("com.microsoft:argument-error", "The session-id is missing.", 400)
+    if op == "renew-session-lock":
+        return {"expiration": timestamp(ns.renew_session(entity, session))}
+    if op == "get-session-state":
+        state = ns.session_state(entity, session)
+        return {"session-state": state}
+    value = body.get("session-state")
+    ns.set_session_state(entity, session, bytes(value) if value is not None else None)
+    return {}
 
 
 def _elements(value: Any) -> list[Any]:
