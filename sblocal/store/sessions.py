@@ -70,11 +70,6 @@ class Sessions(Receiving):
             entity.session_locks[session] = held
             return session, held.locked_until_ms
 
-    def has_available_session(self, entity: Entity, now: int | None = None) -> bool:
-        now = now_ms() if now is None else now
-        with self.lock:
-            return entity.sessionful and entity.available_session(now) is not None
-
     def release_session(
         self, entity: Entity, session: str, owner: uuid.UUID, now: int | None = None
     ) -> bool:

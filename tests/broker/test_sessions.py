@@ -9,7 +9,7 @@ import datetime as dt
 import time
 
 import pytest
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import (
     OperationTimeoutError,
@@ -218,7 +218,7 @@ async def test_an_expired_session_lock_lets_another_receiver_take_the_session(
             entity = ns.receive_source("sessions")
             assert entity is not None
             await eventually(lambda: not entity.session_locks, what="the session lock lapses")
-            with pytest.raises((SessionLockLostError, ServiceBusError)):
+            with pytest.raises(SessionLockLostError):
                 await first.complete_message(m)
         async with client.get_queue_receiver("sessions", session_id="x") as second:
             [again] = await receive_n(second, 1)
@@ -291,3 +291,20 @@ async def test_a_session_enabled_subscription_serves_sessions(
         ) as receiver:
             messages = await receive_n(receiver, 3)
     assert [str(m) for m in messages] == ["b:0", "b:1", "b:2"]
+
+
+async def test_the_dead_letter_queue_of_a_session_queue_is_read_without_sessions(
+    broker: LocalBroker, client: ServiceBusClient
+) -> None:
+    session_queue(broker)
+    await send_interleaved(client, "sessions", ["d"], 1)
+    async with asyncio.timeout(SDK_DEADLINE):
+        async with client.get_queue_receiver("sessions", session_id="d") as receiver:
+            [m] = await receive_n(receiver, 1)
+            await receiver.dead_letter_message(m, reason="bad")
+        async with client.get_queue_receiver(
+            "sessions", sub_queue=ServiceBusSubQueue.DEAD_LETTER
+        ) as dlq:
+            [dead] = await receive_n(dlq, 1)
+            await dlq.complete_message(dead)
+    assert (str(dead), dead.session_id, dead.dead_letter_reason) == ("d:0", "d", "bad")
