@@ -220,20 +220,27 @@ class _NamespaceHandler(Handler):
         if self._rt.connections.pop(conn_id, None) is not None:
             with self._ns.lock:
                 self._ns.counters.active_connections -= 1
-        gone = [
-            lk
-            for links in (*self._rt.receivers.values(), *self._rt.pending_sessions.values())
-            for lk in links
-            if lk.connection._sb_id == conn_id
-        ]
+        self.forget_links(conn_id)
+
+    def forget_links(self, conn_id: int) -> None:
+        """The receivers of a connection that ended (or that we closed) are forgotten."""
+        gone: list[Any] = []
+        for links in (*self._rt.receivers.values(), *self._rt.pending_sessions.values()):
+            gone.extend(lk for lk in links if lk.connection._sb_id == conn_id)
+            links[:] = [lk for lk in links if lk.connection._sb_id != conn_id]
+        # Only now release the sessions they held: a released session is offered at once,
+        # and must not go to another link of the same dead connection.
         for link in gone:
-            self._unregister(link)  # a session it held is released
+            self._unregister(link)
 
     def forget_sessions(self) -> None:
-        """The namespace went down: every session lock held through it is released."""
+        """The namespace went down (every connection cut): every session lock held through
+        it is released, after every receiver is forgotten, so that nothing is offered to a
+        link of a cut connection."""
+        self._rt.pending_sessions.clear()
+        self._rt.receivers.clear()
         for link in list(self._rt.session_links.values()):
             self._unregister(link)
-        self._rt.pending_sessions.clear()
 
     # -- links ---------------------------------------------------------------------------
 
@@ -869,9 +876,8 @@ class AmqpServer:
             rt.acceptor = None
         for conn in list(rt.connections.values()):
             _cut(conn)
-        self._ns_handlers[rt.name].forget_sessions()
         rt.connections.clear()
-        rt.receivers.clear()
+        self._ns_handlers[rt.name].forget_sessions()
         with rt.namespace.lock:
             rt.namespace.counters.active_connections = 0
 
@@ -908,6 +914,9 @@ class AmqpServer:
                     "The connection was closed by the broker (control API).",
                 )
                 conn.close()
+                # Its links are dead from now on, whenever the client answers the close:
+                # the sessions they held are free again, as on Service Bus.
+                self._ns_handlers[name].forget_links(conn._sb_id)
             return len(conns)
 
         return self.call(drop)

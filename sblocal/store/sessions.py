@@ -66,6 +66,10 @@ class Sessions(Receiving):
                     return None
             elif entity.session_holder(session, now) is not None:
                 raise session_cannot_be_locked(session)
+            lapsed = entity.session_locks.get(session)
+            if lapsed is not None:  # lapsed, not yet swept by housekeeping: sweep it now
+                self._lapse(entity, session, lapsed, now)
+                self._lost_session_owners.append(lapsed.owner)
             held = SessionLock(owner, now + entity.lock_duration_ms)
             entity.session_locks[session] = held
             return session, held.locked_until_ms
@@ -106,20 +110,24 @@ class Sessions(Receiving):
         owners: list[uuid.UUID] = []
         touched: list[Entity] = []
         with self.lock:
+            owners.extend(self._lost_session_owners)
+            self._lost_session_owners.clear()
             for entity in self._receivables():
                 if not entity.session_locks:
                     continue
                 for session, held in list(entity.session_locks.items()):
-                    if held.locked_until_ms > now:
-                        continue
-                    del entity.session_locks[session]
-                    owners.append(held.owner)
-                    for msg in entity.session_messages_locked(session):
-                        self.counters.lock_expirations += 1
-                        self._unlock_and_requeue(entity, msg, now, count=True)
-                    touched.append(entity)
+                    if held.locked_until_ms <= now:
+                        self._lapse(entity, session, held, now)
+                        owners.append(held.owner)
+                        touched.append(entity)
             self._flush_persistence()
         return owners, touched
+
+    def _lapse(self, entity: Entity, session: str, held: SessionLock, now: int) -> None:
+        del entity.session_locks[session]
+        for msg in entity.session_messages_locked(session):
+            self.counters.lock_expirations += 1
+            self._unlock_and_requeue(entity, msg, now, count=True)
 
     def session_state(self, entity: Entity, session: str, now: int | None = None) -> bytes | None:
         now = now_ms() if now is None else now

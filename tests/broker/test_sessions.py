@@ -20,9 +20,10 @@ from azure.servicebus.exceptions import (
 
 from sblocal.entities import QueueProperties, SubscriptionProperties
 from sblocal.server import LocalBroker
+from sblocal.testing import ControlClient
 from tests.support.waiting import eventually
 
-from .conftest import receive_n
+from .conftest import receive_n, sb_client
 
 SDK_DEADLINE = 15.0
 
@@ -308,3 +309,26 @@ async def test_the_dead_letter_queue_of_a_session_queue_is_read_without_sessions
             [dead] = await receive_n(dlq, 1)
             await dlq.complete_message(dead)
     assert (str(dead), dead.session_id, dead.dead_letter_reason) == ("d:0", "d", "bad")
+
+
+async def test_a_dropped_connection_releases_its_sessions(
+    broker: LocalBroker, client: ServiceBusClient, control: ControlClient
+) -> None:
+    session_queue(broker)
+    await send_interleaved(client, "sessions", ["c"], 1)
+    entity = broker.namespace("primary").receive_source("sessions")
+    assert entity is not None
+    async with asyncio.timeout(SDK_DEADLINE):
+        async with sb_client(broker.connection_string("primary")) as other:
+            receiver = other.get_queue_receiver("sessions", session_id="c")
+            await receiver.__aenter__()
+            await receive_n(receiver, 1)  # delivered, unsettled
+            assert "c" in entity.session_locks
+            await control.drop_connections("primary")
+            await eventually(lambda: not entity.session_locks, what="the session is released")
+            with contextlib.suppress(ServiceBusError):
+                await receiver.close()
+        async with client.get_queue_receiver("sessions", session_id="c") as again:
+            [back] = await receive_n(again, 1)
+            await again.complete_message(back)
+    assert (str(back), back.delivery_count) == ("c:0", 0)

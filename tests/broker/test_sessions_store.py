@@ -116,3 +116,17 @@ def test_plain_entities_and_dead_letter_queues_have_no_sessions() -> None:
     with pytest.raises(BrokerError) as refused:
         ns.accept_session(plain, "a", uuid.uuid4(), now=NOW)
     assert refused.value.condition == "amqp:not-allowed"
+
+
+def test_a_lapsed_lock_taken_over_before_housekeeping_still_reports_its_owner_lost() -> None:
+    ns, q = session_ns()
+    send(ns, "a", "a0")
+    old, new = uuid.uuid4(), uuid.uuid4()
+    ns.accept_session(q, "a", old, now=NOW)
+    m = ns.take(q, lock=True, now=NOW, session="a", owner=old)
+    assert m is not None
+    later = NOW + 10_001  # lapsed; housekeeping has not run yet
+    assert ns.accept_session(q, "a", new, now=later) == ("a", later + 10_000)
+    assert m.lock_token is None and m.delivery_count == 1  # swept as lapsed
+    assert ns.expire_sessions(later) == ([old], [])
+    assert ns.take(q, lock=True, now=later, session="a", owner=new) is m
