@@ -332,3 +332,40 @@ async def test_a_dropped_connection_releases_its_sessions(
             [back] = await receive_n(again, 1)
             await again.complete_message(back)
     assert (str(back), back.delivery_count) == ("c:0", 0)
+
+
+async def test_receivers_of_every_session_at_once_each_get_their_own_in_order(
+    broker: LocalBroker, client: ServiceBusClient
+) -> None:
+    session_queue(broker)
+    sessions = [f"c{n}" for n in range(6)]
+    await send_interleaved(client, "sessions", sessions, 8)
+
+    async def drain(session: str) -> list[str]:
+        async with client.get_queue_receiver("sessions", session_id=session) as receiver:
+            messages = await receive_n(receiver, 8)
+            for m in messages:
+                await receiver.complete_message(m)
+            return [str(m) for m in messages]
+
+    async with asyncio.timeout(SDK_DEADLINE):
+        got = await asyncio.gather(*(drain(s) for s in sessions))
+    assert got == [[f"{s}:{i}" for i in range(8)] for s in sessions]
+    assert broker.namespace("primary").receive_source("sessions").messages == {}  # type: ignore[union-attr]
+
+
+async def test_an_abandoned_message_comes_back_first_in_its_session(
+    broker: LocalBroker, client: ServiceBusClient
+) -> None:
+    session_queue(broker)
+    await send_interleaved(client, "sessions", ["a", "b"], 3)
+    async with asyncio.timeout(SDK_DEADLINE):
+        async with client.get_queue_receiver("sessions", session_id="a") as receiver:
+            first, second = await receive_n(receiver, 2)
+            await receiver.abandon_message(first)
+            await receiver.complete_message(second)
+            rest = await receive_n(receiver, 2)
+            for m in rest:
+                await receiver.complete_message(m)
+    assert [str(m) for m in rest] == ["a:0", "a:2"]
+    assert rest[0].delivery_count == 1
