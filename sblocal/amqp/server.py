@@ -32,6 +32,7 @@ from proton import (
     Handler,
     Link,
     Message,
+    Terminus,
     Transport,
     symbol,
 )
@@ -303,13 +304,9 @@ class _NamespaceHandler(Handler):
         link._sb_peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
         entity = self._ns.receive_source(address)
         session = _session_filter(link.remote_source)
-        if session is None:
+        if session is None and not (entity is not None and entity.sessionful):
             link.open()
-        else:
-            # A session receiver's attach is answered once it has a session (below). A
-            # refusal is an attach and a detach with the error, which the SDK raises from
-            # its next call; the empty properties keep its attach callback quiet.
-            link.properties = {}
+        # else the attach is answered once the receiver has a session, or refused (below)
         if not self._authorized(link):
             return
         if entity is None:
@@ -397,15 +394,14 @@ class _NamespaceHandler(Handler):
                     "com.microsoft:session-lock-lost",
                     f"The session lock on '{link._sb_session}' expired.",
                 )
-        for pending in self._rt.pending_sessions.values():
+        for pending in list(self._rt.pending_sessions.values()):
             for link in [lk for lk in pending if lk._sb_wait_until <= now]:
                 pending.remove(link)
                 self._session_wait_timed_out(link)
         self._pump_all(touched)
 
     def _session_wait_timed_out(self, link: Any) -> None:
-        # Service Bus answers with a null source and detaches with com.microsoft:timeout;
-        # the SDK raises OperationTimeoutError.
+        # The SDK raises OperationTimeoutError from the receiver's open.
         self._close_link(
             link,
             "com.microsoft:timeout",
@@ -470,6 +466,12 @@ class _NamespaceHandler(Handler):
 
     def _close_link(self, link: Any, condition: str, description: str) -> None:
         self._unregister(link)
+        if link.state & Endpoint.LOCAL_UNINIT:
+            # An attach refused before it was answered (a session receiver's): as Service
+            # Bus does, the answer has no source nor target, and the detach carries the
+            # error, which the SDK then raises from the receiver's open.
+            link.source.type = Terminus.UNSPECIFIED
+            link.target.type = Terminus.UNSPECIFIED
         link.condition = _error_condition(condition, description)
         link.close()
 

@@ -108,13 +108,13 @@ async def test_next_available_session_times_out_when_none_is_available(
         async with client.get_queue_receiver("sessions", session_id="held"):
             started = time.monotonic()
             # As on Service Bus: the broker holds the attach for the wait the SDK asked for
-            # (not its 60 s default), then answers it and detaches with com.microsoft:timeout,
-            # which the SDK raises from the receiver's first call.
+            # (not its 60 s default), then refuses it with com.microsoft:timeout, which the
+            # SDK raises from the receiver's open.
             with pytest.raises(OperationTimeoutError):
                 async with client.get_queue_receiver(
                     "sessions", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
-                ) as receiver:
-                    await receiver.receive_messages(max_wait_time=1)
+                ):
+                    pass
     assert 0.5 < time.monotonic() - started < 5
 
 
@@ -153,10 +153,10 @@ async def test_a_locked_session_cannot_be_accepted_twice(
     await send_interleaved(client, "sessions", ["one"], 2)
     async with asyncio.timeout(SDK_DEADLINE):
         async with client.get_queue_receiver("sessions", session_id="one") as first:
-            # The refusal comes with the attach; the SDK raises it from its first call.
+            # Refused with the attach: the SDK raises it from the receiver's open.
             with pytest.raises(SessionCannotBeLockedError):
-                async with client.get_queue_receiver("sessions", session_id="one") as second:
-                    await second.receive_messages(max_wait_time=1)
+                async with client.get_queue_receiver("sessions", session_id="one"):
+                    pass
             messages = await receive_n(first, 2)
             assert [str(m) for m in messages] == ["one:0", "one:1"]
 
@@ -202,8 +202,8 @@ async def test_the_session_lock_is_reported_renewed_and_extends_past_its_duratio
             assert session.locked_until_utc > first
             # Still ours: another receiver is refused and the message still settles.
             with pytest.raises(SessionCannotBeLockedError):
-                async with client.get_queue_receiver("sessions", session_id="k") as other:
-                    await other.receive_messages(max_wait_time=1)
+                async with client.get_queue_receiver("sessions", session_id="k"):
+                    pass
             await receiver.complete_message(m)
 
 
@@ -265,16 +265,16 @@ async def test_a_session_queue_refuses_messages_without_session_and_plain_receiv
             with pytest.raises(ServiceBusError):
                 await sender.send_messages(ServiceBusMessage("no session"))
         with pytest.raises(ServiceBusError):
-            async with client.get_queue_receiver("sessions") as receiver:
-                await receiver.receive_messages(max_wait_time=1)
+            async with client.get_queue_receiver("sessions"):
+                pass
     assert broker.namespace("primary").counters.rejected_sends == 1
 
 
 async def test_a_session_receiver_on_a_plain_queue_is_refused(client: ServiceBusClient) -> None:
     async with asyncio.timeout(SDK_DEADLINE):
         with pytest.raises(ServiceBusError):
-            async with client.get_queue_receiver("orders", session_id="s") as receiver:
-                await receiver.receive_messages(max_wait_time=1)
+            async with client.get_queue_receiver("orders", session_id="s"):
+                pass
 
 
 async def test_a_session_enabled_subscription_serves_sessions(
