@@ -369,3 +369,25 @@ async def test_an_abandoned_message_comes_back_first_in_its_session(
                 await receiver.complete_message(m)
     assert [str(m) for m in rest] == ["a:0", "a:2"]
     assert rest[0].delivery_count == 1
+
+
+async def test_a_session_receiver_with_the_sdk_defaults_and_iteration(
+    broker: LocalBroker, client: ServiceBusClient
+) -> None:
+    """No prefetch (the SDK releases what arrives outside a receive call) and `async for`."""
+    session_queue(broker)
+    await send_interleaved(client, "sessions", ["i", "j"], 4)
+    got: list[str] = []
+    async with asyncio.timeout(SDK_DEADLINE):
+        async with ServiceBusClient.from_connection_string(
+            broker.connection_string("primary"), retry_total=0
+        ) as plain:
+            async with plain.get_queue_receiver(
+                "sessions", session_id="j", max_wait_time=2
+            ) as receiver:
+                async for m in receiver:
+                    got.append(str(m))
+                    await receiver.complete_message(m)
+                    if len(got) == 4:
+                        break
+    assert got == ["j:0", "j:1", "j:2", "j:3"]
