@@ -65,6 +65,7 @@ class Entity:
         self._session_ready: dict[str, list[int]] = {}
         self.session_locks: dict[str, SessionLock] = {}
         self.session_states: dict[str, bytes] = {}
+        self.session_state_updated: dict[str, int] = {}  # session id -> last set (ms)
         self._scheduled: list[tuple[int, int]] = []  # heap of (enqueue time, seq)
         self._lock_heap: list[tuple[int, uuid.UUID]] = []  # heap of (locked until, token)
         self._expiry_heap: list[tuple[int, int]] = []  # heap of (expires, seq)
@@ -260,6 +261,7 @@ class Entity:
         self._session_ready.clear()
         self.session_locks.clear()
         self.session_states.clear()
+        self.session_state_updated.clear()
         self._scheduled.clear()
         self._lock_heap.clear()
         self._expiry_heap.clear()

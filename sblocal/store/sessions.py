@@ -1,6 +1,6 @@
 """Message sessions: accepting a session (by id or the next available one), the session
-lock (one holder, renewable, released on close, expiring after the lock duration) and the
-session state.
+lock (one holder, renewable, released on close, expiring after the lock duration), the
+session state, and the list of an entity's sessions.
 
 A session receiver is identified by an `owner` id its link keeps. While it holds the lock
 it is the only receiver of the session's messages, and the messages it was given stay
@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 
 from sblocal.store.entity import Entity, SessionLock
-from sblocal.store.messages import BrokerError, now_ms
+from sblocal.store.messages import BrokerError, MessageState, now_ms
 from sblocal.store.receiving import Receiving
 
 
@@ -145,6 +145,27 @@ class Sessions(Receiving):
                 entity.session_states.pop(session, None)
             else:
                 entity.session_states[session] = state
+            entity.session_state_updated[session] = now
+
+    def list_sessions(
+        self, entity: Entity, updated_after_ms: int | None, skip: int, top: int
+    ) -> list[str]:
+        """A page of the entity's session ids, sorted: with `updated_after_ms` None the
+        sessions that have messages (scheduled ones aside) or a state, else those whose
+        state was set after that time."""
+        with self.lock:
+            if not entity.sessionful:
+                raise not_sessionful(entity)
+            if updated_after_ms is None:
+                ids = {
+                    m.session_id
+                    for m in entity.messages.values()
+                    if m.session_id is not None and m.state != MessageState.SCHEDULED
+                }
+                ids.update(entity.session_states)
+            else:
+                ids = {s for s, t in entity.session_state_updated.items() if t > updated_after_ms}
+            return sorted(ids)[max(skip, 0) : max(skip, 0) + max(top, 0)]
 
     def _held(self, entity: Entity, session: str, now: int) -> SessionLock:
         """The live lock on `session`: session operations need one, as on Service Bus."""

@@ -391,3 +391,30 @@ async def test_a_session_receiver_with_the_sdk_defaults_and_iteration(
                     if len(got) == 4:
                         break
     assert got == ["j:0", "j:1", "j:2", "j:3"]
+
+
+async def test_list_sessions_names_those_with_messages_or_state(
+    broker: LocalBroker, client: ServiceBusClient
+) -> None:
+    session_queue(broker)
+    await send_interleaved(client, "sessions", ["m2", "m1"], 2)
+    async with asyncio.timeout(SDK_DEADLINE):
+        async with client.get_queue_receiver("sessions", session_id="stateful") as receiver:
+            before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+            await receiver.session.set_state(b"s")
+        listed = [s async for s in client.list_queue_sessions("sessions", timeout=5)]
+        updated = [
+            s
+            async for s in client.list_queue_sessions(
+                "sessions", state_updated_after=before, timeout=5
+            )
+        ]
+        none_yet = [
+            s
+            async for s in client.list_queue_sessions(
+                "sessions", state_updated_after=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+            )
+        ]
+    assert listed == ["m1", "m2", "stateful"]
+    assert updated == ["stateful"]
+    assert none_yet == []
