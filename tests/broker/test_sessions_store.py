@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from pathlib import Path
 
 import pytest
 from proton import Message
@@ -12,6 +13,7 @@ from proton import Message
 from sblocal import codec
 from sblocal.config import NamespaceConfig, QueueConfig
 from sblocal.entities import QueueProperties
+from sblocal.persistence import Persistence
 from sblocal.store import BrokerError, Entity, Namespace
 
 pytestmark = pytest.mark.unit
@@ -130,3 +132,28 @@ def test_a_lapsed_lock_taken_over_before_housekeeping_still_reports_its_owner_lo
     assert m.lock_token is None and m.delivery_count == 1  # swept as lapsed
     assert ns.expire_sessions(later) == ([old], [])
     assert ns.take(q, lock=True, now=later, session="a", owner=new) is m
+
+
+def test_durable_mode_keeps_session_messages_in_order_and_frees_every_session(
+    tmp_path: Path,
+) -> None:
+    props = QueueProperties(requires_session=True)
+    cfg = NamespaceConfig(name="t", keys=(), queues=(QueueConfig("q", props),))
+    db = tmp_path / "t.sqlite3"
+    ns = Namespace(cfg, persistence=Persistence(db))
+    for i in range(3):
+        send(ns, "a", f"a{i}")
+        send(ns, "b", f"b{i}")
+    q = ns.receive_source("q")
+    assert q is not None
+    ns.accept_session(q, "a", uuid.uuid4(), now=NOW)
+    ns.close()
+
+    again = Namespace(cfg, persistence=Persistence(db))
+    q2 = again.receive_source("q")
+    assert q2 is not None
+    owner = uuid.uuid4()
+    assert again.accept_session(q2, "a", owner, now=NOW) == ("a", NOW + 60_000)  # lock gone
+    taken = [again.take(q2, lock=True, now=NOW, session="a", owner=owner) for _ in range(3)]
+    assert [m.seq for m in taken if m] == [1, 3, 5]
+    again.close()
