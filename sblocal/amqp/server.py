@@ -34,6 +34,7 @@ from proton import (
     Handler,
     Link,
     Message,
+    Terminus,
     Transport,
     symbol,
 )
@@ -46,6 +47,7 @@ from sblocal.amqp import cbs, operations
 from sblocal.amqp.front import BATCH_FORMAT, FrontLayer
 from sblocal.faults import FaultRule, FaultTable
 from sblocal.store import BrokerError, Entity, Namespace, StoredMessage, now_ms
+from sblocal.store.sessions import not_sessionful
 
 _log = logging.getLogger(__name__)
 
@@ -70,6 +72,13 @@ _INCOMING_CREDIT = 1000
 _TRACKING_ID = symbol("com.microsoft:tracking-id")
 _DEFAULT_MAX_MESSAGE_SIZE = 256 * 1024
 _MGMT_SUFFIX = "/$management"
+_SESSION_FILTER = symbol("com.microsoft:session-filter")
+_LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
+_OPERATION_TIMEOUT = symbol("com.microsoft:timeout")
+# How long Service Bus holds a next-available-session attach when the client names no
+# operation timeout: its default server wait time.
+_DEFAULT_SESSION_WAIT_MS = 60_000
+_DOTNET_EPOCH_TICKS = 621_355_968_000_000_000  # 0001-01-01 to 1970-01-01 in 100 ns ticks
 
 
 @dataclass(slots=True)
@@ -176,6 +185,9 @@ class NamespaceRuntime:
         self.acceptor: _SaslAcceptor | None = None
         self.connections: dict[int, Any] = {}  # connection id -> proton Connection
         self.receivers: dict[int, list[Any]] = {}  # id(Entity) -> sender links to clients
+        # id(Entity) -> next-available-session attaches waiting for a session (unanswered)
+        self.pending_sessions: dict[int, list[Any]] = {}
+        self.session_links: dict[uuid.UUID, Any] = {}  # session lock owner -> its link
         self._conn_ids = 0
 
     @property
@@ -238,8 +250,27 @@ class _NamespaceHandler(Handler):
         if self._rt.connections.pop(conn_id, None) is not None:
             with self._ns.lock:
                 self._ns.counters.active_connections -= 1
-        for links in self._rt.receivers.values():
+        self.forget_links(conn_id)
+
+    def forget_links(self, conn_id: int) -> None:
+        """The receivers of a connection that ended (or that we closed) are forgotten."""
+        gone: list[Any] = []
+        for links in (*self._rt.receivers.values(), *self._rt.pending_sessions.values()):
+            gone.extend(lk for lk in links if lk.connection._sb_id == conn_id)
             links[:] = [lk for lk in links if lk.connection._sb_id != conn_id]
+        # Only now release the sessions they held: a released session is offered at once,
+        # and must not go to another link of the same dead connection.
+        for link in gone:
+            self._unregister(link)
+
+    def forget_sessions(self) -> None:
+        """The namespace went down (every connection cut): every session lock held through
+        it is released, after every receiver is forgotten, so that nothing is offered to a
+        link of a cut connection."""
+        self._rt.pending_sessions.clear()
+        self._rt.receivers.clear()
+        for link in list(self._rt.session_links.values()):
+            self._unregister(link)
 
     # -- links ---------------------------------------------------------------------------
 
@@ -294,8 +325,14 @@ class _NamespaceHandler(Handler):
             return
         link._sb_kind = "receive"
         link._sb_hung = False
+        link._sb_session = None  # the session id a session receiver holds
+        link._sb_owner = None  # its session lock owner id
+        link._sb_peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
         entity = self._ns.receive_source(address)
-        link.open()
+        session = _session_filter(link.remote_source)
+        if session is None and not (entity is not None and entity.sessionful):
+            link.open()
+        # else the attach is answered once the receiver has a session, or refused (below)
         if not self._authorized(link):
             return
         if entity is None:
@@ -307,8 +344,96 @@ class _NamespaceHandler(Handler):
             )
             return
         link._sb_entity = entity
-        link._sb_peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
+        if session is not None:
+            self._open_session_receiver(link, entity, session[0])
+            return
+        if entity.sessionful:
+            self._close_link(
+                link,
+                "amqp:not-allowed",
+                f"It is not possible for an entity that requires sessions ('{entity.path}') "
+                "to create a non-sessionful message receiver.",
+            )
+            return
         self._rt.receivers.setdefault(id(entity), []).append(link)
+
+    def _open_session_receiver(self, link: Any, entity: Entity, session: str | None) -> None:
+        """Lock the session a receiver asks for (`None`: the next available one). With no
+        session available the attach stays unanswered until one is, or until the client's
+        operation timeout (`com.microsoft:timeout`) passes, as Service Bus does."""
+        if not entity.sessionful:
+            err = not_sessionful(entity)
+            self._close_link(link, err.condition, err.description)
+            return
+        owner = uuid.uuid4()
+        link._sb_owner = owner
+        try:
+            accepted = self._ns.accept_session(entity, session, owner)
+        except BrokerError as err:
+            self._close_link(link, err.condition, err.description)
+            return
+        if accepted is None:
+            wait_ms = _DEFAULT_SESSION_WAIT_MS
+            props = link.remote_properties or {}
+            if isinstance(props.get(_OPERATION_TIMEOUT), int):
+                wait_ms = int(props[_OPERATION_TIMEOUT])
+            link._sb_wait_until = now_ms() + wait_ms
+            self._rt.pending_sessions.setdefault(id(entity), []).append(link)
+            return
+        self._attach_session(link, entity, *accepted)
+
+    def _attach_session(self, link: Any, entity: Entity, session: str, locked_until: int) -> None:
+        """Answer a session receiver's attach: the source's session filter names the session
+        (how the SDK learns which one it got) and `locked-until-utc` its lock, in .NET ticks."""
+        link._sb_session = session
+        flt = link.source.filter
+        flt.clear()
+        flt.put_dict({_SESSION_FILTER: session})
+        link.properties = {_LOCKED_UNTIL_UTC: _dotnet_ticks(locked_until)}
+        link.open()
+        self._rt.session_links[link._sb_owner] = link
+        self._rt.receivers.setdefault(id(entity), []).append(link)
+
+    def _grant_pending(self, entity: Entity) -> None:
+        """Give waiting next-available-session receivers the sessions now available."""
+        pending = self._rt.pending_sessions.get(id(entity))
+        while pending:
+            link = pending[0]
+            if link.state & Link.REMOTE_CLOSED:
+                pending.pop(0)
+                continue
+            accepted = self._ns.accept_session(entity, None, link._sb_owner)
+            if accepted is None:
+                return
+            pending.pop(0)
+            self._attach_session(link, entity, *accepted)
+
+    def expire_sessions(self, now: int) -> None:
+        """Housekeeping: detach receivers whose session lock lapsed, and answer waiting
+        next-available-session attaches whose operation timeout passed."""
+        owners, touched = self._ns.expire_sessions(now)
+        for owner in owners:
+            link = self._rt.session_links.get(owner)
+            if link is not None:
+                self._close_link(
+                    link,
+                    "com.microsoft:session-lock-lost",
+                    f"The session lock on '{link._sb_session}' expired.",
+                )
+        for pending in list(self._rt.pending_sessions.values()):
+            for link in [lk for lk in pending if lk._sb_wait_until <= now]:
+                pending.remove(link)
+                self._session_wait_timed_out(link)
+        self._pump_all(touched)
+
+    def _session_wait_timed_out(self, link: Any) -> None:
+        # The SDK raises OperationTimeoutError from the receiver's open.
+        self._close_link(
+            link,
+            "com.microsoft:timeout",
+            "The operation did not complete within the allotted timeout: no session was "
+            "available to accept.",
+        )
 
     def _authorized(self, link: Any) -> bool:
         """Whether a token put on this connection's `$cbs` covers the link's entity."""
@@ -342,14 +467,37 @@ class _NamespaceHandler(Handler):
                 return
             links = self._rt.receivers.get(id(entity), [])
             self._rt.receivers[id(entity)] = [lk for lk in links if lk is not link and lk != link]
+            self._release_session(link, entity)
         elif kind == "reply":
             for key in link._sb_reply_keys:
                 for replies in (_replies(link.session), link.connection._sb_replies):
                     if replies.get(key) is link:
                         replies.pop(key, None)
 
+    def _release_session(self, link: Any, entity: Entity) -> None:
+        """A session receiver went away: its pending attach is dropped, the session it held
+        released, and the session offered to whoever waits for one."""
+        owner: uuid.UUID | None = link._sb_owner
+        if owner is None:
+            return
+        link._sb_owner = None  # once: a link is unregistered on every path that ends it
+        pending = self._rt.pending_sessions.get(id(entity))
+        if pending is not None and link in pending:
+            pending.remove(link)
+        if self._rt.session_links.get(owner) is link:
+            del self._rt.session_links[owner]
+        session: str | None = link._sb_session
+        if session is not None and self._ns.release_session(entity, session, owner):
+            self.pump(entity)
+
     def _close_link(self, link: Any, condition: str, description: str) -> None:
         self._unregister(link)
+        if link.state & Endpoint.LOCAL_UNINIT:
+            # An attach refused before it was answered (a session receiver's): as Service
+            # Bus does, the answer has no source nor target, and the detach carries the
+            # error, which the SDK then raises from the receiver's open.
+            link.source.type = Terminus.UNSPECIFIED
+            link.target.type = Terminus.UNSPECIFIED
         link.condition = _error_condition(condition, description)
         link.close()
 
@@ -518,7 +666,10 @@ class _NamespaceHandler(Handler):
                 self.pump(entity)
 
     def pump(self, entity: Entity) -> None:
-        """Hand available messages to the receivers of ``entity`` that have credit."""
+        """Hand available messages to the receivers of ``entity`` that have credit; on a
+        sessionful entity each receiver gets its own session's messages only."""
+        if self._rt.pending_sessions.get(id(entity)):
+            self._grant_pending(entity)
         links = self._rt.receivers.get(id(entity))
         if not links:
             return
@@ -528,9 +679,14 @@ class _NamespaceHandler(Handler):
             for link in links:
                 if link.credit <= 0 or link._sb_hung or not link.state & Link.LOCAL_ACTIVE:
                     continue
-                msg = self._ns.take(entity, lock=link._sb_peek_lock)
+                session = link._sb_session
+                msg = self._ns.take(
+                    entity, lock=link._sb_peek_lock, session=session, owner=link._sb_owner
+                )
                 if msg is None:
-                    return
+                    if session is None:
+                        return  # the entity has nothing for anyone
+                    continue
                 self._deliver(link, msg)
                 progress = True
 
@@ -734,6 +890,7 @@ class AmqpServer:
                 touched = rt.namespace.housekeeping(now)
                 handler = self._ns_handlers[name]
                 handler._pump_all(touched)
+                handler.expire_sessions(now)
         except Exception:
             _log.exception("housekeeping failed")
         self.container.schedule(self._interval, self._handler)
@@ -752,7 +909,7 @@ class AmqpServer:
         for conn in list(rt.connections.values()):
             _cut(conn)
         rt.connections.clear()
-        rt.receivers.clear()
+        self._ns_handlers[rt.name].forget_sessions()
         with rt.namespace.lock:
             rt.namespace.counters.active_connections = 0
 
@@ -789,6 +946,9 @@ class AmqpServer:
                     "The connection was closed by the broker (control API).",
                 )
                 conn.close()
+                # Its links are dead from now on, whenever the client answers the close:
+                # the sessions they held are free again, as on Service Bus.
+                self._ns_handlers[name].forget_links(conn._sb_id)
             return len(conns)
 
         return self.call(drop)
@@ -839,6 +999,27 @@ def _register_reply(link: Any) -> None:
     for key in keys:
         _replies(link.session)[key] = link
         link.connection._sb_replies[key] = link
+
+
+def _session_filter(source: Any) -> tuple[str | None] | None:
+    """A receiver's session filter: None for a plain receiver, else a 1-tuple of the session
+    id it asks for (None inside: the next available session)."""
+    flt = source.filter
+    if flt is None:
+        return None
+    flt.rewind()
+    if not flt.next():
+        return None
+    filters = flt.get_object()
+    if not isinstance(filters, dict) or _SESSION_FILTER not in filters:
+        return None
+    value = filters[_SESSION_FILTER]
+    return (codec.to_text(value) if value is not None else None,)
+
+
+def _dotnet_ticks(ms: int) -> int:
+    """Unix milliseconds as .NET ticks, the unit of `com.microsoft:locked-until-utc`."""
+    return ms * 10_000 + _DOTNET_EPOCH_TICKS
 
 
 def _replies(session: Any) -> dict[str, Any]:
