@@ -14,8 +14,8 @@ export PYTEST_DEBUG_TEMPROOT ?= $(CURDIR)/.pytest-tmp
 # module from source again, and pytest rewrites every test module's asserts again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test venv sysdeps lint typecheck pytest packaging broker bench fuzz load chaos clean \
-	tools lock lock-check wheel pipeline-dist chart-readme
+.PHONY: run test venv sysdeps node-deps lint typecheck pytest packaging broker bench fuzz load chaos \
+	clean tools lock lock-check wheel pipeline-dist chart-readme
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,15 @@ sysdeps:
 	  echo "installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+## node-deps: the Node.js Service Bus SDK the compatibility tests drive (tests/compat/node:
+## exactly what its package-lock.json pins, integrity-checked; no install scripts run)
+NODE_DEPS := tests/compat/node/node_modules/.installed
+$(NODE_DEPS): tests/compat/node/package-lock.json | sysdeps
+	cd tests/compat/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $(NODE_DEPS)
+
+node-deps: $(NODE_DEPS)
 
 ## run: the gateway on 127.0.0.1:8080 with its embedded default (local broker pair, no Redis),
 ## in the development profile (`gateway serve --dev`: pings every 5 s, no drain delay, text
@@ -91,7 +100,7 @@ pipeline-dist:
 	$(PY) scripts/pipeline_dist.py
 
 ## pytest: every test but tests/packaging, which `make packaging` runs
-pytest: $(STAMP) sysdeps
+pytest: $(STAMP) sysdeps node-deps
 	mkdir -p $(PYTEST_DEBUG_TEMPROOT)
 	$(BIN)/pytest -q --durations=15 --ignore=tests/packaging
 
@@ -100,7 +109,7 @@ pytest: $(STAMP) sysdeps
 ## wait on sockets and processes, so four share two cores well): about a minute, for the
 ## edit-test loop. `make test` runs all, in one process.
 .PHONY: test-fast
-test-fast: $(STAMP) sysdeps
+test-fast: $(STAMP) sysdeps node-deps
 	mkdir -p $(PYTEST_DEBUG_TEMPROOT)
 	$(BIN)/pytest -q -m "not slow" -n 4 --dist worksteal
 
@@ -125,4 +134,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .pytest-tmp .pytest_cache .mypy_cache .ruff_cache *.egg-info .run out .fuzz dist
+	rm -rf $(VENV) tests/compat/node/node_modules .pytest-tmp .pytest_cache .mypy_cache .ruff_cache *.egg-info .run out .fuzz dist

@@ -1,6 +1,6 @@
 """``python -m sblocal``: run the local Service Bus-compatible broker until SIGTERM/SIGINT.
 
-    python -m sblocal [--config FILE] [--host 127.0.0.1] [--json] [--data-dir DIR]
+    python -m sblocal [--config FILE] [--host 127.0.0.1] [--json] [--data-dir DIR] [--amqp-tls]
 
 Without ``--json`` it prints each namespace's connection string, its management endpoint and
 the control API address. With ``--json`` it prints exactly one JSON line on stdout once every
@@ -32,6 +32,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--json", action="store_true", help="print one JSON line when ready")
     parser.add_argument("--data-dir", type=Path, help="durable mode: keep messages in DIR")
+    parser.add_argument(
+        "--amqp-tls",
+        action="store_true",
+        default=None,
+        help="serve AMQPS with the development certificate instead of plain AMQP",
+    )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     return parser.parse_args(argv)
 
@@ -40,7 +46,8 @@ def _human(broker: LocalBroker) -> str:
     info = broker.info
     lines = ["sblocal is running (Ctrl+C to stop)", f"control API: {info['control']}"]
     if info["ca_cert"]:
-        lines.append(f"management TLS certificate: {info['ca_cert']}")
+        lines.append(f"development TLS certificate: {info['ca_cert']}")
+    lines.append(f"AMQP: {'AMQPS (TLS)' if info['amqp_tls'] else 'plain AMQP'}")
     for name, ns in info["namespaces"].items():
         lines.append(f"namespace {name}:")
         lines.append(f"  connection string: {ns['connection_string']}")
@@ -54,7 +61,7 @@ def _human(broker: LocalBroker) -> str:
 
 async def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else default_config()
-    config = config.with_overrides(host=args.host, data_dir=args.data_dir)
+    config = config.with_overrides(host=args.host, data_dir=args.data_dir, amqp_tls=args.amqp_tls)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -220,34 +220,25 @@ def parse_message(buf: bytes | memoryview) -> ParsedMessage:
     return ParsedMessage(durable, priority, ttl, annotations, properties, tail, app_range, has_body)
 
 
-def split_batch(buf: bytes | memoryview) -> list[bytes] | None:
-    """If ``buf`` is a Service Bus batch (format 0x80013700), return the inner messages.
-
-    proton's Python binding does not expose a delivery's message format, so a batch is
-    recognised by its shape: no application properties, and every body section is a data
-    section that itself holds a complete AMQP message with a body. A single message whose
-    body happens to be an encoded AMQP message would be taken for a batch of one.
+def split_batch(buf: bytes | memoryview) -> list[bytes]:
+    """The messages of a batch transfer (message format 0x80013700, which the transfer
+    frame carries: the broker learns it in `sblocal.amqp.front`): each data section of the
+    envelope is one encoded message. The envelope's other sections (Node puts a header,
+    empty annotations and properties there) belong to no message; an empty batch, or one
+    with an amqp-value or amqp-sequence body, is malformed.
     """
-    sections = split_sections(buf)
     inner: list[bytes] = []
-    for code, start, end in sections:
-        if code in (APPLICATION_PROPERTIES, AMQP_SEQUENCE, AMQP_VALUE):
-            return None
+    for code, start, end in split_sections(buf):
         if code == DATA:
             payload = section_body(buf[start:end])
-            if not isinstance(payload, bytes) or len(payload) < 3 or payload[0] != 0x00:
-                return None
-            try:
-                parts = split_sections(payload)
-            except CodecError:
-                return None
-            codes = {c for c, _, _ in parts}
-            if not parts or not codes & {DATA, AMQP_SEQUENCE, AMQP_VALUE} or -1 in codes:
-                return None
-            if any(c < HEADER or c > FOOTER for c in codes):
-                return None
+            if not isinstance(payload, bytes):
+                raise CodecError("a batch's data section holds no message")
             inner.append(payload)
-    return inner or None
+        elif code in (AMQP_SEQUENCE, AMQP_VALUE):
+            raise CodecError("a batch carries its messages in data sections only")
+    if not inner:
+        raise CodecError("a batch with no message")
+    return inner
 
 
 def encode_header(

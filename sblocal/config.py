@@ -5,6 +5,7 @@ A config file looks like this (TOML; the JSON form has the same shape)::
     host = "127.0.0.1"
     control_port = 0            # 0 = a free port
     data_dir = "/var/tmp/sb"    # optional: durable mode (SQLite per namespace)
+    amqp_tls = false            # true: AMQPS with the development certificate
 
     [[namespaces]]
     name = "primary"
@@ -91,7 +92,10 @@ class BrokerConfig:
     host: str = "127.0.0.1"
     control_port: int = 0
     data_dir: Path | None = None  # durable mode when set
-    cert_dir: Path | None = None  # where the management TLS certificate goes (default: temp)
+    cert_dir: Path | None = None  # where the development TLS certificate goes (default: temp)
+    # Serve AMQPS (the development certificate) instead of plain AMQP on every namespace's
+    # AMQP port; the connection strings then leave out UseDevelopmentEmulator.
+    amqp_tls: bool = False
     # How often the reactor expires locks/TTLs and activates scheduled messages.
     housekeeping_interval: float = 0.05
 
@@ -102,9 +106,15 @@ class BrokerConfig:
         raise KeyError(name)
 
     def with_overrides(
-        self, *, host: str | None = None, data_dir: Path | None = None
+        self,
+        *,
+        host: str | None = None,
+        data_dir: Path | None = None,
+        amqp_tls: bool | None = None,
     ) -> BrokerConfig:
         changes: dict[str, Any] = {}
+        if amqp_tls is not None:
+            changes["amqp_tls"] = amqp_tls
         if host is not None:
             changes["host"] = host
         if data_dir is not None:
@@ -261,6 +271,7 @@ def config_from_dict(raw: dict[str, Any]) -> BrokerConfig:
         "data_dir",
         "cert_dir",
         "housekeeping_interval",
+        "amqp_tls",
     }
     if unknown:
         raise ConfigError(f"unknown top-level setting(s) {sorted(unknown)}")
@@ -270,8 +281,12 @@ def config_from_dict(raw: dict[str, Any]) -> BrokerConfig:
     interval = raw.get("housekeeping_interval", 0.05)
     if not isinstance(interval, int | float) or not 0.001 <= interval <= 10:
         raise ConfigError("housekeeping_interval: expected seconds between 0.001 and 10")
+    amqp_tls = raw.get("amqp_tls", False)
+    if not isinstance(amqp_tls, bool):
+        raise ConfigError("amqp_tls: expected true or false")
     return BrokerConfig(
         namespaces=namespaces,
+        amqp_tls=amqp_tls,
         host=str(raw.get("host", "127.0.0.1")),
         control_port=control_port,
         data_dir=Path(raw["data_dir"]) if raw.get("data_dir") else None,

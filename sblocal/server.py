@@ -88,6 +88,7 @@ class LocalBroker:
         self._management_ports: dict[str, int] = {}
         self._ca_cert: str | None = None
         self._temp_cert_dir: str | None = None
+        self._tls_context: ssl.SSLContext | None = None
         self._started = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -105,13 +106,14 @@ class LocalBroker:
 
     async def _start(self) -> None:
         cfg = self.config
+        amqp_tls = await self._dev_tls() if cfg.amqp_tls else None
         for ns_cfg in cfg.namespaces:
             persistence = (
                 Persistence(cfg.data_dir / f"{ns_cfg.name}.sqlite3") if cfg.data_dir else None
             )
             ns = Namespace(ns_cfg, persistence=persistence)
             self._namespaces[ns.name] = ns
-            self._runtimes[ns.name] = NamespaceRuntime(ns, cfg.host, ns_cfg.amqp_port)
+            self._runtimes[ns.name] = NamespaceRuntime(ns, cfg.host, ns_cfg.amqp_port, amqp_tls)
         self._amqp = AmqpServer(
             list(self._runtimes.values()), housekeeping_interval=cfg.housekeeping_interval
         )
@@ -136,13 +138,8 @@ class LocalBroker:
             return
         if not wanted:
             return
-        app_factory, cert_factory = support
-        cert_dir = cfg.cert_dir or (cfg.data_dir / "certs" if cfg.data_dir else None)
-        if cert_dir is None:
-            self._temp_cert_dir = tempfile.mkdtemp(prefix="sblocal-certs-")
-            cert_dir = Path(self._temp_cert_dir)
-        # Generating a key pair blocks for a while: keep it off the event loop.
-        self._ca_cert, ssl_ctx = await asyncio.to_thread(_server_tls, cert_factory, cert_dir)
+        app_factory, _ = support
+        ssl_ctx = await self._dev_tls()
         for ns_cfg in wanted:
             runner = web.AppRunner(
                 app_factory(self._namespaces[ns_cfg.name], keys=ns_cfg.key_map),
@@ -154,6 +151,23 @@ class LocalBroker:
             site = web.TCPSite(runner, cfg.host, ns_cfg.management_port, ssl_context=ssl_ctx)
             await site.start()
             self._management_ports[ns_cfg.name] = _bound_port(runner)
+
+    async def _dev_tls(self) -> ssl.SSLContext:
+        """The server TLS context of the development certificate (`sblocal.certs`), shared
+        by the HTTPS management API and AMQPS; made once."""
+        if self._tls_context is not None:
+            return self._tls_context
+        from sblocal.certs import ensure_dev_cert
+
+        cfg = self.config
+        cert_dir = cfg.cert_dir or (cfg.data_dir / "certs" if cfg.data_dir else None)
+        if cert_dir is None:
+            self._temp_cert_dir = tempfile.mkdtemp(prefix="sblocal-certs-")
+            cert_dir = Path(self._temp_cert_dir)
+        # Generating a key pair blocks for a while: keep it off the event loop.
+        self._ca_cert, context = await asyncio.to_thread(_server_tls, ensure_dev_cert, cert_dir)
+        self._tls_context = context
+        return context
 
     async def stop(self) -> None:
         """Stop serving. Idempotent; safe after a failed start."""
@@ -173,6 +187,7 @@ class LocalBroker:
         if self._temp_cert_dir is not None:
             shutil.rmtree(self._temp_cert_dir, ignore_errors=True)
             self._temp_cert_dir = None
+        self._tls_context = None
         self._started = False
 
     async def __aenter__(self) -> LocalBroker:
@@ -214,11 +229,15 @@ class LocalBroker:
         return keys[0] if keys else (DEV_KEY_NAME, DEV_KEY_VALUE)
 
     def connection_string(self, name: str) -> str:
+        """The namespace's SDK connection string. With AMQPS it leaves out
+        UseDevelopmentEmulator (which makes clients speak plain AMQP); Node and .NET then dial
+        its port, but the Python SDK dials 5671 whatever the port (see docs/sblocal.md)."""
         key_name, key = self._key(name)
         host = _endpoint_host(self.config.host)
+        emulator = "" if self.config.amqp_tls else "UseDevelopmentEmulator=true;"
         return (
             f"Endpoint=sb://{host}:{self.amqp_port(name)};SharedAccessKeyName={key_name};"
-            f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
+            f"SharedAccessKey={key};{emulator}"
         )
 
     def management_port(self, name: str) -> int | None:
@@ -250,6 +269,7 @@ class LocalBroker:
         return {
             "control": self.control_url,
             "ca_cert": self._ca_cert,
+            "amqp_tls": self.config.amqp_tls,
             "namespaces": {
                 name: {
                     "amqp_port": self.amqp_port(name),

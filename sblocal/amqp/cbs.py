@@ -1,9 +1,11 @@
 """`$cbs`: the claims-based-security node the SDK puts its SAS token to before any link.
 
-The SDK's put-token request has no reply-to: the reply goes on the connection's link whose
-source is `$cbs`, with `correlation_id` = the request's `message_id` and the application
-properties `status-code` (an int; 200..299 accepts) and `status-description` — hyphenated,
-unlike `$management`'s `statusCode` (see docs/design.md, "What the SDK needs from a broker").
+The reply carries `correlation_id` = the request's `message_id` (the same AMQP type: the
+SDKs compare the two) and the application properties `status-code` (an int; 200..299
+accepts) and `status-description` — hyphenated, unlike `$management`'s `statusCode` (see
+docs/design.md, "What the SDK needs from a broker"). Where it goes is the server's choice
+(`sblocal.amqp.server`): the link the request's reply-to names (Node: a link name; .NET: a
+target address), or with no reply-to (Python) the requester session's `$cbs` link.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 Requests carry a reply-to; replies carry `statusCode` / `statusDescription` (camel case,
 unlike `$cbs`) and, on failure, the error condition. Supported: renew-lock, peek-message,
-schedule-message, cancel-scheduled-message, update-disposition, receive-by-sequence-number.
+schedule-message, cancel-scheduled-message, update-disposition, receive-by-sequence-number,
+and for sessions renew-session-lock, get-session-state, set-session-state and
+get-message-sessions (a session receiver's peek names its session and sees only that
+session's messages).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from proton import Message, symbol
+from proton import Message, symbol, timestamp
 
 from sblocal import codec
 from sblocal.store import BrokerError, Entity, Namespace
@@ -63,19 +66,14 @@ def _operation(
     entity = ns.receive_source(path)
     if entity is None:
         raise BrokerError("amqp:not-found", f"The entity '{path}' could not be found.", 404)
+    if op in _SESSION_OPERATIONS:
+        return _session_operation(ns, op, entity, body)
     if op == "renew-lock":
         tokens = [_uuid(t) for t in _elements(body["lock-tokens"])]
         expirations = ns.renew(entity, tokens)
         return {"expirations": codec.timestamp_array(expirations)}, 200
     if op == "peek-message":
-        from_seq = int(body.get("from-sequence-number", 1))
-        count = int(body.get("message-count", 1))
-        msgs = ns.peek(entity, from_seq, count)
-        if not msgs:
-            return None, 204
-        return {
-            "messages": [{"message": m.encode(with_lock=False, with_state=True)} for m in msgs]
-        }, 200
+        return _peek(ns, entity, body)
     if op == "update-disposition":
         status = str(body["disposition-status"])
         tokens = [_uuid(t) for t in _elements(body["lock-tokens"])]
@@ -103,6 +101,56 @@ def _operation(
     raise BrokerError(
         "amqp:not-implemented", f"The operation '{operation}' is not supported by sblocal.", 501
     )
+
+
+def _peek(ns: Namespace, entity: Entity, body: Any) -> tuple[Any, int]:
+    from_seq = int(body.get("from-sequence-number", 1))
+    count = int(body.get("message-count", 1))
+    msgs = ns.peek(entity, from_seq, count, _text(body.get("session-id")))
+    if not msgs:
+        return None, 204
+    return {
+        "messages": [{"message": m.encode(with_lock=False, with_state=True)} for m in msgs]
+    }, 200
+
+
+_SESSION_OPERATIONS = (
+    "renew-session-lock",
+    "get-session-state",
+    "set-session-state",
+    "get-message-sessions",
+)
+# `last-updated-time` of get-message-sessions meaning "no filter": .NET's DateTime.MaxValue
+# as the SDKs send it (10000-01-01T00:00:00Z in ms).
+_NO_UPDATE_FILTER_MS = 253_402_300_800_000
+
+
+def _list_sessions(ns: Namespace, entity: Entity, body: Any) -> tuple[Any, int]:
+    after = int(body.get("last-updated-time", _NO_UPDATE_FILTER_MS))
+    skip = int(body.get("skip", 0))
+    ids = ns.list_sessions(
+        entity, None if after >= _NO_UPDATE_FILTER_MS else after, skip, int(body.get("top", 100))
+    )
+    if not ids:
+        return None, 204
+    return {"skip": skip + len(ids), "sessions-ids": ids}, 200
+
+
+def _session_operation(ns: Namespace, op: str, entity: Entity, body: Any) -> tuple[Any, int]:
+    """The list of sessions, and the operations on one session, named by `session-id`;
+    each of those needs the session to be locked (by a receiver), as on Service Bus."""
+    if op == "get-message-sessions":
+        return _list_sessions(ns, entity, body)
+    session = _text(body["session-id"])
+    if session is None:
+        raise BrokerError("com.microsoft:argument-error", "The session-id is missing.", 400)
+    if op == "renew-session-lock":
+        return {"expiration": timestamp(ns.renew_session(entity, session))}, 200
+    if op == "get-session-state":
+        return {"session-state": ns.session_state(entity, session)}, 200
+    value = body.get("session-state")
+    ns.set_session_state(entity, session, bytes(value) if value is not None else None)
+    return {}, 200
 
 
 def _elements(value: Any) -> list[Any]:

@@ -6,12 +6,13 @@ object is touched only from that thread. Other threads act on the reactor throug
 pipe; the returned `concurrent.futures.Future` carries the result back. Namespace state
 (`sblocal.store.Namespace`) has its own lock, so the HTTP threads may read it directly.
 
-What the azure-servicebus SDK needs from a peer (docs/design.md, "What the SDK needs from a
-broker") is implemented here: SASL ANONYMOUS, sender links whose transfers are settled
-accepted/rejected with an error that always carries an ``info`` map, batches (several
-messages in data sections), peek-lock deliveries tagged with the lock token and the
-settlement echo; the ``$cbs`` put-token (`cbs`) and the ``<entity>/$management`` operations
-(`operations`) are answered by their own modules.
+What the Service Bus SDKs need from a peer (docs/design.md, "What the SDK needs from a
+broker") is implemented here: sender links whose transfers are settled accepted/rejected
+with an error that always carries an ``info`` map, batches (several messages in data
+sections), peek-lock deliveries tagged with the lock token and the settlement echo. SASL,
+optional TLS and each transfer's message format are handled in front of proton (`front`);
+the ``$cbs`` put-token (`cbs`) and the ``<entity>/$management`` operations (`operations`)
+are answered by their own modules.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import queue
+import ssl
 import threading
 import uuid
 from collections.abc import Callable
@@ -32,16 +34,20 @@ from proton import (
     Handler,
     Link,
     Message,
+    Terminus,
     Transport,
     symbol,
 )
+from proton._handlers import IOHandler
 from proton._reactor import Acceptor
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from sblocal import codec, sas
 from sblocal.amqp import cbs, operations
+from sblocal.amqp.front import BATCH_FORMAT, FrontLayer
 from sblocal.faults import FaultRule, FaultTable
 from sblocal.store import BrokerError, Entity, Namespace, StoredMessage, now_ms
+from sblocal.store.sessions import not_sessionful
 
 _log = logging.getLogger(__name__)
 
@@ -66,6 +72,13 @@ _INCOMING_CREDIT = 1000
 _TRACKING_ID = symbol("com.microsoft:tracking-id")
 _DEFAULT_MAX_MESSAGE_SIZE = 256 * 1024
 _MGMT_SUFFIX = "/$management"
+_SESSION_FILTER = symbol("com.microsoft:session-filter")
+_LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
+_OPERATION_TIMEOUT = symbol("com.microsoft:timeout")
+# How long Service Bus holds a next-available-session attach when the client names no
+# operation timeout: its default server wait time.
+_DEFAULT_SESSION_WAIT_MS = 60_000
+_DOTNET_EPOCH_TICKS = 621_355_968_000_000_000  # 0001-01-01 to 1970-01-01 in 100 ns ticks
 
 
 @dataclass(slots=True)
@@ -100,15 +113,38 @@ class _Callback(Handler):
             _log.exception("timer callback failed")
 
 
-class _SaslAcceptor(Acceptor):
-    """proton's Acceptor, plus SASL ANONYMOUS on each accepted transport.
+class _FrontIOHandler(IOHandler):
+    """proton's I/O handler, told that a socket's transport is its `FrontLayer`: proton
+    updates a selectable from the transport an event names (the bare proton transport),
+    which knows nothing of the bytes the front layer still has to write."""
 
-    The SASL layer has to exist before the transport produces its first bytes, i.e. before
-    the connection is bound, which the stock Acceptor gives no hook for.
+    def on_transport(self, event: Any) -> None:
+        t = event.transport
+        s = t._selectable
+        if s and not s.is_terminal:
+            self.update(s._transport or t, s, t._reactor.now)
+
+
+class _SaslAcceptor(Acceptor):
+    """proton's Acceptor, with a `FrontLayer` (SASL, optional TLS, the message-format
+    sniffer) between each accepted socket and a proton transport without SASL.
+
+    The front layer has to exist before the transport produces its first bytes, i.e.
+    before the connection is bound, which the stock Acceptor gives no hook for.
     """
 
+    def __init__(
+        self,
+        reactor: Container,
+        host: str,
+        port: int,
+        handler: Handler,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(reactor, host, port, handler)
+        self._tls = tls
+
     def on_selectable_readable(self, event: Any) -> None:
-        from proton._handlers import IOHandler
         from proton._io import IO
         from proton._url import Url
 
@@ -121,14 +157,13 @@ class _SaslAcceptor(Acceptor):
         conn.url = Url(host=name[0], port=name[1])  # type: ignore[no-untyped-call]
         transport: Any = Transport(Transport.SERVER)
         transport.idle_timeout = 0
-        sasl = transport.sasl()
-        sasl.allow_insecure_mechs = True
-        sasl.allowed_mechs("ANONYMOUS")
+        front = FrontLayer(transport, self._tls)
+        conn._sb_front = front
         transport.bind(conn)
         sel: Any = reactor.selectable(delegate=sock)
-        sel._transport = transport
+        sel._transport = front
         transport._selectable = sel
-        IOHandler.update(transport, sel, reactor.now)
+        IOHandler.update(front, sel, reactor.now)  # type: ignore[arg-type]
 
     @property
     def port(self) -> int:
@@ -138,8 +173,11 @@ class _SaslAcceptor(Acceptor):
 class NamespaceRuntime:
     """Reactor-side state of one namespace (reactor thread only, except the settings)."""
 
-    def __init__(self, namespace: Namespace, host: str, port: int) -> None:
+    def __init__(
+        self, namespace: Namespace, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.namespace = namespace
+        self.tls = tls  # AMQPS on the port when set, else plain AMQP
         self.faults = FaultTable()
         self.latency = Latency()
         self.host = host
@@ -147,6 +185,9 @@ class NamespaceRuntime:
         self.acceptor: _SaslAcceptor | None = None
         self.connections: dict[int, Any] = {}  # connection id -> proton Connection
         self.receivers: dict[int, list[Any]] = {}  # id(Entity) -> sender links to clients
+        # id(Entity) -> next-available-session attaches waiting for a session (unanswered)
+        self.pending_sessions: dict[int, list[Any]] = {}
+        self.session_links: dict[uuid.UUID, Any] = {}  # session lock owner -> its link
         self._conn_ids = 0
 
     @property
@@ -209,8 +250,27 @@ class _NamespaceHandler(Handler):
         if self._rt.connections.pop(conn_id, None) is not None:
             with self._ns.lock:
                 self._ns.counters.active_connections -= 1
-        for links in self._rt.receivers.values():
+        self.forget_links(conn_id)
+
+    def forget_links(self, conn_id: int) -> None:
+        """The receivers of a connection that ended (or that we closed) are forgotten."""
+        gone: list[Any] = []
+        for links in (*self._rt.receivers.values(), *self._rt.pending_sessions.values()):
+            gone.extend(lk for lk in links if lk.connection._sb_id == conn_id)
             links[:] = [lk for lk in links if lk.connection._sb_id != conn_id]
+        # Only now release the sessions they held: a released session is offered at once,
+        # and must not go to another link of the same dead connection.
+        for link in gone:
+            self._unregister(link)
+
+    def forget_sessions(self) -> None:
+        """The namespace went down (every connection cut): every session lock held through
+        it is released, after every receiver is forgotten, so that nothing is offered to a
+        link of a cut connection."""
+        self._rt.pending_sessions.clear()
+        self._rt.receivers.clear()
+        for link in list(self._rt.session_links.values()):
+            self._unregister(link)
 
     # -- links ---------------------------------------------------------------------------
 
@@ -260,16 +320,19 @@ class _NamespaceHandler(Handler):
         if address == "$cbs" or address.lower().endswith(_MGMT_SUFFIX):
             link._sb_kind = "reply"
             link._sb_tag = 0
-            # Each SDK handler on a shared connection has its own session with its own
-            # `$cbs` reply link: a reply goes back on the requester's session.
-            _replies(link.session)[address.lower()] = link
-            link.connection._sb_replies[address.lower()] = link
+            _register_reply(link)
             link.open()
             return
         link._sb_kind = "receive"
         link._sb_hung = False
+        link._sb_session = None  # the session id a session receiver holds
+        link._sb_owner = None  # its session lock owner id
+        link._sb_peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
         entity = self._ns.receive_source(address)
-        link.open()
+        session = _session_filter(link.remote_source)
+        if session is None and not (entity is not None and entity.sessionful):
+            link.open()
+        # else the attach is answered once the receiver has a session, or refused (below)
         if not self._authorized(link):
             return
         if entity is None:
@@ -281,8 +344,96 @@ class _NamespaceHandler(Handler):
             )
             return
         link._sb_entity = entity
-        link._sb_peek_lock = link.remote_snd_settle_mode != Link.SND_SETTLED
+        if session is not None:
+            self._open_session_receiver(link, entity, session[0])
+            return
+        if entity.sessionful:
+            self._close_link(
+                link,
+                "amqp:not-allowed",
+                f"It is not possible for an entity that requires sessions ('{entity.path}') "
+                "to create a non-sessionful message receiver.",
+            )
+            return
         self._rt.receivers.setdefault(id(entity), []).append(link)
+
+    def _open_session_receiver(self, link: Any, entity: Entity, session: str | None) -> None:
+        """Lock the session a receiver asks for (`None`: the next available one). With no
+        session available the attach stays unanswered until one is, or until the client's
+        operation timeout (`com.microsoft:timeout`) passes, as Service Bus does."""
+        if not entity.sessionful:
+            err = not_sessionful(entity)
+            self._close_link(link, err.condition, err.description)
+            return
+        owner = uuid.uuid4()
+        link._sb_owner = owner
+        try:
+            accepted = self._ns.accept_session(entity, session, owner)
+        except BrokerError as err:
+            self._close_link(link, err.condition, err.description)
+            return
+        if accepted is None:
+            wait_ms = _DEFAULT_SESSION_WAIT_MS
+            props = link.remote_properties or {}
+            if isinstance(props.get(_OPERATION_TIMEOUT), int):
+                wait_ms = int(props[_OPERATION_TIMEOUT])
+            link._sb_wait_until = now_ms() + wait_ms
+            self._rt.pending_sessions.setdefault(id(entity), []).append(link)
+            return
+        self._attach_session(link, entity, *accepted)
+
+    def _attach_session(self, link: Any, entity: Entity, session: str, locked_until: int) -> None:
+        """Answer a session receiver's attach: the source's session filter names the session
+        (how the SDK learns which one it got) and `locked-until-utc` its lock, in .NET ticks."""
+        link._sb_session = session
+        flt = link.source.filter
+        flt.clear()
+        flt.put_dict({_SESSION_FILTER: session})
+        link.properties = {_LOCKED_UNTIL_UTC: _dotnet_ticks(locked_until)}
+        link.open()
+        self._rt.session_links[link._sb_owner] = link
+        self._rt.receivers.setdefault(id(entity), []).append(link)
+
+    def _grant_pending(self, entity: Entity) -> None:
+        """Give waiting next-available-session receivers the sessions now available."""
+        pending = self._rt.pending_sessions.get(id(entity))
+        while pending:
+            link = pending[0]
+            if link.state & Link.REMOTE_CLOSED:
+                pending.pop(0)
+                continue
+            accepted = self._ns.accept_session(entity, None, link._sb_owner)
+            if accepted is None:
+                return
+            pending.pop(0)
+            self._attach_session(link, entity, *accepted)
+
+    def expire_sessions(self, now: int) -> None:
+        """Housekeeping: detach receivers whose session lock lapsed, and answer waiting
+        next-available-session attaches whose operation timeout passed."""
+        owners, touched = self._ns.expire_sessions(now)
+        for owner in owners:
+            link = self._rt.session_links.get(owner)
+            if link is not None:
+                self._close_link(
+                    link,
+                    "com.microsoft:session-lock-lost",
+                    f"The session lock on '{link._sb_session}' expired.",
+                )
+        for pending in list(self._rt.pending_sessions.values()):
+            for link in [lk for lk in pending if lk._sb_wait_until <= now]:
+                pending.remove(link)
+                self._session_wait_timed_out(link)
+        self._pump_all(touched)
+
+    def _session_wait_timed_out(self, link: Any) -> None:
+        # The SDK raises OperationTimeoutError from the receiver's open.
+        self._close_link(
+            link,
+            "com.microsoft:timeout",
+            "The operation did not complete within the allotted timeout: no session was "
+            "available to accept.",
+        )
 
     def _authorized(self, link: Any) -> bool:
         """Whether a token put on this connection's `$cbs` covers the link's entity."""
@@ -316,14 +467,37 @@ class _NamespaceHandler(Handler):
                 return
             links = self._rt.receivers.get(id(entity), [])
             self._rt.receivers[id(entity)] = [lk for lk in links if lk is not link and lk != link]
+            self._release_session(link, entity)
         elif kind == "reply":
-            address = link._sb_address.lower()
-            for replies in (_replies(link.session), link.connection._sb_replies):
-                if replies.get(address) is link:
-                    replies.pop(address, None)
+            for key in link._sb_reply_keys:
+                for replies in (_replies(link.session), link.connection._sb_replies):
+                    if replies.get(key) is link:
+                        replies.pop(key, None)
+
+    def _release_session(self, link: Any, entity: Entity) -> None:
+        """A session receiver went away: its pending attach is dropped, the session it held
+        released, and the session offered to whoever waits for one."""
+        owner: uuid.UUID | None = link._sb_owner
+        if owner is None:
+            return
+        link._sb_owner = None  # once: a link is unregistered on every path that ends it
+        pending = self._rt.pending_sessions.get(id(entity))
+        if pending is not None and link in pending:
+            pending.remove(link)
+        if self._rt.session_links.get(owner) is link:
+            del self._rt.session_links[owner]
+        session: str | None = link._sb_session
+        if session is not None and self._ns.release_session(entity, session, owner):
+            self.pump(entity)
 
     def _close_link(self, link: Any, condition: str, description: str) -> None:
         self._unregister(link)
+        if link.state & Endpoint.LOCAL_UNINIT:
+            # An attach refused before it was answered (a session receiver's): as Service
+            # Bus does, the answer has no source nor target, and the detach carries the
+            # error, which the SDK then raises from the receiver's open.
+            link.source.type = Terminus.UNSPECIFIED
+            link.target.type = Terminus.UNSPECIFIED
         link.condition = _error_condition(condition, description)
         link.close()
 
@@ -385,12 +559,16 @@ class _NamespaceHandler(Handler):
                 data = link.recv(delivery.pending)
                 link.advance()
                 kind = getattr(link, "_sb_kind", "send")
+                # Asked for every delivery, so that the sniffer forgets each one.
+                message_format = link.connection._sb_front.sniffer.message_format(
+                    link.name, delivery
+                )
                 if kind == "cbs":
                     self._on_cbs(link, delivery, data)
                 elif kind == "mgmt":
                     self._on_management(link, delivery, data)
                 else:
-                    self._on_send(link, delivery, data)
+                    self._on_send(link, delivery, data, message_format)
                 if link.state & Link.LOCAL_ACTIVE and link.credit < _INCOMING_CREDIT // 2:
                     link.flow(_INCOMING_CREDIT - link.credit)
             elif delivery.updated:
@@ -409,7 +587,7 @@ class _NamespaceHandler(Handler):
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
 
-    def _on_send(self, link: Any, delivery: Any, data: bytes) -> None:
+    def _on_send(self, link: Any, delivery: Any, data: bytes, message_format: int) -> None:
         if link.connection.state & Endpoint.LOCAL_CLOSED:
             # We closed this connection (drop-connections): like Service Bus, nothing that
             # arrives after our close is stored; the client sees the close, not an outcome.
@@ -442,10 +620,7 @@ class _NamespaceHandler(Handler):
             )
             return
         try:
-            try:
-                inner = codec.split_batch(data)
-            except codec.CodecError:
-                inner = None
+            inner = codec.split_batch(data) if message_format == BATCH_FORMAT else None
             raw = inner if inner is not None else [data]
             limit = target.message_size_limit
             if inner is not None and len(data) > limit:
@@ -491,7 +666,10 @@ class _NamespaceHandler(Handler):
                 self.pump(entity)
 
     def pump(self, entity: Entity) -> None:
-        """Hand available messages to the receivers of ``entity`` that have credit."""
+        """Hand available messages to the receivers of ``entity`` that have credit; on a
+        sessionful entity each receiver gets its own session's messages only."""
+        if self._rt.pending_sessions.get(id(entity)):
+            self._grant_pending(entity)
         links = self._rt.receivers.get(id(entity))
         if not links:
             return
@@ -501,9 +679,14 @@ class _NamespaceHandler(Handler):
             for link in links:
                 if link.credit <= 0 or link._sb_hung or not link.state & Link.LOCAL_ACTIVE:
                     continue
-                msg = self._ns.take(entity, lock=link._sb_peek_lock)
+                session = link._sb_session
+                msg = self._ns.take(
+                    entity, lock=link._sb_peek_lock, session=session, owner=link._sb_owner
+                )
                 if msg is None:
-                    return
+                    if session is None:
+                        return  # the entity has nothing for anyone
+                    continue
                 self._deliver(link, msg)
                 progress = True
 
@@ -575,8 +758,9 @@ class _NamespaceHandler(Handler):
         self._reply(link, request.reply_to or "$cbs", reply)
 
     def _reply(self, request_link: Any, address: str, reply: Message) -> None:
-        """Send `reply` on the reply link for `address`: the one in the request's session,
-        else the connection's latest (a client may reply-to a link of another session)."""
+        """Send `reply` on the reply link `address` names (the request's reply-to, else the
+        node's own address): the one in the request's session, else the connection's latest
+        (Node and .NET put their reply link in a session of its own)."""
         key = address.lower()
         conn = request_link.connection
         link = _replies(request_link.session).get(key) or conn._sb_replies.get(key)
@@ -621,7 +805,7 @@ class AmqpServer:
         self.runtimes = {rt.name: rt for rt in runtimes}
         self._interval = housekeeping_interval
         self._handler = _ReactorHandler(self)
-        self.container = Container(self._handler)
+        self.container = Container(self._handler, global_handler=_FrontIOHandler())
         self._ns_handlers = {rt.name: _NamespaceHandler(self, rt) for rt in runtimes}
         self._injector = EventInjector()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
@@ -706,12 +890,15 @@ class AmqpServer:
                 touched = rt.namespace.housekeeping(now)
                 handler = self._ns_handlers[name]
                 handler._pump_all(touched)
+                handler.expire_sessions(now)
         except Exception:
             _log.exception("housekeeping failed")
         self.container.schedule(self._interval, self._handler)
 
     def _listen(self, rt: NamespaceRuntime) -> None:
-        acceptor = _SaslAcceptor(self.container, rt.host, rt.port, self._ns_handlers[rt.name])
+        acceptor = _SaslAcceptor(
+            self.container, rt.host, rt.port, self._ns_handlers[rt.name], rt.tls
+        )
         rt.acceptor = acceptor
         rt.port = acceptor.port
 
@@ -722,7 +909,7 @@ class AmqpServer:
         for conn in list(rt.connections.values()):
             _cut(conn)
         rt.connections.clear()
-        rt.receivers.clear()
+        self._ns_handlers[rt.name].forget_sessions()
         with rt.namespace.lock:
             rt.namespace.counters.active_connections = 0
 
@@ -759,6 +946,9 @@ class AmqpServer:
                     "The connection was closed by the broker (control API).",
                 )
                 conn.close()
+                # Its links are dead from now on, whenever the client answers the close:
+                # the sessions they held are free again, as on Service Bus.
+                self._ns_handlers[name].forget_links(conn._sb_id)
             return len(conns)
 
         return self.call(drop)
@@ -795,6 +985,41 @@ class AmqpServer:
         """Any thread: messages may have become deliverable in this namespace."""
         if self._thread is not None and self._thread.is_alive():
             self.call(lambda: self.pump_namespace(name))
+
+
+def _register_reply(link: Any) -> None:
+    """File a `$cbs` / `$management` reply link under every name a request's reply-to may
+    use for it: Python sends no reply-to (the node's address is the key), Node's reply-to is
+    its receiver's link name, .NET's its receiver's target address."""
+    keys = {link._sb_address.lower(), link.name.lower()}
+    target = link.remote_target.address
+    if target:
+        keys.add(target.lower())
+    link._sb_reply_keys = keys
+    for key in keys:
+        _replies(link.session)[key] = link
+        link.connection._sb_replies[key] = link
+
+
+def _session_filter(source: Any) -> tuple[str | None] | None:
+    """A receiver's session filter: None for a plain receiver, else a 1-tuple of the session
+    id it asks for (None inside: the next available session)."""
+    flt = source.filter
+    if flt is None:
+        return None
+    flt.rewind()
+    if not flt.next():
+        return None
+    filters = flt.get_object()
+    if not isinstance(filters, dict) or _SESSION_FILTER not in filters:
+        return None
+    value = filters[_SESSION_FILTER]
+    return (codec.to_text(value) if value is not None else None,)
+
+
+def _dotnet_ticks(ms: int) -> int:
+    """Unix milliseconds as .NET ticks, the unit of `com.microsoft:locked-until-utc`."""
+    return ms * 10_000 + _DOTNET_EPOCH_TICKS
 
 
 def _replies(session: Any) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The local broker's state: namespaces, entities and messages, with Service Bus semantics.
 
-`Namespace` (namespace.py) owns one namespace; it is assembled from `sending`, `receiving`
-and `registry` over the shared state in `base`. `entity` holds what messages live in,
+`Namespace` (namespace.py) owns one namespace; it is assembled from `sending`, `receiving`,
+`sessions` and `registry` over the shared state in `base`. `entity` holds what messages live in,
 `messages` the stored message, its states and the broker's errors.
 """
 

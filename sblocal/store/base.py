@@ -7,6 +7,7 @@ entity registry — each in its own module; they share the state below and nothi
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,9 @@ class NamespaceBase:
         # Called (from whatever thread changed the state) when messages may have become
         # deliverable; the AMQP layer hooks this to wake its reactor.
         self.on_change: Callable[[], None] | None = None
+        # Owners whose lapsed session lock was taken over before housekeeping swept it;
+        # `Sessions.expire_sessions` hands them to the AMQP layer to detach.
+        self._lost_session_owners: list[uuid.UUID] = []
 
     @property
     def name(self) -> str:

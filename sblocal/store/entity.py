@@ -2,6 +2,10 @@
 
 Plain bookkeeping (heaps of ready, scheduled, locked and expiring messages) with no lock of
 its own: the owning `Namespace` holds its lock around every call.
+
+A session-enabled queue or subscription keeps one ready heap per session instead of one for
+the entity, so that a session receiver pops its own session's next message in sequence
+order without scanning the others; its session locks and session states live here too.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import datetime as dt
 import heapq
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Literal
 
 from sblocal.entities import (
@@ -21,6 +26,14 @@ from sblocal.entities import (
 from sblocal.store.messages import MessageState, StoredMessage, duration_ms
 
 EntityKind = Literal["queue", "topic", "subscription", "dlq"]
+
+
+@dataclass(slots=True)
+class SessionLock:
+    """Who holds a session (an id the receiver link keeps) and until when."""
+
+    owner: uuid.UUID
+    locked_until_ms: int
 
 
 class Entity:
@@ -44,7 +57,15 @@ class Entity:
             None if kind == "dlq" else Entity(path + "/$DeadLetterQueue", "dlq", props, parent=self)
         )
         self.messages: dict[int, StoredMessage] = {}
+        # requires_session cannot change once an entity exists; its dead-letter queue is
+        # read by plain receivers, as on Service Bus.
+        self.sessionful = kind != "dlq" and props.requires_session
         self._ready: list[int] = []  # heap of sequence numbers that may be deliverable
+        # sessionful entities: session id -> heap of its sequence numbers that may be ready
+        self._session_ready: dict[str, list[int]] = {}
+        self.session_locks: dict[str, SessionLock] = {}
+        self.session_states: dict[str, bytes] = {}
+        self.session_state_updated: dict[str, int] = {}  # session id -> last set (ms)
         self._scheduled: list[tuple[int, int]] = []  # heap of (enqueue time, seq)
         self._lock_heap: list[tuple[int, uuid.UUID]] = []  # heap of (locked until, token)
         self._expiry_heap: list[tuple[int, int]] = []  # heap of (expires, seq)
@@ -94,7 +115,7 @@ class Entity:
         if msg.state == MessageState.SCHEDULED and msg.scheduled_ms is not None:
             heapq.heappush(self._scheduled, (msg.scheduled_ms, msg.seq))
         elif msg.state == MessageState.ACTIVE:
-            heapq.heappush(self._ready, msg.seq)
+            self._push_ready(msg)
             if msg.expires_ms is not None:
                 heapq.heappush(self._expiry_heap, (msg.expires_ms, msg.seq))
 
@@ -110,14 +131,20 @@ class Entity:
     def make_ready(self, msg: StoredMessage) -> None:
         msg.lock_token = None
         msg.state = MessageState.ACTIVE
-        heapq.heappush(self._ready, msg.seq)
+        self._push_ready(msg)
         if msg.expires_ms is not None:
             heapq.heappush(self._expiry_heap, (msg.expires_ms, msg.seq))
 
-    def lock(self, msg: StoredMessage, now: int) -> uuid.UUID:
+    def _push_ready(self, msg: StoredMessage) -> None:
+        if self.sessionful and msg.session_id is not None:
+            heapq.heappush(self._session_ready.setdefault(msg.session_id, []), msg.seq)
+        else:
+            heapq.heappush(self._ready, msg.seq)
+
+    def lock(self, msg: StoredMessage, now: int, *, until: int | None = None) -> uuid.UUID:
         token = uuid.uuid4()
         msg.lock_token = token
-        msg.locked_until_ms = now + self.lock_duration_ms
+        msg.locked_until_ms = now + self.lock_duration_ms if until is None else until
         self.locks[token] = msg.seq
         heapq.heappush(self._lock_heap, (msg.locked_until_ms, token))
         return token
@@ -137,25 +164,64 @@ class Entity:
             self.locks.pop(msg.lock_token, None)
             msg.lock_token = None
 
-    def pop_ready(self) -> StoredMessage | None:
-        """The next deliverable message (lowest sequence number), not yet locked."""
-        while self._ready:
-            seq = heapq.heappop(self._ready)
-            msg = self.messages.get(seq)
-            if msg is not None and msg.state == MessageState.ACTIVE and msg.lock_token is None:
-                return msg
+    def _heap(self, session: str | None) -> list[int] | None:
+        return self._ready if session is None else self._session_ready.get(session)
+
+    def _deliverable(self, seq: int) -> StoredMessage | None:
+        msg = self.messages.get(seq)
+        if msg is not None and msg.state == MessageState.ACTIVE and msg.lock_token is None:
+            return msg
         return None
 
-    def push_back(self, msg: StoredMessage) -> None:
-        heapq.heappush(self._ready, msg.seq)
+    def pop_ready(self, session: str | None = None) -> StoredMessage | None:
+        """The next deliverable message (lowest sequence number), not yet locked: of the
+        entity, or of one session of a sessionful entity."""
+        heap = self._heap(session)
+        msg = None
+        while heap and msg is None:
+            msg = self._deliverable(heapq.heappop(heap))
+        if session is not None and heap is not None and not heap:
+            del self._session_ready[session]  # a finished session costs nothing
+        return msg
 
-    def has_ready(self) -> bool:
-        while self._ready:
-            msg = self.messages.get(self._ready[0])
-            if msg is not None and msg.state == MessageState.ACTIVE and msg.lock_token is None:
+    def has_ready(self, session: str | None = None) -> bool:
+        heap = self._heap(session)
+        while heap:
+            if self._deliverable(heap[0]) is not None:
                 return True
-            heapq.heappop(self._ready)
+            heapq.heappop(heap)
+        if session is not None and heap is not None:
+            del self._session_ready[session]
         return False
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def session_holder(self, session: str, now: int) -> SessionLock | None:
+        """The live lock on `session`, if any (an expired one counts as none)."""
+        held = self.session_locks.get(session)
+        if held is None or held.locked_until_ms <= now:
+            return None
+        return held
+
+    def available_session(self, now: int) -> str | None:
+        """The unlocked session with a deliverable message, oldest first message first."""
+        best: tuple[int, str] | None = None
+        for session in list(self._session_ready):
+            if self.session_holder(session, now) is not None or not self.has_ready(session):
+                continue
+            first = self._session_ready[session][0]
+            if best is None or first < best[0]:
+                best = (first, session)
+        return None if best is None else best[1]
+
+    def session_messages_locked(self, session: str) -> list[StoredMessage]:
+        """The messages of `session` that are locked now (delivered, not yet settled)."""
+        out = []
+        for seq in list(self.locks.values()):
+            msg = self.messages.get(seq)
+            if msg is not None and msg.session_id == session and msg.lock_token is not None:
+                out.append(msg)
+        return out
 
     def due_scheduled(self, now: int) -> list[StoredMessage]:
         out = []
@@ -192,6 +258,10 @@ class Entity:
     def clear(self) -> None:
         self.messages.clear()
         self._ready.clear()
+        self._session_ready.clear()
+        self.session_locks.clear()
+        self.session_states.clear()
+        self.session_state_updated.clear()
         self._scheduled.clear()
         self._lock_heap.clear()
         self._expiry_heap.clear()

@@ -6,7 +6,8 @@ thread) can all call it. Methods never block on I/O except the optional SQLite w
 of durable mode, which happens under the lock so that what a sender saw settled is on disk.
 
 It is assembled from one module per concern: `sending` (store with Service Bus' checks),
-`receiving` (locks, settlement, dead-lettering, expiry), `registry` (entity CRUD for the
+`receiving` (locks, settlement, dead-lettering, expiry), `sessions` (session receivers'
+locks and state, over `receiving`), `registry` (entity CRUD for the
 management API), over the shared state of `base`. This module adds time (housekeeping),
 inspection for the control API and tests, and the durable-mode restore.
 """
@@ -22,9 +23,9 @@ from sblocal.config import NamespaceConfig
 from sblocal.entities import TIMESPAN_MAX
 from sblocal.store.entity import Entity, Topic
 from sblocal.store.messages import Counters, MessageState, StoredMessage, now_ms
-from sblocal.store.receiving import Receiving
 from sblocal.store.registry import Registry
 from sblocal.store.sending import Sending
+from sblocal.store.sessions import Sessions
 
 if TYPE_CHECKING:
     from sblocal.persistence import Persistence
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
-class Namespace(Registry, Sending, Receiving):
+class Namespace(Registry, Sending, Sessions):
     """All entities of one namespace. Implements `sblocal.entities.EntityRegistry`."""
 
     def __init__(

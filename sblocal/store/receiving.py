@@ -36,12 +36,30 @@ class Receiving(NamespaceBase):
                 403,
             )
 
-    def take(self, entity: Entity, *, lock: bool, now: int | None = None) -> StoredMessage | None:
-        """Next message for a receiver: locked (peek-lock) or removed (receive-and-delete)."""
+    def take(
+        self,
+        entity: Entity,
+        *,
+        lock: bool,
+        now: int | None = None,
+        session: str | None = None,
+        owner: uuid.UUID | None = None,
+    ) -> StoredMessage | None:
+        """Next message for a receiver: locked (peek-lock) or removed (receive-and-delete).
+
+        A session receiver names its `session` and the `owner` id it accepted it with: it
+        gets that session's next message only while it holds the session lock, and the
+        message lock lasts as long as the session lock (a renewal extends both)."""
         now = now_ms() if now is None else now
         with self.lock:
+            until: int | None = None
+            if session is not None:
+                held = entity.session_holder(session, now)
+                if held is None or held.owner != owner:
+                    return None
+                until = held.locked_until_ms
             while True:
-                msg = entity.pop_ready()
+                msg = entity.pop_ready(session)
                 if msg is None:
                     return None
                 if msg.expired(now):
@@ -50,7 +68,7 @@ class Receiving(NamespaceBase):
                 self.counters.deliveries += 1
                 entity.accessed_at = dt.datetime.now(dt.UTC)
                 if lock:
-                    entity.lock(msg, now)
+                    entity.lock(msg, now, until=until)
                 else:
                     entity.remove(msg.seq)
                     self._unpersist(entity, msg.seq)
@@ -210,10 +228,17 @@ class Receiving(NamespaceBase):
                 )
         return ready
 
-    def peek(self, entity: Entity, from_seq: int, count: int) -> list[StoredMessage]:
+    def peek(
+        self, entity: Entity, from_seq: int, count: int, session: str | None = None
+    ) -> list[StoredMessage]:
+        """Messages from `from_seq` on, in every state (of one session when named)."""
         with self.lock:
-            seqs = sorted(s for s in entity.messages if s >= from_seq)[: max(count, 0)]
-            return [entity.messages[s] for s in seqs]
+            seqs = sorted(
+                s
+                for s, m in entity.messages.items()
+                if s >= from_seq and (session is None or m.session_id == session)
+            )
+            return [entity.messages[s] for s in seqs[: max(count, 0)]]
 
     def receive_deferred(
         self, entity: Entity, seqs: list[int], *, lock: bool, now: int | None = None

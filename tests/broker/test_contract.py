@@ -105,8 +105,8 @@ async def test_session_id_partition_key_and_scheduled_time_round_trip(
     assert entity is not None
     [stored] = ns.peek(entity, 0, 10)
     assert stored.session_id == "sess-1"
-    # Session receivers are not emulated: read it back through peek (state scheduled).
-    async with client.get_queue_receiver("sessions") as receiver:
+    # Read it back through the session receiver's peek (state scheduled).
+    async with client.get_queue_receiver("sessions", session_id="sess-1") as receiver:
         [peeked] = await receiver.peek_messages(5)
     assert peeked.session_id == "sess-1"
     assert peeked.partition_key == "sess-1"

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 async def test_broker_process_json_line_and_sdk_round_trip() -> None:
     async with BrokerProcess() as broker:
         info = broker.info
-        assert set(info) == {"control", "ca_cert", "namespaces"}
+        assert set(info) == {"control", "ca_cert", "amqp_tls", "namespaces"}
         assert set(info["namespaces"]) == {"primary", "secondary"}
         for ns in info["namespaces"].values():
             assert ns["connection_string"].endswith("UseDevelopmentEmulator=true;")

@@ -91,6 +91,7 @@ def test_json_config_and_durations(tmp_path: Path) -> None:
         ({"namespaces": [{"name": "a", "queues": [{"path": "q", "nope": 1}]}]}, "unknown property"),
         ({"namespaces": [{"name": "a", "amqp_port": 70000}]}, "amqp_port"),
         ({"namespaces": [{"name": "a"}], "extra": 1}, "unknown top-level"),
+        ({"namespaces": [{"name": "a"}], "amqp_tls": "yes"}, "amqp_tls"),
     ],
 )
 def test_invalid_configs_say_where(tmp_path: Path, raw: dict[str, object], message: str) -> None:
@@ -99,6 +100,14 @@ def test_invalid_configs_say_where(tmp_path: Path, raw: dict[str, object], messa
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert message in str(info.value)
+
+
+def test_amqp_tls_is_off_unless_the_config_turns_it_on(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"namespaces": [{"name": "a"}]}))
+    assert load_config(path).amqp_tls is False
+    path.write_text(json.dumps({"namespaces": [{"name": "a"}], "amqp_tls": True}))
+    assert load_config(path).amqp_tls is True
 
 
 # -- SAS -------------------------------------------------------------------------------------
@@ -153,15 +162,17 @@ def test_parse_message_reads_broker_fields_and_keeps_the_tail() -> None:
         codec.parse_message(b"\x00\x53")
 
 
-def test_split_batch_recognises_the_sdk_batch_shape() -> None:
+def test_split_batch_takes_each_data_section_of_the_envelope_as_a_message() -> None:
     inner = [_encoded(id=f"m{i}", body=f"b{i}".encode()) for i in range(3)]
     envelope = Message(id="m0")
     outer = bytes(envelope.encode())
     for m in inner:
         outer += codec.encode_value(codec.Described(codec.ulong(codec.DATA), m))
     assert codec.split_batch(outer) == inner
-    assert codec.split_batch(_encoded(body=b"\x00not a message")) is None
-    assert codec.split_batch(_encoded(body="text value")) is None
+    with pytest.raises(codec.CodecError):
+        codec.split_batch(_encoded(body="text value"))
+    with pytest.raises(codec.CodecError):
+        codec.split_batch(bytes(Message(id="empty").encode()))
 
 
 # -- faults ----------------------------------------------------------------------------------
