@@ -194,7 +194,11 @@ LAYERS: dict[str, Layer] = {
     # an AMQP 1.0 codec and framing of our own: the standard library only
     "sbamqp": Layer(),
     # the local broker stands alone: none of the gateway (tests see it as the real thing)
-    "sblocal": Layer(third=("aiohttp", "cryptography", "proton", "orjson"), private=("proton",)),
+    # (cproton_ffi is proton's own C binding, part of python-qpid-proton)
+    "sblocal": Layer(
+        third=("aiohttp", "cryptography", "proton", "cproton_ffi", "orjson"),
+        private=("proton",),
+    ),
     "pipeline": Layer(third=("pyspark", "orjson", "matplotlib")),
 }
 OURS = ("gateway", "sblocal", "pipeline", "sbamqp")
