@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
 from gateway.core.closing import CANCEL_GRACE, stop
+from gateway.core.limiter import GradientLimiter, LimiterConfig
 from gateway.core.message import OutboundMessage, envelope_size
 from gateway.core.ports import NamespaceClient, Sender, Tracer
 from gateway.errors import (
@@ -50,6 +51,7 @@ from gateway.errors import (
     TIMEOUT,
     UNKNOWN,
     Draining,
+    FailureKind,
     GatewayError,
     Saturated,
     SendFailure,
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 ADMISSION_WAIT_TRACED = 0.001
 # Our deadline on closing one sender; a stopped worker closes its own.
 SENDER_CLOSE_TIMEOUT = 5.0
+# The broker pushing back: the adaptive limit is cut (gateway.core.limiter).
+_PUSHBACK = frozenset({FailureKind.SERVER_BUSY, FailureKind.TIMEOUT, FailureKind.QUOTA_EXCEEDED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,12 @@ class DispatchObserver:
 
     def task_restarted(self, task: str) -> None:
         """A worker met an unexpected error and ended (the next request starts another)."""
+
+    def limiter_created(self, namespace: str, limiter: GradientLimiter) -> None:
+        """A namespace's adaptive limiter exists (its first send); read it at scrape time."""
+
+    def limit_refused(self, namespace: str) -> None:
+        """A request was refused at its namespace's adaptive limit."""
 
 
 class _State(enum.Enum):
@@ -217,6 +227,18 @@ class Dispatcher:
         self._parked: OrderedDict[_Worker, None] = OrderedDict()
         self._closing = False
         self._stopping = False  # the workers must end (seen even by one whose cancel was lost)
+        # Adaptive admission (gateway.core.limiter): one limiter per namespace, made on its
+        # first send; None when it is off.
+        self._limiter_config: LimiterConfig | None = None
+        if limits.adaptive_admission:
+            self._limiter_config = LimiterConfig(
+                initial=limits.adaptive_initial_limit,
+                minimum=limits.adaptive_min_limit,
+                maximum=limits.adaptive_max_limit,
+                backoff=limits.adaptive_backoff,
+                tolerance=limits.adaptive_tolerance,
+            )
+        self._limiters: dict[str, GradientLimiter] = {}
 
     @property
     def gate(self) -> AdmissionGate:
@@ -242,15 +264,53 @@ class Dispatcher:
 
     # -- API -----------------------------------------------------------------------------
 
+    def limiter(self, namespace: str) -> GradientLimiter | None:
+        """`namespace`'s adaptive limiter (None when adaptive admission is off, or before
+        its first send)."""
+        return self._limiters.get(namespace)
+
     async def send(self, dest: Destination, messages: Sequence[OutboundMessage]) -> None:
         """Send `messages` to `dest` as one unit and wait until it is settled.
 
-        Raises `Saturated` when no room frees up within `admission_timeout`, `Draining`
-        during shutdown, `SendFailure` when the broker did not store them. If the caller is
-        cancelled before its messages were handed to a worker, they are never sent.
+        Raises `Saturated` at once when the namespace is at its adaptive limit, or when no
+        room frees up within `admission_timeout`; `Draining` during shutdown, `SendFailure`
+        when the broker did not store them. If the caller is cancelled before its messages
+        were handed to a worker, they are never sent.
         """
         if self._closing:
             raise Draining("the gateway is shutting down")
+        if self._limiter_config is None:
+            await self._submit(dest, messages)
+            return
+        namespace = dest.client.name
+        limiter = self._limiters.get(namespace)
+        if limiter is None:
+            limiter = GradientLimiter(self._limiter_config, self._clock)
+            self._limiters[namespace] = limiter
+            self._observer.limiter_created(namespace, limiter)
+        if not limiter.try_acquire():
+            self._observer.limit_refused(namespace)
+            raise Saturated(
+                f"Service Bus namespace {namespace} is at its adaptive concurrency limit "
+                f"({limiter.limit} requests); retry later"
+            )
+        started = self._clock()
+        latency: float | None = None
+        dropped = False
+        try:
+            await self._submit(dest, messages)
+            latency = self._clock() - started
+        except Saturated:
+            dropped = True  # no room or no sender in time: the path to the broker is full
+            raise
+        except SendFailure as failure:
+            dropped = failure.kind in _PUSHBACK
+            raise
+        finally:
+            limiter.release(latency, dropped=dropped)
+
+    async def _submit(self, dest: Destination, messages: Sequence[OutboundMessage]) -> None:
+        """`send` once admitted by the adaptive limit (or without it)."""
         size = sum(m.size for m in messages)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._limits.admission_timeout

@@ -1,0 +1,132 @@
+"""The adaptive concurrency limit's logic (gateway.core.limiter), on a fake clock.
+
+The end-to-end behaviour against the local broker's latency and busy faults is in
+tests/gateway/test_adaptive_admission.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.limiter import GradientLimiter, LimiterConfig
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _limiter(**kw: float) -> tuple[GradientLimiter, Clock]:
+    clock = Clock()
+    config = LimiterConfig(
+        **{"initial": 40, "minimum": 4, "maximum": 1000, "min_samples": 5, **kw}  # type: ignore[arg-type]
+    )
+    return GradientLimiter(config, clock), clock
+
+
+def _window(lim: GradientLimiter, clock: Clock, latency: float, load: float = 1.0) -> None:
+    """One measurement window with the namespace holding `load` x its limit (capped by the
+    limit), every request settling after `latency` seconds."""
+    held = 0
+    for _ in range(max(1, int(lim.limit * load))):
+        if lim.try_acquire():
+            held += 1
+    clock.now += lim.config.window
+    for _ in range(held):
+        lim.release(latency)
+
+
+def _pushback(lim: GradientLimiter, clock: Clock) -> None:
+    assert lim.try_acquire()
+    clock.now += lim.config.window
+    lim.release(dropped=True)
+
+
+def test_it_refuses_at_the_limit_at_once_and_counts_it() -> None:
+    lim, _ = _limiter(initial=3, minimum=1)
+    assert [lim.try_acquire() for _ in range(4)] == [True, True, True, False]
+    assert (lim.in_flight, lim.refused) == (3, 1)
+    lim.release(0.01)
+    assert lim.try_acquire()
+
+
+def test_the_first_window_sets_the_baseline() -> None:
+    lim, clock = _limiter()
+    assert lim.baseline is None
+    _window(lim, clock, 0.004)
+    assert lim.baseline == pytest.approx(0.004)
+
+
+def test_latency_near_the_baseline_grows_the_limit() -> None:
+    lim, clock = _limiter()
+    _window(lim, clock, 0.004)
+    before = lim.limit
+    for _ in range(20):
+        _window(lim, clock, 0.005)  # within the 1.5x tolerance
+    assert lim.limit > before
+
+
+def test_latency_ten_times_the_baseline_shrinks_it_and_recovery_grows_it_again() -> None:
+    lim, clock = _limiter(initial=200)
+    for _ in range(5):
+        _window(lim, clock, 0.002)
+    steady = lim.limit
+    for _ in range(15):
+        _window(lim, clock, 0.020)
+    slowed = lim.limit
+    assert slowed < steady / 2
+    for _ in range(60):
+        _window(lim, clock, 0.002)
+    assert lim.limit > slowed * 1.5
+
+
+def test_pushback_cuts_the_limit_once_per_window_and_never_below_the_minimum() -> None:
+    lim, clock = _limiter(initial=100, backoff=0.5)
+    _pushback(lim, clock)
+    assert lim.limit == 50
+    # Many drops within one window: one cut.
+    for _ in range(10):
+        assert lim.try_acquire()
+    for _ in range(9):
+        lim.release(dropped=True)
+    assert lim.limit == 50
+    clock.now += lim.config.window
+    lim.release(dropped=True)
+    assert lim.limit == 25
+    for _ in range(10):
+        _pushback(lim, clock)
+    assert lim.limit == 4
+
+
+def test_an_idle_namespace_learns_its_baseline_but_keeps_its_limit() -> None:
+    lim, clock = _limiter(initial=100)
+    _window(lim, clock, 0.002, load=0.1)
+    for _ in range(10):
+        _window(lim, clock, 0.050, load=0.1)  # slow, but it used a tenth of its limit
+    assert lim.limit == 100
+    assert lim.baseline is not None and lim.baseline > 0.002
+
+
+def test_a_window_needs_enough_samples() -> None:
+    lim, clock = _limiter()
+    assert lim.try_acquire()
+    clock.now += 1.0
+    lim.release(0.5)  # one sample: the window stays open
+    assert lim.baseline is None
+    _window(lim, clock, 0.004)
+    # It closes at its fifth sample.
+    assert lim.baseline == pytest.approx((0.5 + 0.004 * 4) / 5)
+
+
+def test_the_baseline_follows_a_lasting_change() -> None:
+    lim, clock = _limiter(initial=100, baseline_windows=10)
+    _window(lim, clock, 0.002)
+    for _ in range(60):
+        _window(lim, clock, 0.010)
+    assert lim.baseline == pytest.approx(0.010, rel=0.05)
+    assert lim.limit >= 4
