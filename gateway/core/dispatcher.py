@@ -269,17 +269,21 @@ class Dispatcher:
         its first send)."""
         return self._limiters.get(namespace)
 
-    async def send(self, dest: Destination, messages: Sequence[OutboundMessage]) -> None:
+    async def send(
+        self, dest: Destination, messages: Sequence[OutboundMessage], *, limited: bool = True
+    ) -> None:
         """Send `messages` to `dest` as one unit and wait until it is settled.
 
-        Raises `Saturated` at once when the namespace is at its adaptive limit, or when no
-        room frees up within `admission_timeout`; `Draining` during shutdown, `SendFailure`
-        when the broker did not store them. If the caller is cancelled before its messages
-        were handed to a worker, they are never sent.
+        Raises `Saturated` at once when the namespace is at its adaptive limit (`limited`:
+        a client's request; the syphon's moves and the failover pings are not limited, a
+        refusal would say nothing about the broker), or when no room frees up within
+        `admission_timeout`; `Draining` during shutdown, `SendFailure` when the broker did
+        not store them. If the caller is cancelled before its messages were handed to a
+        worker, they are never sent.
         """
         if self._closing:
             raise Draining("the gateway is shutting down")
-        if self._limiter_config is None:
+        if self._limiter_config is None or not limited:
             await self._submit(dest, messages)
             return
         namespace = dest.client.name

@@ -1,14 +1,24 @@
 """The adaptive concurrency limit's logic (gateway.core.limiter), on a fake clock.
 
-The end-to-end behaviour against the local broker's latency and busy faults is in
-tests/gateway/test_adaptive_admission.py.
+The dispatcher's side (refusal at the limit, unlimited sends) is at the end, with fakes at
+the NamespaceClient port. The end-to-end behaviour against the local broker's latency and
+busy faults is in tests/gateway/test_adaptive_admission.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+
 import pytest
 
+from gateway.config import LimitSettings, TimeoutSettings
+from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.limiter import GradientLimiter, LimiterConfig
+from gateway.core.message import OutboundMessage
+from gateway.errors import Saturated
+from tests.support.fakes import Behaviour, FakeClient, msg
+from tests.support.waiting import eventually, no_hang
 
 pytestmark = pytest.mark.unit
 
@@ -130,3 +140,49 @@ def test_the_baseline_follows_a_lasting_change() -> None:
         _window(lim, clock, 0.010)
     assert lim.baseline == pytest.approx(0.010, rel=0.05)
     assert lim.limit >= 4
+
+
+# -- the dispatcher's side (fakes at the NamespaceClient port) -----------------------------
+
+
+async def test_the_dispatcher_refuses_over_the_limit_at_once_but_not_an_unlimited_send() -> None:
+    client = FakeClient()
+    client.behaviour = _held(client)
+    limits = LimitSettings(adaptive_admission=True, adaptive_initial_limit=2, adaptive_min_limit=1)
+    d = Dispatcher(limits, TimeoutSettings(send_timeout=30))
+    dest = Destination(client, "orders")
+    try:
+        held = [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(2)]
+        await eventually(lambda: len(client.batches) >= 1, what="the first send is out")
+        async with no_hang("a request over the limit"):
+            with pytest.raises(Saturated, match="adaptive concurrency limit"):
+                await d.send(dest, [msg("over")])
+        limiter = d.limiter("primary")
+        assert limiter is not None and (limiter.in_flight, limiter.refused) == (2, 1)
+        # The syphon's moves and the pings are not limited.
+        unlimited = asyncio.create_task(d.send(dest, [msg("ping")], limited=False))
+        client.release.set()
+        async with no_hang("the held sends"):
+            await asyncio.gather(*held, unlimited)
+        assert limiter.in_flight == 0
+        assert "ping" in client.sent_ids()
+    finally:
+        client.release.set()
+        await d.close(grace=1)
+
+
+async def test_the_dispatcher_without_adaptive_admission_has_no_limiter() -> None:
+    client = FakeClient()
+    d = Dispatcher(LimitSettings(), TimeoutSettings())
+    try:
+        await d.send(Destination(client, "orders"), [msg(1)])
+        assert d.limiter("primary") is None
+    finally:
+        await d.close(grace=1)
+
+
+def _held(client: FakeClient) -> Behaviour:
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        await client.release.wait()
+
+    return behaviour
