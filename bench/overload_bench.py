@@ -40,10 +40,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import re
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from bench.harness import IN_MEMORY_ENV, Cores, Server, gateway_on_broker
 from bench.loadgen import make_body
@@ -158,6 +161,7 @@ async def phase(
             with contextlib.suppress(asyncio.CancelledError):
                 await slow
     ended = time.monotonic()
+    limit = await adaptive_limit(stack.gateway.url)
     r = window.result
     abandoned = sum(int(v) for v in r["errors"].values()) + int(r["unanswered_at_end"])
     check = await stack.check(int(r["total_ok"]), abandoned)
@@ -170,7 +174,27 @@ async def phase(
         "span": (started, ended),
         "correctness": check,
         "cpu": {k: v / window.wall for k, v in window.cpu.items()},
+        "adaptive": limit,
     }
+
+
+_ADAPTIVE = re.compile(
+    r'^sbgate_admission_limit(_baseline_seconds|_refused_total)?\{namespace="primary"\} (\S+)$',
+    re.M,
+)
+
+
+async def adaptive_limit(url: str) -> dict[str, float]:
+    """The primary namespace's adaptive limit, baseline and refusals from the gateway's
+    /metrics at the end of a phase (empty when adaptive admission is off)."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            async with http.get(url + "/metrics") as resp:
+                text = await resp.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return {}
+    names = {"": "limit", "_baseline_seconds": "baseline_s", "_refused_total": "refused"}
+    return {names[m.group(1) or ""]: float(m.group(2)) for m in _ADAPTIVE.finditer(text)}
 
 
 def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
@@ -216,6 +240,7 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
         "met": met if judged else None,
         "correctness": p["correctness"],
         "cpu": p["cpu"],
+        "adaptive": p["adaptive"],
     }
 
 
@@ -323,7 +348,15 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
         "need not add up to saturation."
     )
     for row in rows:
-        log(f"  {row['factor']:g}x: {row['correctness']}")
+        a = row["adaptive"]
+        limit = (
+            f"; adaptive limit {a.get('limit', 0):.0f} (baseline "
+            f"{a.get('baseline_s', float('nan')) * 1000:.1f} ms, {a.get('refused', 0):,.0f} "
+            "refused so far)"
+            if a
+            else ""
+        )
+        log(f"  {row['factor']:g}x: {row['correctness']}{limit}")
     log(f"RSS {after / MiB:.1f} MiB after {args.cooldown:g} s of calm")
     out = {
         "sink": args.sink,
