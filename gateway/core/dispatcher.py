@@ -44,6 +44,7 @@ from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
 from gateway.core.closing import CANCEL_GRACE, stop
 from gateway.core.limiter import GradientLimiter, LimiterConfig
+from gateway.core.looplag import LoopLag
 from gateway.core.message import OutboundMessage, envelope_size
 from gateway.core.ports import NamespaceClient, Sender, Tracer
 from gateway.errors import (
@@ -213,8 +214,12 @@ class Dispatcher:
         observer: DispatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
         tracer: Tracer | None = None,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         self._limits = limits
+        # The adaptive limit's samples leave out how late the event loop ran meanwhile: a
+        # gateway short of CPU must not take its own lag for the broker's latency.
+        self._loop_lag = loop_lag
         self._tracer = tracer or Tracer()
         self._timeouts = timeouts
         self._observer = observer or DispatchObserver()
@@ -304,6 +309,9 @@ class Dispatcher:
         try:
             await self._submit(dest, messages)
             latency = self._clock() - started
+            if self._loop_lag is not None and latency > 0:
+                since = asyncio.get_running_loop().time() - latency
+                latency = max(0.0, latency - self._loop_lag.lag_since(since))
         except Saturated:
             dropped = True  # no room or no sender in time: the path to the broker is full
             raise

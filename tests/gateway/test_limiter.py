@@ -15,6 +15,7 @@ import pytest
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.limiter import GradientLimiter, LimiterConfig
+from gateway.core.looplag import LoopLag
 from gateway.core.message import OutboundMessage
 from gateway.errors import Saturated
 from tests.support.fakes import Behaviour, FakeClient, msg
@@ -186,3 +187,34 @@ def _held(client: FakeClient) -> Behaviour:
         await client.release.wait()
 
     return behaviour
+
+
+class _Lagging(LoopLag):
+    """The event loop ran `late` seconds late during every send (a gateway short of CPU)."""
+
+    def __init__(self, late: float) -> None:
+        super().__init__()
+        self.late = late
+
+    def lag_since(self, t: float) -> float:
+        return self.late
+
+
+@pytest.mark.parametrize(("late", "baseline"), [(0.0, 1.0), (0.9, 0.1), (5.0, 0.0)])
+async def test_the_loop_s_own_lag_is_left_out_of_the_samples(late: float, baseline: float) -> None:
+    clock = Clock()
+    client = FakeClient()
+
+    async def one_second(path: str, messages: Sequence[OutboundMessage]) -> None:
+        clock.now += 1.0  # each send takes a second on the dispatcher's clock
+
+    client.behaviour = one_second
+    limits = LimitSettings(adaptive_admission=True, adaptive_initial_limit=10)
+    d = Dispatcher(limits, TimeoutSettings(), clock=clock, loop_lag=_Lagging(late))
+    try:
+        for i in range(5):  # one window's samples, one after another
+            await d.send(Destination(client, "orders"), [msg(i)])
+        limiter = d.limiter("primary")
+        assert limiter is not None and limiter.baseline == pytest.approx(baseline)
+    finally:
+        await d.close(grace=1)
