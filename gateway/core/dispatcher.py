@@ -303,15 +303,14 @@ class Dispatcher:
                 f"Service Bus namespace {namespace} is at its adaptive concurrency limit "
                 f"({limiter.limit} requests); retry later"
             )
-        started = self._clock()
+        started, loop_started = self._clock(), asyncio.get_running_loop().time()
         latency: float | None = None
         dropped = False
         try:
             await self._submit(dest, messages)
             latency = self._clock() - started
-            if self._loop_lag is not None and latency > 0:
-                since = asyncio.get_running_loop().time() - latency
-                latency = max(0.0, latency - self._loop_lag.lag_since(since))
+            if self._loop_lag is not None:  # its samples are on the loop's clock
+                latency = max(0.0, latency - self._loop_lag.lag_since(loop_started))
         except Saturated:
             dropped = True  # no room or no sender in time: the path to the broker is full
             raise
