@@ -15,7 +15,7 @@ export PYTEST_DEBUG_TEMPROOT ?= $(CURDIR)/.pytest-tmp
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test venv sysdeps node-deps lint typecheck pytest packaging broker bench fuzz load chaos \
-	clean tools lock lock-check wheel pipeline-dist chart-readme
+	clean tools lock lock-check wheel pipeline-dist chart-readme bench-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -129,8 +129,21 @@ load: $(STAMP) sysdeps
 chaos: $(STAMP) sysdeps
 	$(BIN)/python -m loadtests chaos
 
+## bench-tools: the native load generators the HTTP benchmarks drive load with (h2load from
+## Debian's nghttp2-client, and wrk), with apt if missing: a Python generator on the CPU it
+## shares with the broker was the bottleneck it was meant to measure.
+bench-tools:
+	@missing=""; \
+	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
+	command -v wrk >/dev/null || missing="$$missing wrk"; \
+	command -v taskset >/dev/null || missing="$$missing util-linux"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
 ## bench: benchmarks that print ratios measured in one run
-bench: $(STAMP)
+bench: $(STAMP) bench-tools
 	$(BIN)/python -m bench
 
 clean:

@@ -2,8 +2,9 @@
 
 For each count, in one run: the local broker (its own process, second CPU) with that many
 queues; one `gateway serve` (first CPU; failover and the syphon on, defaults) declaring every
-one of them; then `bench.loadgen` (64 connections, 1 KB bodies) POSTing round-robin over all
-of them. Printed per count:
+one of them; then h2load (`bench.native`, pinned to the second CPU; 64 connections, 1 KB
+bodies, each connection cycling through every entity's URL) POSTing over all of them
+(``--generator python``: `bench.loadgen`, round-robin). Printed per count:
 
 * time to ready — from starting the gateway process to its READY line (listening, every
   start-up resource up; Python's imports included);
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness import Cores, Server, bench_env, pin, run_child, write_many_queues
+from bench.harness import Cores, Server, Window, bench_env, pin, run_child, write_many_queues
+from bench.loadgen import make_body
+from bench.native import H2Load, loadavg, run_h2load
 from tests.support.processes import rss_bytes
 
 MiB = 1024 * 1024
@@ -74,27 +76,7 @@ async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Ro
         try:
             rss_start = (rss_bytes(gateway.pid) or 0) / MiB
             cold_ms, warm_ms = await _first_sends(gateway.url + f"/q{n - 1}/messages")
-            window = await run_child(
-                "loadgen",
-                "bench.loadgen",
-                [
-                    "--url",
-                    gateway.url + "/q{i}/messages",
-                    "--entities",
-                    str(n),
-                    "--connections",
-                    str(args.connections),
-                    "--warmup",
-                    "0",
-                    "--duration",
-                    str(args.duration),
-                    "--body-size",
-                    "1024",
-                ],
-                watch={"gateway": gateway.pid},
-                cpus=cores.rest,
-                within=args.duration + 120,
-            )
+            window = await _load(gateway, n, args, cores)
             rss_load = (rss_bytes(gateway.pid) or 0) / MiB
             census = await broker.control.connections("primary")
         finally:
@@ -118,6 +100,36 @@ async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Ro
         statuses=statuses,
         cold_ms=cold_ms,
         warm_ms=warm_ms,
+    )
+
+
+async def _load(gateway: Server, n: int, args: argparse.Namespace, cores: Cores) -> Window:
+    """POSTs round-robin over the `n` entities: h2load (each client cycles through the
+    entities' URLs), or `bench.loadgen` with ``--generator python``."""
+    if args.generator == "h2load":
+        urls = [gateway.url + f"/q{i}/messages" for i in range(n)]
+        load = H2Load(urls, args.duration, connections=args.connections, body=make_body(1024))
+        return await run_h2load(load, cpus=cores.rest, watch={"gateway": gateway.pid})
+    return await run_child(
+        "loadgen",
+        "bench.loadgen",
+        [
+            "--url",
+            gateway.url + "/q{i}/messages",
+            "--entities",
+            str(n),
+            "--connections",
+            str(args.connections),
+            "--warmup",
+            "0",
+            "--duration",
+            str(args.duration),
+            "--body-size",
+            "1024",
+        ],
+        watch={"gateway": gateway.pid},
+        cpus=cores.rest,
+        within=args.duration + 120,
     )
 
 
@@ -202,14 +214,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counts", default="1,100,1000,10000")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--duration", type=float, default=12.0)
+    parser.add_argument(
+        "--generator",
+        choices=("h2load", "python"),
+        default="h2load",
+        help="HTTP load from h2load (make bench-tools) or bench.loadgen (h2load)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.duration = 3.0
     cores = Cores.split()
     print(
         f"E1 entities: {args.connections} connections, 1 KB bodies, round-robin over every "
-        f"entity, {args.duration:g} s each (no warm-up); {cores.describe}; "
-        f"{os.cpu_count()} CPUs",
+        f"entity, {args.duration:g} s each (no warm-up), load from {args.generator}; "
+        f"{cores.describe}; {loadavg()}",
         flush=True,
     )
     rows = asyncio.run(_main(args))

@@ -18,6 +18,9 @@
 
 Every party runs in its own process and is pinned: the gateway — or the SDK client it is
 compared with — on the first CPU, the load generator, the broker and redis on the second.
+HTTP load comes from h2load (`bench.native`, `make bench-tools`), closed loop, a fraction
+of the CPU per request of the Python generator (``--generator python`` still uses
+`bench.loadgen`, as does P4's fixed burst).
 Runs alternate between the compared parties within each round and the median of the
 per-round ratios is reported, because a shared 2-core machine drifts between runs; P1 and P7
 also load all their servers at once in one window per round (CPU cost per request measured
@@ -52,15 +55,19 @@ from bench.harness import (
     GatewayOnBroker,
     Server,
     Window,
+    cpu_seconds,
     gateway_on_broker,
     run_child,
     run_together,
     start_redis,
 )
+from bench.loadgen import make_body
+from bench.native import H2Load, run_h2load
 
 # -- settings -------------------------------------------------------------------------------
 
 ENTITY_URL_PATH = "/queues/orders/messages"
+BODY = make_body(1024)  # the body bench.loadgen sends, for h2load
 BENCHMARKS = ("p1", "p2", "p3", "p4", "p7")
 
 # Stand-in namespaces for the null sink: never contacted (the null sink replaces the SDK).
@@ -90,6 +97,7 @@ class Params:
     e2e_connections: int  # ... and end to end through the broker
     burst: int  # P4: sequential sends and concurrent requests
     quick: bool
+    generator: str = "h2load"  # HTTP load: h2load (native) or python (bench.loadgen)
 
     @property
     def child_timeout(self) -> float:
@@ -259,6 +267,13 @@ async def http_load(
     count: int | None = None,
     who: str = "gateway",
 ) -> Window:
+    """Closed-loop HTTP load on `server`: h2load (no warm-up: the servers are warm after the
+    first round) unless `p.generator` is python or a fixed `count` is asked for."""
+    if p.generator == "h2load" and count is None:
+        load = H2Load(
+            [server.url + ENTITY_URL_PATH], p.duration, connections=connections, body=BODY
+        )
+        return await run_h2load(load, cpus=cores.rest, watch={who: server.pid, **watch})
     args = [
         "--url",
         server.url + ENTITY_URL_PATH,
@@ -295,6 +310,9 @@ async def together(
     """Load every server at once (all pinned to the first CPU, so they share it), each with
     its own load generator, in one window: CPU µs per request of each, measured at the same
     moments. Frequency changes, steal time and neighbours then hit every server alike."""
+    if p.generator == "h2load":
+        await _together_native(servers, cores, p, log, connections=connections)
+        return
     children = [
         (
             f"loadgen-{server.label}",
@@ -328,6 +346,32 @@ async def together(
         rate.together_us.append(per)
         parts.append(f"{server.label} {per:.0f}")
     log(f"  simultaneous ({wall:.1f} s)  CPU µs/req: " + ", ".join(parts))
+
+
+async def _together_native(
+    servers: Sequence[tuple[Server, Rate]],
+    cores: Cores,
+    p: Params,
+    log: Callable[[str], None],
+    *,
+    connections: int,
+) -> None:
+    """`together` with one h2load per server, started at once."""
+    cpu0 = {s.label: cpu_seconds(s.pid) for s, _ in servers}
+    started = time.monotonic()
+    loads = [
+        H2Load([s.url + ENTITY_URL_PATH], p.duration, connections=connections, body=BODY)
+        for s, _ in servers
+    ]
+    windows = await asyncio.gather(*(run_h2load(load, cpus=cores.rest, watch={}) for load in loads))
+    wall = time.monotonic() - started
+    parts = []
+    for (server, rate), window in zip(servers, windows, strict=True):
+        ok = _ok_count(window)
+        per = (cpu_seconds(server.pid) - cpu0[server.label]) / ok * 1e6 if ok else float("nan")
+        rate.together_us.append(per)
+        parts.append(f"{server.label} {per:.0f}")
+    log(f"  simultaneous ({wall:.1f} s, h2load)  CPU µs/req: " + ", ".join(parts))
 
 
 async def alternate(
@@ -736,6 +780,12 @@ def parse_args(argv: list[str] | None) -> tuple[Params, set[str], argparse.Names
     parser.add_argument("--rounds", type=int, help="alternating rounds (5; quick 1)")
     parser.add_argument("--connections", type=int, default=64, help="clients, null sink")
     parser.add_argument("--e2e-connections", type=int, default=128, help="clients, end to end")
+    parser.add_argument(
+        "--generator",
+        choices=("h2load", "python"),
+        default="h2load",
+        help="HTTP load from h2load (make bench-tools) or bench.loadgen (h2load)",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     which = {w.lower() for w in args.which} or set(BENCHMARKS)
@@ -750,6 +800,7 @@ def parse_args(argv: list[str] | None) -> tuple[Params, set[str], argparse.Names
         e2e_connections=args.e2e_connections,
         burst=100,
         quick=args.quick,
+        generator=args.generator,
     )
     return p, which, args
 

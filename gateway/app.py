@@ -350,7 +350,11 @@ async def dispatcher_ctx(app: web.Application) -> AsyncIterator[None]:
     its first sends (docs/deploy.md#sizing), so start-up costs nothing per declared entity."""
     settings, edge, clients = app[SETTINGS], app[EDGE], app[CLIENTS]
     dispatcher = Dispatcher(
-        settings.limits, settings.timeouts, observer=app[METRICS], tracer=edge.tracer
+        settings.limits,
+        settings.timeouts,
+        observer=app[METRICS],
+        tracer=edge.tracer,
+        loop_lag=app[LOOP_LAG],  # started before (loop_lag_ctx)
     )
     app[DISPATCHER] = dispatcher
     app[METRICS].bind_admission(lambda: dispatcher.gate.waiting, lambda: dispatcher.gate.used)

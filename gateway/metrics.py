@@ -9,6 +9,7 @@ collectors that dashboards assume; the `_created` series are off.
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 from collections.abc import Callable, Iterator, Mapping
 
@@ -30,6 +31,7 @@ from prometheus_client.registry import Collector
 from gateway import __version__
 from gateway.core.dispatcher import DispatchObserver
 from gateway.core.failover import FailoverObserver
+from gateway.core.limiter import GradientLimiter
 from gateway.ledger import EventLedger
 from gateway.state.base import INVALID_VALUE_SOURCES, SEVERITY, Status
 from gateway.syphon.syphon import SyphonObserver
@@ -123,7 +125,29 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         )
         self.admission_rejected = Counter(
             "sbgate_admission_rejected_total",
-            "Requests answered 503 because no room freed up within admission_timeout.",
+            "Requests answered 503 saturated: no room freed up within admission_timeout, or "
+            "their namespace was at its adaptive limit.",
+            registry=r,
+        )
+        self.admission_limit = Gauge(
+            "sbgate_admission_limit",
+            "Requests a namespace may hold now, set from its measured send latency (adaptive "
+            "admission; from the namespace's first send).",
+            ["namespace"],
+            registry=r,
+        )
+        self.admission_limit_baseline = Gauge(
+            "sbgate_admission_limit_baseline_seconds",
+            "The send latency the adaptive limit compares with, learned from live traffic "
+            "(NaN until measured).",
+            ["namespace"],
+            registry=r,
+        )
+        self.admission_limit_refused = Counter(
+            "sbgate_admission_limit_refused_total",
+            "Requests refused at once (503 saturated) because their namespace was at its "
+            "adaptive limit.",
+            ["namespace"],
             registry=r,
         )
         self.admission_waiting = Gauge(
@@ -396,6 +420,16 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
 
     def sender_recreated(self, dest: str) -> None:
         self.senders_recreated.labels(dest.split("/", 1)[0]).inc()
+
+    def limiter_created(self, namespace: str, limiter: GradientLimiter) -> None:
+        # Read at scrape time: the request path only counts.
+        self.admission_limit.labels(namespace).set_function(lambda: float(limiter.limit))
+        self.admission_limit_baseline.labels(namespace).set_function(
+            lambda: math.nan if limiter.baseline is None else limiter.baseline
+        )
+
+    def limit_refused(self, namespace: str) -> None:
+        self.admission_limit_refused.labels(namespace).inc()
 
     def batch_split(self, dest: str) -> None:
         self.batch_splits.inc()

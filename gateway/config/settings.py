@@ -140,6 +140,35 @@ class LimitSettings:
         parse=_int(1024, _MiB),
         doc="one header line, and the whole request head (else `431`)",
     )
+    adaptive_admission: bool = setting(
+        False,
+        parse=_Bool(),
+        doc="limit the requests each namespace may hold by its measured send latency, and "
+        "answer one over the limit `503 saturated` at once ([admission.md](admission.md))",
+    )
+    adaptive_initial_limit: int = setting(
+        256,
+        parse=_int(1, 1_000_000),
+        doc="a namespace's adaptive limit before anything is measured (requests)",
+    )
+    adaptive_min_limit: int = setting(
+        8, parse=_int(1, 1_000_000), doc="the adaptive limit never falls below this"
+    )
+    adaptive_max_limit: int = setting(
+        4096, parse=_int(1, 1_000_000), doc="the adaptive limit never grows above this"
+    )
+    adaptive_backoff: float = setting(
+        0.7,
+        parse=_float(0.1, 0.99),
+        doc="share of the adaptive limit kept when the broker pushes back (busy, timeout, "
+        "quota, no sender in time)",
+    )
+    adaptive_tolerance: float = setting(
+        1.5,
+        parse=_float(1.0, 10.0),
+        doc="send latency up to this many times the learned baseline does not shrink the "
+        "adaptive limit",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
+from gateway.core.limiter import GradientLimiter, LimiterConfig
+from gateway.core.looplag import LoopLag
 from gateway.core.message import OutboundMessage, envelope_size
 from gateway.core.ports import NamespaceClient, Sender, Tracer
 from gateway.errors import (
@@ -49,6 +51,7 @@ from gateway.errors import (
     TIMEOUT,
     UNKNOWN,
     Draining,
+    FailureKind,
     GatewayError,
     Saturated,
     SendFailure,
@@ -61,6 +64,8 @@ log = logging.getLogger(__name__)
 ADMISSION_WAIT_TRACED = 0.001
 # Our deadline on closing one sender; a stopped worker closes its own.
 SENDER_CLOSE_TIMEOUT = 5.0
+# The broker pushing back: the adaptive limit is cut (gateway.core.limiter).
+_PUSHBACK = frozenset({FailureKind.SERVER_BUSY, FailureKind.TIMEOUT, FailureKind.QUOTA_EXCEEDED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +121,12 @@ class DispatchObserver:
 
     def task_restarted(self, task: str) -> None:
         """A worker met an unexpected error and ended (the next request starts another)."""
+
+    def limiter_created(self, namespace: str, limiter: GradientLimiter) -> None:
+        """A namespace's adaptive limiter exists (its first send); read it at scrape time."""
+
+    def limit_refused(self, namespace: str) -> None:
+        """A request was refused at its namespace's adaptive limit."""
 
 
 class _State(enum.Enum):
@@ -203,8 +214,12 @@ class Dispatcher:
         observer: DispatchObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
         tracer: Tracer | None = None,
+        loop_lag: LoopLag | None = None,
     ) -> None:
         self._limits = limits
+        # The adaptive limit's samples leave out how late the event loop ran meanwhile: a
+        # gateway short of CPU must not take its own lag for the broker's latency.
+        self._loop_lag = loop_lag
         self._tracer = tracer or Tracer()
         self._timeouts = timeouts
         self._observer = observer or DispatchObserver()
@@ -217,6 +232,18 @@ class Dispatcher:
         self._parked: OrderedDict[_Worker, None] = OrderedDict()
         self._closing = False
         self._stopping = False  # the workers must end (seen even by one whose cancel was lost)
+        # Adaptive admission (gateway.core.limiter): one limiter per namespace, made on its
+        # first send; None when it is off.
+        self._limiter_config: LimiterConfig | None = None
+        if limits.adaptive_admission:
+            self._limiter_config = LimiterConfig(
+                initial=limits.adaptive_initial_limit,
+                minimum=limits.adaptive_min_limit,
+                maximum=limits.adaptive_max_limit,
+                backoff=limits.adaptive_backoff,
+                tolerance=limits.adaptive_tolerance,
+            )
+        self._limiters: dict[str, GradientLimiter] = {}
 
     @property
     def gate(self) -> AdmissionGate:
@@ -242,15 +269,59 @@ class Dispatcher:
 
     # -- API -----------------------------------------------------------------------------
 
-    async def send(self, dest: Destination, messages: Sequence[OutboundMessage]) -> None:
+    def limiter(self, namespace: str) -> GradientLimiter | None:
+        """`namespace`'s adaptive limiter (None when adaptive admission is off, or before
+        its first send)."""
+        return self._limiters.get(namespace)
+
+    async def send(
+        self, dest: Destination, messages: Sequence[OutboundMessage], *, limited: bool = True
+    ) -> None:
         """Send `messages` to `dest` as one unit and wait until it is settled.
 
-        Raises `Saturated` when no room frees up within `admission_timeout`, `Draining`
-        during shutdown, `SendFailure` when the broker did not store them. If the caller is
-        cancelled before its messages were handed to a worker, they are never sent.
+        Raises `Saturated` at once when the namespace is at its adaptive limit (`limited`:
+        a client's request; the syphon's moves and the failover pings are not limited, a
+        refusal would say nothing about the broker), or when no room frees up within
+        `admission_timeout`; `Draining` during shutdown, `SendFailure` when the broker did
+        not store them. If the caller is cancelled before its messages were handed to a
+        worker, they are never sent.
         """
         if self._closing:
             raise Draining("the gateway is shutting down")
+        if self._limiter_config is None or not limited:
+            await self._submit(dest, messages)
+            return
+        namespace = dest.client.name
+        limiter = self._limiters.get(namespace)
+        if limiter is None:
+            limiter = GradientLimiter(self._limiter_config, self._clock)
+            self._limiters[namespace] = limiter
+            self._observer.limiter_created(namespace, limiter)
+        if not limiter.try_acquire():
+            self._observer.limit_refused(namespace)
+            raise Saturated(
+                f"Service Bus namespace {namespace} is at its adaptive concurrency limit "
+                f"({limiter.limit} requests); retry later"
+            )
+        started, loop_started = self._clock(), asyncio.get_running_loop().time()
+        latency: float | None = None
+        dropped = False
+        try:
+            await self._submit(dest, messages)
+            latency = self._clock() - started
+            if self._loop_lag is not None:  # its samples are on the loop's clock
+                latency = max(0.0, latency - self._loop_lag.lag_since(loop_started))
+        except Saturated:
+            dropped = True  # no room or no sender in time: the path to the broker is full
+            raise
+        except SendFailure as failure:
+            dropped = failure.kind in _PUSHBACK
+            raise
+        finally:
+            limiter.release(latency, dropped=dropped)
+
+    async def _submit(self, dest: Destination, messages: Sequence[OutboundMessage]) -> None:
+        """`send` once admitted by the adaptive limit (or without it)."""
         size = sum(m.size for m in messages)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._limits.admission_timeout

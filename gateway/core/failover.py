@@ -544,7 +544,9 @@ class Failover:
     async def _ping(self, pair: PairClients, entity: EntityRef) -> bool:
         try:
             await self._dispatcher.send(
-                Destination(pair.primary, entity.path), [ping_message(uuid.uuid4().hex)]
+                Destination(pair.primary, entity.path),
+                [ping_message(uuid.uuid4().hex)],
+                limited=False,  # a probe of the broker, not a client's request
             )
         except GatewayError as exc:
             log.info(

@@ -478,7 +478,10 @@ class Syphon:
         # messages keep theirs: they arrive home with it, not with the move's.
         with self._tracer.moving(entity, path, [m.application_properties for m in moved]):
             outcomes = await asyncio.gather(
-                *(self._dispatcher.send(dest, [m]) for m in moved), return_exceptions=True
+                # Not limited by the adaptive admission: a refused move would be abandoned,
+                # and each abandon brings a message nearer its MaxDeliveryCount.
+                *(self._dispatcher.send(dest, [m], limited=False) for m in moved),
+                return_exceptions=True,
             )
         home: list[tuple[Received, OutboundMessage]] = []
         failed: list[tuple[Received, BaseException]] = []

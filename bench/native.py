@@ -1,0 +1,352 @@
+"""Native load generators: Debian's `h2load` (nghttp2-client) and `wrk`, run as children.
+
+A Python load generator on the second CPU spent as much CPU per request as the gateway did
+on the first, so an overload run measured the generator: at 2x the gateway's sustainable
+rate the other CPU was 97-99 % busy. `h2load` (HTTP/1.1 with ``--h1``) and `wrk` are event
+loops in C that cost a fraction of that; `make bench-tools` installs them with apt.
+
+* `H2Load`: what one run does. Without ``rate`` it is **closed loop** (``connections``
+  clients, each sending its next request on its answer: what the server sustains). With
+  ``rate`` it is **open loop at a fixed rate**: every client paces ``rate / connections``
+  requests a second (``--rps``); a client whose last request is still unanswered sends the
+  arrivals it owes as soon as it can, so an arrival that could not go out on time shows as
+  the difference between the requests due (``rate * duration``) and those started
+  ("client-shed" in the tables: never sent within the run).
+* `run_h2load`: the child pinned to the given CPUs (`taskset`), bounded in time (killed after
+  ``duration + grace``), its per-request log (``--log-file``: start, status, microseconds)
+  read into the figures the benchmarks print: answers by status, latency percentiles per
+  status, the ``503`` answers and connection failures within ``fast`` seconds, answers per
+  bucket of time, and its own CPU seconds beside those of the processes it watched.
+* `parse_h2load`, `parse_h2load_log`, `parse_wrk`: the parsers (tested against the real
+  tools' output, ``tests/test_bench_native.py``).
+
+Latency here is measured from when a request was **sent**, not from when it was due: a
+request held back by a busy connection does not count its wait (coordinated omission); the
+client-shed count says how many were held back past the end of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import resource
+import shutil
+import tempfile
+import time
+from array import array
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.harness import Window, cpu_seconds
+
+INSTALL_HINT = "make bench-tools (apt-get install nghttp2-client wrk)"
+# A child gets this long beyond its duration to connect, finish and write its log.
+GRACE = 30.0
+
+
+class ToolMissing(RuntimeError):
+    """h2load or wrk is not installed: run `make bench-tools`."""
+
+
+def tool(name: str) -> str:
+    """The path of `name` (h2load, wrk); ToolMissing with the install command if absent."""
+    path = shutil.which(name)
+    if path is None:
+        raise ToolMissing(f"{name} is not installed: {INSTALL_HINT}")
+    return path
+
+
+# -- h2load --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class H2Load:
+    """One h2load run: HTTP/1.1 POSTs of `body` to `urls` (each client cycles through them)."""
+
+    urls: Sequence[str]
+    duration: float
+    connections: int = 64
+    rate: float | None = None  # requests a second over all clients; None: closed loop
+    body: bytes = b"{}"
+    headers: Mapping[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+    timeout: float = 30.0  # a connection silent this long is dropped (h2load's -N)
+    fast: float = 0.05  # a 503 or a connection failure this soon "failed fast"
+    bucket: float = 0.5  # seconds per step of the answers-over-time series
+
+    def command(self, body_path: Path, log_path: Path, urls_path: Path | None) -> list[str]:
+        cmd = [
+            tool("h2load"),
+            "--h1",
+            "-t",
+            "1",
+            "-c",
+            str(self.connections),
+            "-D",
+            f"{max(1, round(self.duration * 1000))}ms",
+            "-N",
+            f"{max(1, round(self.timeout))}",
+            "-d",
+            str(body_path),
+            "--log-file",
+            str(log_path),
+        ]
+        for name, value in self.headers.items():
+            cmd += ["-H", f"{name}: {value}"]
+        if self.rate is not None:
+            cmd += ["--rps", f"{self.rate / self.connections:.3f}"]
+        if urls_path is not None:
+            cmd += ["-i", str(urls_path)]
+        else:
+            cmd.append(self.urls[0])
+        return cmd
+
+
+_REQUESTS = re.compile(
+    r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, "
+    r"(\d+) errored, (\d+) timeout"
+)
+_CODES = re.compile(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx")
+_FINISHED = re.compile(r"finished in ([\d.]+)(m?s), ([\d.]+) req/s")
+
+
+def parse_h2load(stdout: str) -> dict[str, Any]:
+    """h2load's summary: wall seconds, req/s, request counts, answers by status class."""
+    done = _REQUESTS.search(stdout)
+    codes = _CODES.search(stdout)
+    finished = _FINISHED.search(stdout)
+    if done is None or codes is None or finished is None:
+        raise ValueError(f"not h2load's summary:\n{stdout[-2000:]}")
+    keys = ("total", "started", "done", "succeeded", "failed", "errored", "timeout")
+    wall = float(finished.group(1)) / (1000.0 if finished.group(2) == "ms" else 1.0)
+    return {
+        "wall": wall,
+        "rate": float(finished.group(3)),
+        **{k: int(v) for k, v in zip(keys, done.groups(), strict=True)},
+        "classes": {f"{i + 2}xx": int(v) for i, v in enumerate(codes.groups())},
+    }
+
+
+def percentiles(values: array[float]) -> dict[str, float]:
+    """p50/p90/p99/max of `values` (seconds) in milliseconds."""
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000.0
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": ordered[-1] * 1000.0}
+
+
+def parse_h2load_log(text: str, *, fast: float, bucket: float) -> dict[str, Any]:
+    """h2load's ``--log-file`` (one line a request: start µs since the epoch, status or -1
+    for a failed stream, µs until its end): answers by status, latency percentiles by
+    status, the 503s and failures within `fast` seconds, answers per `bucket` seconds."""
+    latency: dict[int, array[float]] = {}
+    series: dict[int, Counter[str]] = {}
+    statuses: Counter[int] = Counter()
+    fast_503 = fast_failed = failed = 0
+    first: float | None = None
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) < 3:
+            continue
+        start, status, took = int(parts[0]) / 1e6, int(parts[1]), int(parts[2]) / 1e6
+        first = start if first is None else min(first, start)
+        if status < 0:
+            failed += 1
+            fast_failed += took <= fast
+            kind = "failed"
+        else:
+            statuses[status] += 1
+            lat = latency.get(status)
+            if lat is None:
+                lat = latency[status] = array("d")
+            lat.append(took)
+            fast_503 += status == 503 and took <= fast
+            kind = str(status)
+        slot = int((start + took - (first or start)) / bucket)
+        series.setdefault(slot, Counter())[kind] += 1
+    return {
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "latency_ms": {str(k): percentiles(v) for k, v in sorted(latency.items())},
+        "unavailable_fast": fast_503,
+        "failed": failed,
+        "failed_fast": {"connection": fast_failed} if fast_failed else {},
+        "series": {str(k): dict(v) for k, v in sorted(series.items())},
+        "bucket": bucket,
+    }
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def run_h2load(
+    load: H2Load, *, cpus: frozenset[int], watch: Mapping[str, int | None]
+) -> Window:
+    """Run `load` pinned to `cpus` and return its figures, with the CPU seconds `watch`'s
+    processes and h2load itself used during the run. Bounded: h2load is killed after
+    ``duration + GRACE`` seconds (ChildError-like RuntimeError, with what it printed)."""
+    with tempfile.TemporaryDirectory(prefix="bench-h2load-") as tmp:
+        work = Path(tmp)
+        body, log = work / "body", work / "requests.tsv"
+        body.write_bytes(load.body)
+        urls = None
+        if len(load.urls) > 1:
+            urls = work / "urls"
+            urls.write_text("".join(u + "\n" for u in load.urls))
+        cmd = load.command(body, log, urls)
+        if cpus:
+            cmd = ["taskset", "-c", ",".join(str(c) for c in sorted(cpus)), *cmd]
+        before = {k: cpu_seconds(p) for k, p in watch.items()}
+        own0 = _children_cpu()
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            async with asyncio.timeout(load.duration + GRACE):
+                out, _ = await proc.communicate()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            out, _ = await proc.communicate()
+            raise RuntimeError(
+                f"h2load ran past {load.duration + GRACE:g} s (killed):\n"
+                f"{out.decode(errors='replace')[-2000:]}"
+            ) from None
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        wall = time.monotonic() - started
+        after = {k: cpu_seconds(p) for k, p in watch.items()}
+        own = _children_cpu() - own0
+        stdout = out.decode(errors="replace")
+        if proc.returncode != 0:
+            raise RuntimeError(f"h2load exited {proc.returncode}:\n{stdout[-2000:]}")
+        summary = parse_h2load(stdout)
+        detail = parse_h2load_log(
+            log.read_text() if log.exists() else "", fast=load.fast, bucket=load.bucket
+        )
+    return Window(
+        result=_result(load, summary, detail, own),
+        cpu={**_delta(before, after), "h2load": own},
+        wall=wall,
+    )
+
+
+def _delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in before}
+
+
+def _result(
+    load: H2Load, summary: dict[str, Any], detail: dict[str, Any], own_cpu: float
+) -> dict[str, Any]:
+    """The figures under the names `bench.loadgen` and `bench.openloop` use, so a benchmark
+    reads either."""
+    statuses: dict[str, int] = detail["statuses"]
+    ok = sum(v for k, v in statuses.items() if k.startswith("2"))
+    wall = float(summary["wall"]) or load.duration
+    due = round(load.rate * load.duration) if load.rate is not None else int(summary["started"])
+    answered = sum(statuses.values())
+    lat = detail["latency_ms"]
+    all_p99 = max((v.get("p99", 0.0) for v in lat.values()), default=float("nan"))
+    errors: dict[str, int] = {}
+    if detail["failed"]:
+        errors["connection"] = int(detail["failed"])
+    if summary["timeout"]:
+        errors["timeout"] = int(summary["timeout"])
+    return {
+        "generator": "h2load",
+        "rate": answered / wall if wall > 0 else 0.0,
+        "offered": load.rate,
+        "wall": wall,
+        "due": due,
+        "sent": int(summary["started"]),
+        "shed": max(0, due - int(summary["started"])),
+        # Requests in flight when the run ended (h2load stops then): each client's last one
+        # in a closed loop; not failures, but their outcome is unknown.
+        "unanswered_at_end": max(0, int(summary["started"]) - int(summary["done"])),
+        "requests": answered,
+        "total_ok": ok,
+        "p99_ms": all_p99,
+        "cpu_s": own_cpu,
+        "summary": summary,
+        "errors": errors,
+        **detail,
+    }
+
+
+# -- wrk ------------------------------------------------------------------------------------
+
+_WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+_WRK_PCT = re.compile(r"^\s+(50|75|90|99)%\s+([\d.]+)(us|ms|s|m)\s*$", re.M)
+_WRK_TOTAL = re.compile(r"(\d+) requests in ([\d.]+)(us|ms|s|m),")
+_WRK_NON2XX = re.compile(r"Non-2xx or 3xx responses: (\d+)")
+_WRK_RATE = re.compile(r"Requests/sec:\s+([\d.]+)")
+_WRK_ERRORS = re.compile(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)")
+
+
+def parse_wrk(stdout: str) -> dict[str, Any]:
+    """wrk's summary (run with ``--latency``): requests, seconds, req/s, non-2xx answers,
+    socket errors, and the latency percentiles in milliseconds."""
+    total, rate = _WRK_TOTAL.search(stdout), _WRK_RATE.search(stdout)
+    if total is None or rate is None:
+        raise ValueError(f"not wrk's summary:\n{stdout[-2000:]}")
+    non2xx = _WRK_NON2XX.search(stdout)
+    errors = _WRK_ERRORS.search(stdout)
+    names = ("connect", "read", "write", "timeout")
+    return {
+        "requests": int(total.group(1)),
+        "wall": float(total.group(2)) * _WRK_UNITS[total.group(3)] / 1000.0,
+        "rate": float(rate.group(1)),
+        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": dict(zip(names, map(int, errors.groups()), strict=True)) if errors else {},
+        "latency_ms": {
+            f"p{m.group(1)}": float(m.group(2)) * _WRK_UNITS[m.group(3)]
+            for m in _WRK_PCT.finditer(stdout)
+        },
+    }
+
+
+def wrk_command(url: str, *, connections: int, duration: float, script: Path) -> list[str]:
+    """wrk posting with `script` (a Lua file setting method, body and headers)."""
+    return [
+        tool("wrk"),
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(duration))}s",
+        "--latency",
+        "-s",
+        str(script),
+        url,
+    ]
+
+
+def post_script(body: bytes, content_type: str = "application/json") -> str:
+    """The Lua that makes wrk POST `body` (ASCII) with `content_type`."""
+    text = body.decode("ascii").replace("\\", "\\\\").replace('"', '\\"')
+    return (
+        'wrk.method = "POST"\n'
+        f'wrk.body = "{text}"\n'
+        f'wrk.headers["Content-Type"] = "{content_type}"\n'
+    )
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15-minute load averages: the figures beside it mean little when they
+    exceed the CPU count."""
+    try:
+        one, five, fifteen = Path("/proc/loadavg").read_text().split()[:3]
+    except (OSError, ValueError):
+        return "load average unknown"
+    return f"load average {one} {five} {fifteen} on {os.cpu_count()} CPUs"

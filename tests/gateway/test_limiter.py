@@ -1,0 +1,220 @@
+"""The adaptive concurrency limit's logic (gateway.core.limiter), on a fake clock.
+
+The dispatcher's side (refusal at the limit, unlimited sends) is at the end, with fakes at
+the NamespaceClient port. The end-to-end behaviour against the local broker's latency and
+busy faults is in tests/gateway/test_adaptive_admission.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from gateway.config import LimitSettings, TimeoutSettings
+from gateway.core.dispatcher import Destination, Dispatcher
+from gateway.core.limiter import GradientLimiter, LimiterConfig
+from gateway.core.looplag import LoopLag
+from gateway.core.message import OutboundMessage
+from gateway.errors import Saturated
+from tests.support.fakes import Behaviour, FakeClient, msg
+from tests.support.waiting import eventually, no_hang
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _limiter(**kw: float) -> tuple[GradientLimiter, Clock]:
+    clock = Clock()
+    config = LimiterConfig(
+        **{"initial": 40, "minimum": 4, "maximum": 1000, "min_samples": 5, **kw}  # type: ignore[arg-type]
+    )
+    return GradientLimiter(config, clock), clock
+
+
+def _window(lim: GradientLimiter, clock: Clock, latency: float, load: float = 1.0) -> None:
+    """One measurement window with the namespace holding `load` x its limit (capped by the
+    limit), every request settling after `latency` seconds."""
+    held = 0
+    for _ in range(max(1, int(lim.limit * load))):
+        if lim.try_acquire():
+            held += 1
+    clock.now += lim.config.window
+    for _ in range(held):
+        lim.release(latency)
+
+
+def _pushback(lim: GradientLimiter, clock: Clock) -> None:
+    assert lim.try_acquire()
+    clock.now += lim.config.window
+    lim.release(dropped=True)
+
+
+def test_it_refuses_at_the_limit_at_once_and_counts_it() -> None:
+    lim, _ = _limiter(initial=3, minimum=1)
+    assert [lim.try_acquire() for _ in range(4)] == [True, True, True, False]
+    assert (lim.in_flight, lim.refused) == (3, 1)
+    lim.release(0.01)
+    assert lim.try_acquire()
+
+
+def test_the_first_window_sets_the_baseline() -> None:
+    lim, clock = _limiter()
+    assert lim.baseline is None
+    _window(lim, clock, 0.004)
+    assert lim.baseline == pytest.approx(0.004)
+
+
+def test_latency_near_the_baseline_grows_the_limit() -> None:
+    lim, clock = _limiter()
+    _window(lim, clock, 0.004)
+    before = lim.limit
+    for _ in range(20):
+        _window(lim, clock, 0.005)  # within the 1.5x tolerance
+    assert lim.limit > before
+
+
+def test_latency_ten_times_the_baseline_shrinks_it_and_recovery_grows_it_again() -> None:
+    lim, clock = _limiter(initial=200)
+    for _ in range(5):
+        _window(lim, clock, 0.002)
+    steady = lim.limit
+    for _ in range(15):
+        _window(lim, clock, 0.020)
+    slowed = lim.limit
+    assert slowed < steady / 2
+    for _ in range(60):
+        _window(lim, clock, 0.002)
+    assert lim.limit > slowed * 1.5
+
+
+def test_pushback_cuts_the_limit_once_per_window_and_never_below_the_minimum() -> None:
+    lim, clock = _limiter(initial=100, backoff=0.5)
+    _pushback(lim, clock)
+    assert lim.limit == 50
+    # Many drops within one window: one cut.
+    for _ in range(10):
+        assert lim.try_acquire()
+    for _ in range(9):
+        lim.release(dropped=True)
+    assert lim.limit == 50
+    clock.now += lim.config.window
+    lim.release(dropped=True)
+    assert lim.limit == 25
+    for _ in range(10):
+        _pushback(lim, clock)
+    assert lim.limit == 4
+
+
+def test_an_idle_namespace_learns_its_baseline_but_keeps_its_limit() -> None:
+    lim, clock = _limiter(initial=100)
+    _window(lim, clock, 0.002, load=0.1)
+    for _ in range(10):
+        _window(lim, clock, 0.050, load=0.1)  # slow, but it used a tenth of its limit
+    assert lim.limit == 100
+    assert lim.baseline is not None and lim.baseline > 0.002
+
+
+def test_a_window_needs_enough_samples() -> None:
+    lim, clock = _limiter()
+    assert lim.try_acquire()
+    clock.now += 1.0
+    lim.release(0.5)  # one sample: the window stays open
+    assert lim.baseline is None
+    _window(lim, clock, 0.004)
+    # It closes at its fifth sample.
+    assert lim.baseline == pytest.approx((0.5 + 0.004 * 4) / 5)
+
+
+def test_the_baseline_follows_a_lasting_change() -> None:
+    lim, clock = _limiter(initial=100, baseline_windows=10)
+    _window(lim, clock, 0.002)
+    for _ in range(60):
+        _window(lim, clock, 0.010)
+    assert lim.baseline == pytest.approx(0.010, rel=0.05)
+    assert lim.limit >= 4
+
+
+# -- the dispatcher's side (fakes at the NamespaceClient port) -----------------------------
+
+
+async def test_the_dispatcher_refuses_over_the_limit_at_once_but_not_an_unlimited_send() -> None:
+    client = FakeClient()
+    client.behaviour = _held(client)
+    limits = LimitSettings(adaptive_admission=True, adaptive_initial_limit=2, adaptive_min_limit=1)
+    d = Dispatcher(limits, TimeoutSettings(send_timeout=30))
+    dest = Destination(client, "orders")
+    try:
+        held = [asyncio.create_task(d.send(dest, [msg(i)])) for i in range(2)]
+        await eventually(lambda: len(client.batches) >= 1, what="the first send is out")
+        async with no_hang("a request over the limit"):
+            with pytest.raises(Saturated, match="adaptive concurrency limit"):
+                await d.send(dest, [msg("over")])
+        limiter = d.limiter("primary")
+        assert limiter is not None and (limiter.in_flight, limiter.refused) == (2, 1)
+        # The syphon's moves and the pings are not limited.
+        unlimited = asyncio.create_task(d.send(dest, [msg("ping")], limited=False))
+        client.release.set()
+        async with no_hang("the held sends"):
+            await asyncio.gather(*held, unlimited)
+        assert limiter.in_flight == 0
+        assert "ping" in client.sent_ids()
+    finally:
+        client.release.set()
+        await d.close(grace=1)
+
+
+async def test_the_dispatcher_without_adaptive_admission_has_no_limiter() -> None:
+    client = FakeClient()
+    d = Dispatcher(LimitSettings(), TimeoutSettings())
+    try:
+        await d.send(Destination(client, "orders"), [msg(1)])
+        assert d.limiter("primary") is None
+    finally:
+        await d.close(grace=1)
+
+
+def _held(client: FakeClient) -> Behaviour:
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        await client.release.wait()
+
+    return behaviour
+
+
+class _Lagging(LoopLag):
+    """The event loop ran `late` seconds late during every send (a gateway short of CPU)."""
+
+    def __init__(self, late: float) -> None:
+        super().__init__()
+        self.late = late
+
+    def lag_since(self, t: float) -> float:
+        return self.late
+
+
+@pytest.mark.parametrize(("late", "baseline"), [(0.0, 1.0), (0.9, 0.1), (5.0, 0.0)])
+async def test_the_loop_s_own_lag_is_left_out_of_the_samples(late: float, baseline: float) -> None:
+    clock = Clock()
+    client = FakeClient()
+
+    async def one_second(path: str, messages: Sequence[OutboundMessage]) -> None:
+        clock.now += 1.0  # each send takes a second on the dispatcher's clock
+
+    client.behaviour = one_second
+    limits = LimitSettings(adaptive_admission=True, adaptive_initial_limit=10)
+    d = Dispatcher(limits, TimeoutSettings(), clock=clock, loop_lag=_Lagging(late))
+    try:
+        for i in range(5):  # one window's samples, one after another
+            await d.send(Destination(client, "orders"), [msg(i)])
+        limiter = d.limiter("primary")
+        assert limiter is not None and limiter.baseline == pytest.approx(baseline)
+    finally:
+        await d.close(grace=1)

@@ -1,0 +1,107 @@
+"""The native load generators' parsers read what the real tools print (`bench.native`).
+
+Each test runs the real h2load or wrk (`make bench-tools`) for about a second against a
+small aiohttp server on 127.0.0.1 that answers 201, or 503 with Retry-After for one path,
+so a change in the tools' output format fails here, not in the middle of a benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from bench.native import H2Load, parse_h2load, parse_wrk, post_script, run_h2load, wrk_command
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("h2load") is None or shutil.which("wrk") is None,
+        reason="h2load and wrk are not installed (make bench-tools)",
+    ),
+]
+
+
+async def _answer(request: web.Request) -> web.Response:
+    await request.read()
+    if request.match_info["name"] == "busy":
+        return web.json_response({"error": "saturated"}, status=503, headers={"Retry-After": "1"})
+    return web.json_response({"route": "primary"}, status=201)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/queues/{name}/messages", _answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_h2load_closed_loop_is_read(served: str) -> None:
+    urls = [served + "/queues/orders/messages", served + "/queues/busy/messages"]
+    load = H2Load(urls, duration=1.0, connections=4, body=b'{"a":1}', fast=1.0)
+    async with asyncio.timeout(60):
+        window = await run_h2load(load, cpus=frozenset(), watch={})
+    r = window.result
+    # Each client cycles through both paths: about as many 503s as 201s.
+    assert r["statuses"].get("201", 0) > 0 and r["statuses"].get("503", 0) > 0
+    assert abs(r["statuses"]["201"] - r["statuses"]["503"]) <= load.connections
+    assert r["summary"]["classes"]["2xx"] == r["statuses"]["201"]
+    assert r["summary"]["classes"]["5xx"] == r["statuses"]["503"]
+    assert r["unavailable_fast"] == r["statuses"]["503"]  # all within the 1 s `fast`
+    assert set(r["latency_ms"]["201"]) == {"p50", "p90", "p99", "max"}
+    assert r["total_ok"] == r["statuses"]["201"] and r["rate"] > 0
+    assert window.cpu["h2load"] > 0  # its own CPU, from the reaped child's usage
+
+
+async def test_h2load_open_loop_paces_the_rate(served: str) -> None:
+    load = H2Load([served + "/queues/orders/messages"], duration=1.0, connections=4, rate=200)
+    async with asyncio.timeout(60):
+        window = await run_h2load(load, cpus=frozenset(), watch={})
+    r = window.result
+    assert r["due"] == 200
+    # Paced, not flat out: about the rate asked for (a loaded machine may lag a little).
+    assert 100 <= r["statuses"]["201"] <= 220
+    assert r["shed"] == max(0, 200 - r["sent"])
+
+
+def test_h2load_summary_without_a_run_is_refused() -> None:
+    with pytest.raises(ValueError, match="h2load"):
+        parse_h2load("connect refused\n")
+
+
+async def test_wrk_output_is_read(served: str, tmp_path: Path) -> None:
+    script = tmp_path / "post.lua"
+    script.write_text(post_script(b'{"a":"b"}'))
+    results = {}
+    for name in ("orders", "busy"):
+        cmd = wrk_command(
+            f"{served}/queues/{name}/messages", connections=4, duration=1.0, script=script
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            async with asyncio.timeout(30):
+                out, _ = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        results[name] = parse_wrk(out.decode())
+    ok, busy = results["orders"], results["busy"]
+    assert ok["requests"] > 0 and ok["non_2xx"] == 0 and ok["rate"] > 0
+    assert busy["non_2xx"] == busy["requests"] > 0
+    assert set(ok["latency_ms"]) == {"p50", "p75", "p90", "p99"}
+    assert 0.5 < ok["wall"] < 5
