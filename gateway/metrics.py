@@ -72,7 +72,7 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self._health(self.registry)
         # Labelled children of the per-request metrics, looked up once per label set (the
         # sets are bounded: declared entities and "_unknown" x status codes x routes).
-        self._answered: dict[tuple[str, int, str], tuple[Counter, Histogram]] = {}
+        self._answered: dict[tuple[str, int, str, str], tuple[Counter, Histogram]] = {}
         self._accepted: dict[tuple[str, str], Counter] = {}
 
     def _requests(self, r: CollectorRegistry) -> None:
@@ -81,14 +81,16 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.build_info.info({"version": __version__, "python": platform.python_version()})
         self.http_requests = Counter(
             "sbgate_http_requests_total",
-            "HTTP requests answered, by entity, status code and route.",
-            ["entity", "status", "route"],
+            "Send requests answered, by entity, status code, route and protocol (`http`, or "
+            "`amqp`: one per delivery, with the status code an HTTP request would have had).",
+            ["entity", "status", "route", "protocol"],
             registry=r,
         )
         self.http_duration = Histogram(
             "sbgate_http_request_duration_seconds",
-            "Time from request received to answer, for message requests.",
-            ["route"],
+            "Time from request received to answer, for message requests (an AMQP delivery: "
+            "from its last frame to its settlement), by route and protocol.",
+            ["route", "protocol"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -339,14 +341,16 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         """Export the ledger's own counters (read at scrape time)."""
         self.registry.register(_LedgerCollector(ledger))
 
-    # The HTTP edge, once per request
-    def request_answered(self, entity: str, status: int, route: str, seconds: float) -> None:
-        key = (entity, status, route)
+    # Every edge, once per request (gateway.ingest)
+    def request_answered(
+        self, entity: str, status: int, route: str, seconds: float, protocol: str = "http"
+    ) -> None:
+        key = (entity, status, route, protocol)
         children = self._answered.get(key)
         if children is None:
             children = (
-                self.http_requests.labels(entity, str(status), route),
-                self.http_duration.labels(route),
+                self.http_requests.labels(entity, str(status), route, protocol),
+                self.http_duration.labels(route, protocol),
             )
             self._answered[key] = children
         children[0].inc()
