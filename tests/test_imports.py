@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gateway", "sblocal", "pipeline")
+PACKAGES = ("gateway", "sblocal", "pipeline", "sbamqp")
 
 _CHILD = r"""
 import importlib, sys, traceback
