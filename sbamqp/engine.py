@@ -390,6 +390,7 @@ class ServerConnection:
         self._last_sent = now
         self._close_sent_at: float | None = None
         self.opened = False
+        self._deaf = False
         self.finished = False  # the transport may be closed (after flushing)
 
     # -- driver interface -------------------------------------------------------------
@@ -402,13 +403,16 @@ class ServerConnection:
         """
         if now is not None:
             self._last_received = now
-        if self._state == _ST_DONE or not data:
+        if self._state == _ST_DONE or self._deaf or not data:
             return self._take_events()
         self._in += data
         try:
             self._process()
         except (DecodeError, _Violation) as exc:
             condition = exc.condition if isinstance(exc, _Violation) else _decode_condition(exc)
+            self._in.clear()
+            # Unless the frame header itself was bad, the framing still holds: the peer's
+            # close is still read.
             self._violation(condition, str(exc))
         return self._take_events()
 
@@ -576,7 +580,13 @@ class ServerConnection:
                     self._on_protocol_header(bytes(buf[off : off + HEADER_SIZE]))
                     off += HEADER_SIZE
                     continue
-                header = parse_header(buf, off, self.limits.max_frame_size)
+                try:
+                    header = parse_header(buf, off, self.limits.max_frame_size)
+                except FrameError:
+                    # The byte stream cannot be trusted any more: read nothing else
+                    # (the close grace ends the connection).
+                    self._deaf = True
+                    raise
                 if header is None or len(buf) - off < header.size:
                     break
                 body = bytes(buf[off + header.body_offset : off + header.size])
@@ -897,7 +907,7 @@ class ServerConnection:
         self._events.append(LinkDetached(link, perf.error))
 
     def _on_end(self, channel: int, perf: End, payload: bytes) -> None:
-        session = self.sessions.get(channel)
+        session = self._session(channel)
         if session is None:
             return
         self._out.append(encode_frame(session.channel, End()))
