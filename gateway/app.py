@@ -15,6 +15,8 @@ its own key. Once started, an app holds:
 * `STORE` — the failover state store, when failover or the syphon runs;
 * `DISPATCHER`, `PAIRS` (each pair's clients and usable backlog queues), `ROUTER`, and
   `FAILOVER` when failover runs;
+* `AMQP_SERVER` — the AMQP edge (gateway.amqp), when a listener is configured: drained
+  before the router closes;
 * `SYPHONS` — the syphon workers (none unless the syphon runs).
 
 Only this module (and the CLI) knows the concrete adapters.
@@ -32,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
 
+from gateway.amqp.server import CLOSE_GRACE as AMQP_CLOSE_GRACE
+from gateway.amqp.server import amqp_ctx
 from gateway.config import ConfigError, NamespaceSettings, Settings
 from gateway.core import failover as failover_module
 from gateway.core.backlog import backlog_path
@@ -133,6 +137,8 @@ def cleanup_bounds(settings: Settings) -> dict[str, float]:
         "lifecycle_ctx": 0.0,
         # the syphon's own grace, then (backstop) one more send timeout and a close
         "syphon_ctx": syphon_grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT,
+        # the deliveries in flight (at most shutdown_timeout), then the clients' closes
+        "amqp_ctx": settings.shutdown.shutdown_timeout + AMQP_CLOSE_GRACE + 3 * CANCEL_GRACE,
         "router_ctx": failover_module.STOP_TIMEOUT + CANCEL_GRACE,
         "dispatcher_ctx": DISPATCHER_GRACE + 2 * SENDER_CLOSE_TIMEOUT + 2 * CANCEL_GRACE,
         "ledger_ctx": ledger_settings(settings).close_timeout,
@@ -223,6 +229,7 @@ def create_app(
             ledger_ctx,
             dispatcher_ctx,
             router_ctx,
+            amqp_ctx,
             syphon_ctx,
             lifecycle_ctx,
         ]

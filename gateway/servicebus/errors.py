@@ -92,7 +92,11 @@ def translate(exc: BaseException, where: str) -> SendFailure:
     """An SDK exception → the `SendFailure` the core acts on. Never leaks credentials:
     only the exception's class and its first line go into the message."""
     first_line = (str(exc).splitlines() or [""])[0][:200]
-    return SendFailure(classify(exc), f"{where}: {type(exc).__name__}: {first_line}".rstrip(": "))
+    failure = SendFailure(
+        classify(exc), f"{where}: {type(exc).__name__}: {first_line}".rstrip(": ")
+    )
+    failure.condition = condition(exc)  # the AMQP edge passes a message fault's on
+    return failure
 
 
 @contextlib.contextmanager
