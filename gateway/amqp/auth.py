@@ -8,15 +8,19 @@ audience replaces it. A transfer is checked again, every time, against the kept 
 a token that expired since, or that does not cover the entity, refuses it. The
 `Authorizer` caches verified tokens, so the check costs a dictionary lookup.
 
-Refusals answer status 401, never 403: one SDK (JS) reports a 403 at put-token as a quota
-error. Without rules (open mode) every put-token is granted and every transfer allowed.
+A put-token is refused (status 401, never 403: one SDK, JS, reports a 403 at put-token as a
+quota error) when the token is not genuine, expired, made for another host, or does not cover
+the audience: the SDKs raise an authentication error. A genuine token whose rule lacks the
+Send right on the entity is kept, and each transfer is refused `amqp:unauthorized-access`:
+the SDKs raise an authorization error, as Service Bus makes them. Without rules (open mode)
+every put-token is granted and every transfer allowed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.auth import AuthError, Authorizer, ErrorCode, Right, Unauthorized
+from gateway.auth import AuthError, Authorizer, ErrorCode, Forbidden, Right, Unauthorized
 from sbamqp.addresses import audience_path
 
 SAS_SCHEME = "SharedAccessSignature"
@@ -54,16 +58,24 @@ class Grants:
                 f"only SAS tokens ({SAS_SCHEME} sr=...) are accepted; this endpoint does not "
                 "take Microsoft Entra ID tokens: use a connection string with a key",
             )
+        key_name: str | None
+        description = "ok"
         try:
-            principal = self.authorizer.authorize(token, entity_path=path or None, right=Right.SEND)
+            key_name = self.authorizer.authorize(
+                token, entity_path=path or None, right=Right.SEND
+            ).key_name
+        except Forbidden as err:
+            # Authentic, and made for this audience, but its rule may not send there: kept,
+            # so that each transfer is refused `amqp:unauthorized-access`, which the SDKs
+            # raise as an authorization error (a put-token refusal is an authentication one).
+            key_name, description = err.key_name, f"ok, but sends will be refused: {err.message}"
         except AuthError as err:
-            # 403 (a rule without Send) is told as 401 too: see the module docstring.
             return PutTokenAnswer(401, f"{err.code}: {err.message}", err.key_name)
         key = path.lower()
         if key not in self._tokens and len(self._tokens) >= MAX_GRANTS:
             return PutTokenAnswer(401, f"too many tokens on one connection (at most {MAX_GRANTS})")
         self._tokens[key] = token
-        return PutTokenAnswer(200, "ok", principal.key_name)
+        return PutTokenAnswer(200, description, key_name)
 
     def authorize_send(self, entity_path: str) -> str | None:
         """The key name a kept token sends to `entity_path` with (None in open mode); raises
