@@ -65,6 +65,7 @@ class AmqpServer:
         self.authorizer = authorizer
         self._gate = gate
         self._shutdown_timeout = settings.shutdown.shutdown_timeout
+        self._listen_host = settings.listen_host
         amqp = settings.amqp
         self.limits = Limits(
             max_frame_size=amqp.max_frame_size,
@@ -104,7 +105,7 @@ class AmqpServer:
                 raise ConfigError(f"amqp.tls_cert_file / amqp.tls_key_file: {exc}") from None
             server = await loop.create_server(
                 lambda: AmqpConnection(self, "tls"),
-                amqp.host or "127.0.0.1",
+                amqp.host or self._listen_host,
                 amqp.port,
                 ssl=self._tls.context,
                 ssl_handshake_timeout=amqp.handshake_timeout,
