@@ -446,7 +446,11 @@ def _array(width: int) -> _Decoder:
 
 
 # Arrays remember the wide form of their constructor, so that re-encoding can hold any value.
-_ARRAY_CODE = {0x52: 0x70, 0x53: 0x80, 0x54: 0x71, 0x55: 0x81, 0xA0: 0xB0, 0xA1: 0xB1, 0xA3: 0xB3}
+_ARRAY_CODE = {
+    0x41: 0x56, 0x42: 0x56, 0x43: 0x70, 0x44: 0x80, 0x45: 0xD0,
+    0x52: 0x70, 0x53: 0x80, 0x54: 0x71, 0x55: 0x81,
+    0xA0: 0xB0, 0xA1: 0xB1, 0xA3: 0xB3, 0xC0: 0xD0, 0xC1: 0xD1, 0xE0: 0xF0,
+}  # fmt: skip
 
 
 def _described(buf: Buffer, off: int, depth: int) -> tuple[Any, int]:
@@ -671,9 +675,9 @@ _ELEMENT: dict[int, Callable[[Any], bytes]] = {
     0xB0: lambda v: _P32(len(v)) + v,
     0xB1: lambda v: _P32(len(v.encode())) + v.encode(),
     0xB3: lambda v: _P32(len(v)) + v.encode("ascii"),
-    0xD0: lambda v: _enc_list_wide(v),
-    0xD1: lambda v: _enc_map_wide(v),
-    0xF0: lambda v: _enc_array(v)[1:] if isinstance(v, Array) else _no_encoding(v),
+    0xD0: lambda v: _enc_list_wide(v) if isinstance(v, list) else _no_encoding(v),
+    0xD1: lambda v: _enc_map_wide(v) if isinstance(v, dict) else _no_encoding(v),
+    0xF0: lambda v: _enc_array(v, wide=True)[1:] if isinstance(v, Array) else _no_encoding(v),
 }
 
 
@@ -702,9 +706,12 @@ def _array_code(values: Array) -> int:
     return _ARRAY_CODE.get(encode(first)[0], encode(first)[0])
 
 
-def _enc_array(values: Array) -> bytes:
+def _enc_array(values: Array, *, wide: bool = False) -> bytes:
+    """An array; ``wide`` forces the 32-bit form (an array inside an array needs it)."""
     code = _array_code(values)
     if code == 0:
+        if not all(isinstance(v, Described) for v in values):
+            raise EncodeError("a described array holds a value that is not described")
         descriptor = values.descriptor
         if descriptor is None and values:
             descriptor = values[0].descriptor
@@ -718,7 +725,7 @@ def _enc_array(values: Array) -> bytes:
     else:
         body = _enc_array_body(values, code)
         count = len(values)
-    if len(body) + 1 < 256 and count < 256:
+    if not wide and len(body) + 1 < 256 and count < 256:
         return bytes((0xE0, len(body) + 1, count)) + body
     return b"\xf0" + _P32(len(body) + 4) + _P32(count) + body
 

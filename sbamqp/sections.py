@@ -143,8 +143,11 @@ def _section_code(buf: Buffer, off: int) -> tuple[int, int]:
     if buf[off] != 0x00:
         raise DecodeError(f"no section descriptor at offset {off}")
     descriptor, value_off = decode(buf, off + 1)
-    code = descriptor if isinstance(descriptor, int) else _NAMES.get(descriptor, -1)
-    if not (HEADER <= code <= FOOTER) or isinstance(descriptor, bool):
+    if isinstance(descriptor, int) and not isinstance(descriptor, bool):
+        code = descriptor
+    else:
+        code = _NAMES.get(descriptor, -1) if isinstance(descriptor, str) else -1
+    if not HEADER <= code <= FOOTER:
         raise DecodeError(f"unknown section descriptor {descriptor!r:.60}")
     return code, value_off
 
