@@ -125,6 +125,9 @@ class Limits:
     idle_timeout: float | None = None
     # Seconds to wait for the peer's close after ours before the transport may be dropped.
     close_grace: float = 2.0
+    # Replies (``send``) waiting for credit on one link; a peer that asks and never grants
+    # credit is closed beyond this, so that its replies cannot pile up.
+    max_queued_replies: int = 64
     container_id: str = "sbamqp"
     sasl_mechanisms: tuple[str, ...] = (conventions.SASL_MSSBCBS, conventions.SASL_ANONYMOUS)
     require_sasl: bool = True
@@ -428,6 +431,7 @@ class ServerConnection:
         """When ``tick`` must run next (monotonic seconds), or None for never."""
         deadlines = []
         lim = self.limits
+        self._start_close_grace(now)
         if not self.opened and lim.handshake_timeout is not None:
             deadlines.append(self._started + lim.handshake_timeout)
         if self.peer_idle_timeout:
@@ -445,6 +449,7 @@ class ServerConnection:
         lim = self.limits
         if self.finished:
             return []
+        self._start_close_grace(now)
         if self._close_sent_at is not None and now >= self._close_sent_at + lim.close_grace:
             self._finish()
         elif (
@@ -461,6 +466,10 @@ class ServerConnection:
         if self._out:
             self._last_sent = now
         return self._take_events()
+
+    def _start_close_grace(self, now: float) -> None:
+        if self._state == _ST_CLOSE_SENT and self._close_sent_at is None:
+            self._close_sent_at = now
 
     def sent(self, now: float) -> None:
         """Tell the engine that bytes went out at ``now`` (postpones the next heartbeat)."""
@@ -523,6 +532,8 @@ class ServerConnection:
             return
         link._queued.append(payload)
         self._pump(link)
+        if len(link._queued) > self.limits.max_queued_replies:
+            self._violation(Condition.RESOURCE_LIMIT_EXCEEDED, "replies wait for credit")
 
     def detach(self, link: Link, condition: str | None = None, description: str = "") -> None:
         """Detach (close) a link, with an error when ``condition`` is given."""
@@ -552,8 +563,7 @@ class ServerConnection:
             if not self.opened:  # close needs our open first
                 self._send_open()
             self._out.append(encode_frame(0, Close(error)))
-            self._state = _ST_CLOSE_SENT
-            self._close_sent_at = self._last_received
+            self._state = _ST_CLOSE_SENT  # the grace starts at the next deadline asked
         else:
             self._finish()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sbamqp import addresses, conventions, engine, sections
-from sbamqp.codec import Int
+from sbamqp.codec import Array, Int, Long
 from sbamqp.performatives import Accepted, DeliveryState
 from sbamqp.sections import Properties
 
@@ -37,6 +37,7 @@ class Peer:
     received: list[Received] = field(default_factory=list)
     events: list[engine.Event] = field(default_factory=list)
     tokens: list[tuple[str, Any]] = field(default_factory=list)
+    management: list[tuple[dict[str, Any], Any]] = field(default_factory=list)
     credit: int = 20
     refuse_receivers: bool = True
     transports: list[asyncio.Transport] = field(default_factory=list)
@@ -119,12 +120,54 @@ class _Protocol(asyncio.Protocol):
         entity = addresses.entity_path(link.target_address or "")
         if entity == conventions.CBS_NODE:
             self._put_token(event)
+        elif entity.endswith("/" + conventions.MANAGEMENT_NODE):
+            self._management(event)
         else:
             self.peer.received.append(Received(entity, event.message_format, event.payload))
             outcome = self.peer.outcomes.get(entity, Accepted())
             if not event.settled:
                 conn.settle(link, event.delivery_id, outcome)
         conn.grant_credit(link, self.peer.credit)
+
+    def _management(self, event: engine.Transfer) -> None:
+        """Every request is a schedule: sequence numbers 1..n, one per message."""
+        request = sections.split(event.payload)
+        props = request.properties_view()
+        body = sections.value_of(request)
+        self.peer.management.append(
+            ({k: v for k, _, v in request.application_properties_items()}, body)
+        )
+        if not event.settled:
+            self.conn.settle(event.link, event.delivery_id, Accepted())
+        count = len(body.get("messages", [])) if isinstance(body, dict) else 0
+        self._reply(
+            event,
+            props,
+            conventions.MANAGEMENT_NODE,
+            {conventions.MGMT_STATUS_CODE: Int(200), conventions.MGMT_STATUS_DESCRIPTION: "OK"},
+            {"sequence-numbers": Array([Long(i + 1) for i in range(count)], code=0x81)},
+        )
+
+    def _reply(
+        self,
+        event: engine.Transfer,
+        props: Properties,
+        node: str,
+        status: dict[str, Any],
+        value: Any,
+    ) -> None:
+        link = event.link
+        node_address = addresses.entity_path(link.target_address or node)
+        reply_link = addresses.reply_link(
+            props.reply_to, node_address, link.session.links.values(), self.conn.links
+        )
+        assert reply_link is not None, f"no reply link for {node_address}"
+        reply = sections.message(
+            properties=Properties(correlation_id=props.message_id, to=props.reply_to),
+            application_properties=status,
+            value=value,
+        )
+        self.conn.send(reply_link, reply)
 
     def _put_token(self, event: engine.Transfer) -> None:
         request = sections.split(event.payload)
@@ -133,23 +176,8 @@ class _Protocol(asyncio.Protocol):
         self.peer.tokens.append((str(app.get("name")), sections.value_of(request)))
         if not event.settled:
             self.conn.settle(event.link, event.delivery_id, Accepted())
-        link = event.link
-        reply_link = addresses.reply_link(
-            props.reply_to,
-            conventions.CBS_NODE,
-            link.session.links.values(),
-            self.conn.links,
-        )
-        assert reply_link is not None, "no reply link for $cbs"
-        reply = sections.message(
-            properties=Properties(correlation_id=props.message_id, to=props.reply_to),
-            application_properties={
-                conventions.CBS_STATUS_CODE: Int(200),
-                conventions.CBS_STATUS_DESCRIPTION: "OK",
-            },
-            value=None,
-        )
-        self.conn.send(reply_link, reply)
+        status = {conventions.CBS_STATUS_CODE: Int(200), conventions.CBS_STATUS_DESCRIPTION: "OK"}
+        self._reply(event, props, conventions.CBS_NODE, status, None)
 
 
 @contextlib.asynccontextmanager

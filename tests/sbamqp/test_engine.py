@@ -386,8 +386,10 @@ def test_close_grace_when_the_peer_never_answers() -> None:
     conn = engine.ServerConnection(engine.Limits(close_grace=2), now=0.0)
     conn.receive_data(frames.SASL_HEADER + SASL_INIT + frames.AMQP_HEADER + OPEN, now=0.0)
     conn.close(Condition.CONNECTION_FORCED, "bye")
-    assert conn.next_deadline(0.0) == 2.0
-    conn.tick(2.0)
+    assert conn.next_deadline(100.0) == 102.0  # the grace runs from when the close went out
+    conn.tick(101.0)
+    assert not conn.finished
+    conn.tick(102.0)
     assert conn.finished
 
 
@@ -437,3 +439,16 @@ def test_the_hot_path_stays_cheap() -> None:
     settle_us = timeit.timeit(lambda: conn.settle(link, 5, Accepted()), number=n) / n * 1e6
     assert decode_us < 40, decode_us
     assert settle_us < 10, settle_us
+
+
+def test_replies_without_credit_are_capped() -> None:
+    conn = opened(engine.Limits(max_queued_replies=3), pipeline=BEGIN)
+    (event,) = conn.receive_data(attach(0, role=True, address="$cbs"))
+    conn.accept_attach(event.link)
+    for _ in range(3):
+        conn.send(event.link, b"\x00\x53\x77\x40")
+    assert not conn.data_to_send().endswith(frames.encode_frame(0, Close()))
+    conn.send(event.link, b"\x00\x53\x77\x40")
+    close = parse(conn.data_to_send())[-1]
+    assert isinstance(close, Close) and close.error is not None
+    assert close.error.condition == Condition.RESOURCE_LIMIT_EXCEEDED

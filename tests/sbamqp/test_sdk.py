@@ -5,12 +5,14 @@ batch sends, and rejections that surface as the SDK's own exceptions."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 
 import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
+    ServiceBusError,
     ServiceBusServerBusyError,
 )
 
@@ -74,3 +76,39 @@ async def test_a_rejection_raises_the_sdk_exception(condition: str, exception: t
             with pytest.raises(exception):
                 await sender.send_messages(ServiceBusMessage(b"x"))
     assert len(peer.received) == 1
+
+
+async def test_a_message_larger_than_a_frame_arrives_whole() -> None:
+    peer = Peer(limits=engine.Limits(max_frame_size=4096))
+    body = bytes(range(256)) * 400  # 100 KiB over 4 KiB frames
+    async with serve(peer) as port, _client(port) as client:
+        sender = client.get_queue_sender("orders")
+        async with asyncio.timeout(DEADLINE), sender:
+            await sender.send_messages(ServiceBusMessage(body))
+    (received,) = peer.received
+    assert sections.split(received.payload).data() == [body]
+
+
+async def test_a_receiver_is_refused_with_the_senders_only_text() -> None:
+    peer = Peer()
+    async with serve(peer) as port, _client(port) as client:
+        receiver = client.get_queue_receiver("orders")
+        async with asyncio.timeout(DEADLINE):
+            with pytest.raises(ServiceBusError, match="only accepts senders"):
+                async with receiver:
+                    await receiver.receive_messages(max_wait_time=1)
+
+
+async def test_schedule_messages_goes_through_the_management_link() -> None:
+    peer = Peer()
+    when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
+    async with serve(peer) as port, _client(port) as client:
+        sender = client.get_queue_sender("orders")
+        async with asyncio.timeout(DEADLINE), sender:
+            numbers = await sender.schedule_messages(
+                [ServiceBusMessage(b"a"), ServiceBusMessage(b"b")], when
+            )
+    assert numbers == [1, 2]
+    ((app, body),) = peer.management
+    assert app["operation"] == "com.microsoft:schedule-message"
+    assert len(body["messages"]) == 2
