@@ -83,6 +83,19 @@ _arrays = st.one_of(
     st.lists(_ranged(Int, -(2**31), 2**31 - 1), max_size=5).map(lambda v: Array(v, code=0x71)),
     st.lists(st.uuids(), max_size=5).map(lambda v: Array(v, code=0x98)),
     st.lists(st.binary(max_size=10), max_size=5).map(lambda v: Array(v, code=0xB0)),
+    st.lists(st.booleans(), max_size=5).map(lambda v: Array(v, code=0x56)),
+    st.lists(_ranged(Uint, 0, 2**32 - 1), max_size=5).map(lambda v: Array(v, code=0x70)),
+    st.lists(
+        st.lists(_ranged(Long, -(2**63), 2**63 - 1), max_size=3).map(lambda v: Array(v, code=0x81)),
+        max_size=3,
+    ).map(lambda v: Array(v, code=0xF0)),
+    st.lists(st.lists(_text, max_size=3), max_size=3).map(lambda v: Array(v, code=0xD0)),
+    st.lists(st.dictionaries(_text, _text, max_size=2), max_size=3).map(
+        lambda v: Array(v, code=0xD1)
+    ),
+    st.lists(_ranged(Int, -(2**31), 2**31 - 1), max_size=3).map(
+        lambda v: Array([Described(Symbol("d"), x) for x in v], code=0, descriptor=Symbol("d"))
+    ),
 )
 values = st.recursive(
     st.one_of(scalars, _arrays),
