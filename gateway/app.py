@@ -36,6 +36,7 @@ from aiohttp import web
 
 from gateway.amqp.server import CLOSE_GRACE as AMQP_CLOSE_GRACE
 from gateway.amqp.server import amqp_ctx
+from gateway.amqp.server import drain_bound as amqp_drain_bound
 from gateway.config import ConfigError, NamespaceSettings, Settings
 from gateway.core import failover as failover_module
 from gateway.core.backlog import backlog_path
@@ -137,8 +138,8 @@ def cleanup_bounds(settings: Settings) -> dict[str, float]:
         "lifecycle_ctx": 0.0,
         # the syphon's own grace, then (backstop) one more send timeout and a close
         "syphon_ctx": syphon_grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT,
-        # the deliveries in flight (at most shutdown_timeout), then the clients' closes
-        "amqp_ctx": settings.shutdown.shutdown_timeout + AMQP_CLOSE_GRACE + 3 * CANCEL_GRACE,
+        # the deliveries in flight, then the clients' closes
+        "amqp_ctx": amqp_drain_bound(settings) + AMQP_CLOSE_GRACE + 3 * CANCEL_GRACE,
         "router_ctx": failover_module.STOP_TIMEOUT + CANCEL_GRACE,
         "dispatcher_ctx": DISPATCHER_GRACE + 2 * SENDER_CLOSE_TIMEOUT + 2 * CANCEL_GRACE,
         "ledger_ctx": ledger_settings(settings).close_timeout,

@@ -64,7 +64,7 @@ class AmqpServer:
         self.router = router
         self.authorizer = authorizer
         self._gate = gate
-        self._shutdown_timeout = settings.shutdown.shutdown_timeout
+        self._drain_bound = drain_bound(settings)
         self._listen_host = settings.listen_host
         amqp = settings.amqp
         self.limits = Limits(
@@ -162,8 +162,8 @@ class AmqpServer:
     # -- shutdown ---------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Drain (see the module docstring): at most the shutdown timeout plus the close
-        grace and the cancel grace."""
+        """Drain (see the module docstring): at most `drain_bound` plus the close grace and
+        two cancel graces."""
         self.draining = True
         for server in self._servers:
             server.close()
@@ -173,7 +173,7 @@ class AmqpServer:
         tasks = [t for c in connections for t in c.tasks] + list(self._orphans)
         if tasks:
             log.info("AMQP drain: %d deliveries in flight", len(tasks))
-        await stop_after(tasks, self._shutdown_timeout, "AMQP drain")
+        await stop_after(tasks, self._drain_bound, "AMQP drain")
         for c in connections:
             c.close("the gateway is shutting down")
         lost = [asyncio.ensure_future(c.lost.wait()) for c in connections]
@@ -189,6 +189,17 @@ class AmqpServer:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(CANCEL_GRACE):
                     await server.wait_closed()
+
+
+def drain_bound(settings: Settings) -> float:
+    """How long the drain waits for deliveries in flight: a delivery ends within admission
+    and one send (a backlog send after a failed primary one is inside it too: the
+    dispatcher's own deadline), and never longer than the shutdown timeout."""
+    timeouts = settings.timeouts
+    return min(
+        settings.shutdown.shutdown_timeout,
+        settings.limits.admission_timeout + 2 * timeouts.send_timeout + CANCEL_GRACE,
+    )
 
 
 def _port(server: asyncio.Server) -> int:
