@@ -814,6 +814,11 @@ class ServerConnection:
                 their_count = perf.delivery_count if perf.delivery_count is not None else 0
                 link.credit = max(0, their_count + perf.link_credit - link.delivery_count)
                 self._pump(link)
+                if perf.drain and link.credit:
+                    # Nothing more to send: use up the credit and say so.
+                    link.delivery_count = (link.delivery_count + link.credit) % _UINT_MOD
+                    link.credit = 0
+                    self._send_drained(link)
             elif perf.echo:
                 self._send_link_flow(link)
         self._events.append(Flowed(link, perf))
@@ -974,6 +979,20 @@ class ServerConnection:
                 ),
             )
         )
+
+    def _send_drained(self, link: Link) -> None:
+        s = link.session
+        frame = Flow(
+            next_incoming_id=s.next_incoming_id,
+            incoming_window=s.incoming_window,
+            next_outgoing_id=s.next_outgoing_id,
+            outgoing_window=0x7FFFFFFF,
+            handle=link.local_handle,
+            delivery_count=link.delivery_count,
+            link_credit=0,
+            drain=True,
+        )
+        self._out.append(encode_frame(s.channel, frame))
 
     def _pump(self, link: Link) -> None:
         """Send queued replies while the peer's credit lasts."""

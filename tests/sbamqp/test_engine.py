@@ -452,3 +452,18 @@ def test_replies_without_credit_are_capped() -> None:
     close = parse(conn.data_to_send())[-1]
     assert isinstance(close, Close) and close.error is not None
     assert close.error.condition == Condition.RESOURCE_LIMIT_EXCEEDED
+
+
+def test_a_draining_receiver_gets_its_credit_used_up() -> None:
+    conn = opened(pipeline=BEGIN)
+    (event,) = conn.receive_data(attach(0, role=True, address="$cbs"))
+    conn.accept_attach(event.link)
+    conn.data_to_send()
+    flow = Flow(
+        incoming_window=9, next_outgoing_id=0, outgoing_window=9, handle=0, delivery_count=0,
+        link_credit=4, drain=True,
+    )  # fmt: skip
+    conn.receive_data(frames.encode_frame(0, flow))
+    (answer,) = parse(conn.data_to_send())
+    assert isinstance(answer, Flow) and answer.drain and answer.link_credit == 0
+    assert answer.delivery_count == 4
