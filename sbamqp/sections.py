@@ -14,6 +14,7 @@ its encoded messages.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -47,6 +48,8 @@ __all__ = [
     "section",
     "split",
     "split_batch",
+    "update_annotations",
+    "update_application_properties",
 ]
 
 HEADER = 0x70
@@ -281,6 +284,44 @@ def join(sections: Sections, **replaced: bytes | None) -> bytes:
         raise ValueError(f"cannot replace {sorted(unknown)}")
     changes: dict[str, Any] = dict(replaced)
     return replace(sections, **changes).to_bytes()
+
+
+def update_application_properties(
+    sections: Sections, updates: Mapping[str, Any], remove: Iterable[str] = ()
+) -> Sections:
+    """The message with application properties set (replaced in place, or appended) and
+    others removed. Untouched properties keep their exact bytes; new values are encoded
+    with ``sbamqp.codec.encode`` (give them their AMQP type). With nothing left, the section
+    goes. Raises ``DecodeError`` for application properties that cannot be read."""
+    gone = set(remove)
+    items = []
+    pending = dict(updates)
+    for key, raw, value in sections.application_properties_items():
+        if key in gone:
+            continue
+        if key in pending:
+            new = pending.pop(key)
+            items.append((key, encode(new), new))
+        else:
+            items.append((key, raw, value))
+    items += [(key, encode(value), value) for key, value in pending.items()]
+    section_bytes = encode_application_properties(items) if items else None
+    return replace(sections, application_properties=section_bytes)
+
+
+def update_annotations(
+    sections: Sections, updates: Mapping[str, Any], remove: Iterable[str] = ()
+) -> Sections:
+    """The message with message annotations set (keys become symbols) and others removed;
+    the rest of the map is re-encoded with its types kept. With nothing left, the section
+    goes."""
+    gone = {Symbol(k) for k in remove}
+    current = {k: v for k, v in sections.annotations().items() if k not in gone}
+    for key, value in updates.items():
+        current.pop(key, None)  # a string key of the same text
+        current[Symbol(key)] = value
+    section_bytes = section(MESSAGE_ANNOTATIONS, current) if current else None
+    return replace(sections, message_annotations=section_bytes)
 
 
 def split_batch(payload: Buffer) -> list[bytes]:
