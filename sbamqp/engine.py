@@ -179,7 +179,7 @@ class Link:
     max_message_size: int = 0
     desired_capabilities: Any = None
     _partial: _Partial | None = field(default=None, repr=False)
-    _queued: list[bytes] = field(default_factory=list, repr=False)
+    _queued: list[tuple[bytes, int]] = field(default_factory=list, repr=False)
 
     @property
     def is_server_sender(self) -> bool:
@@ -506,7 +506,7 @@ class ServerConnection:
         self._send_detach(link, Error(condition, description, {}), closed=True)
         self._forget(link)
 
-    def grant_credit(self, link: Link, credit: int, *, drain: bool = False) -> None:
+    def grant_credit(self, link: Link, credit: int) -> None:
         """Set the peer sender's credit to ``credit`` (deliveries it may send from now)."""
         if not link.attached or link.detached or link.is_server_sender:
             return
@@ -530,7 +530,7 @@ class ServerConnection:
         by us. Waits for credit: queued until the peer grants some."""
         if not link.is_server_sender or link.detached or self._state != _ST_OPENED:
             return
-        link._queued.append(payload)
+        link._queued.append((payload, message_format))
         self._pump(link)
         if len(link._queued) > self.limits.max_queued_replies:
             self._violation(Condition.RESOURCE_LIMIT_EXCEEDED, "replies wait for credit")
@@ -998,13 +998,15 @@ class ServerConnection:
         """Send queued replies while the peer's credit lasts."""
         session = link.session
         while link._queued and link.credit > 0 and not link.detached:
-            payload = link._queued.pop(0)
+            payload, message_format = link._queued.pop(0)
             tag = link.delivery_count.to_bytes(4, "big")
-            self._send_transfer(link, session, tag, payload)
+            self._send_transfer(link, session, tag, payload, message_format)
             link.credit -= 1
             link.delivery_count = (link.delivery_count + 1) % _UINT_MOD
 
-    def _send_transfer(self, link: Link, session: Session, tag: bytes, payload: bytes) -> None:
+    def _send_transfer(
+        self, link: Link, session: Session, tag: bytes, payload: bytes, message_format: int
+    ) -> None:
         delivery_id = session.next_outgoing_id
         room = self.peer_max_frame_size - 64 - len(tag)  # header and performative
         first = True
@@ -1017,7 +1019,7 @@ class ServerConnection:
                 handle=link.local_handle,
                 delivery_id=delivery_id if first else None,
                 delivery_tag=tag if first else None,
-                message_format=0 if first else None,
+                message_format=message_format if first else None,
                 settled=True if first else None,
                 more=more,
             )
