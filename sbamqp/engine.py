@@ -125,6 +125,9 @@ class Limits:
     idle_timeout: float | None = None
     # Seconds to wait for the peer's close after ours before the transport may be dropped.
     close_grace: float = 2.0
+    # Bytes held in unfinished multi-frame deliveries, all links together: without it, each
+    # link could hold up to max_message_size at once.
+    max_buffered_bytes: int = 4 << 20
     # Replies (``send``) waiting for credit on one link; a peer that asks and never grants
     # credit is closed beyond this, so that its replies cannot pile up.
     max_queued_replies: int = 64
@@ -384,6 +387,7 @@ class ServerConnection:
         self.sessions: dict[int, Session] = {}  # by the peer's channel
         self._ended: set[int] = set()  # peer channels that ended: late frames are ignored
         self._link_count = 0
+        self._buffered = 0  # bytes held in unfinished multi-frame deliveries
         self.peer_max_frame_size = 512
         self.peer_idle_timeout: float | None = None
         self.hostname: str | None = None
@@ -865,16 +869,28 @@ class ServerConnection:
         part.size += len(payload)
         if part.size > link.max_message_size:
             part.oversize = True
+            self._buffered -= sum(len(c) for c in part.chunks)
             part.chunks.clear()  # its bytes are dropped as they come
         elif payload:
             part.chunks.append(payload)
+            self._buffered += len(payload)
         if perf.aborted:
-            link._partial = None
+            self._drop_partial(link)
             return
         if perf.more:
+            if self._buffered > self.limits.max_buffered_bytes:
+                raise _Violation(
+                    Condition.RESOURCE_LIMIT_EXCEEDED, "too many bytes in unfinished deliveries"
+                )
             return
-        link._partial = None
+        self._drop_partial(link)
         self._complete(link, part)
+
+    def _drop_partial(self, link: Link) -> None:
+        part = link._partial
+        if part is not None:
+            self._buffered -= sum(len(c) for c in part.chunks)
+            link._partial = None
 
     def _complete(self, link: Link, part: _Partial) -> None:
         over_credit = link.credit <= 0
@@ -942,6 +958,7 @@ class ServerConnection:
         self._out.append(encode_frame(link.session.channel, frame))
 
     def _forget(self, link: Link) -> None:
+        self._drop_partial(link)
         if link.session.links.pop(link.handle, None) is not None:
             self._link_count -= 1
 
@@ -949,6 +966,7 @@ class ServerConnection:
         session.ended = True
         for link in session.links.values():
             link.detached = True
+            self._drop_partial(link)
         self._link_count -= len(session.links)
         session.links.clear()
         self.sessions.pop(session.remote_channel, None)

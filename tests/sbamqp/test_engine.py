@@ -467,3 +467,18 @@ def test_a_draining_receiver_gets_its_credit_used_up() -> None:
     (answer,) = parse(conn.data_to_send())
     assert isinstance(answer, Flow) and answer.drain and answer.link_credit == 0
     assert answer.delivery_count == 4
+
+
+def test_unfinished_deliveries_are_capped_across_links() -> None:
+    conn = opened(engine.Limits(max_buffered_bytes=1500), pipeline=BEGIN)
+    for handle in (0, 1):
+        link = attached(conn, handle)
+        link.max_message_size = 1000
+    assert conn.receive_data(transfer(b"x" * 700, 0, handle=0, more=True)) == []
+    assert conn.receive_data(transfer(b"x" * 700, 1, handle=1, more=True)) == []
+    # Finishing a delivery releases its bytes.
+    assert isinstance(conn.receive_data(transfer(b"", None, handle=0))[0], engine.Transfer)
+    assert conn.receive_data(transfer(b"x" * 700, 2, handle=0, more=True)) == []
+    (violation,) = conn.receive_data(transfer(b"x" * 200, None, handle=1, more=True))
+    assert isinstance(violation, engine.ProtocolViolation)
+    assert violation.condition == Condition.RESOURCE_LIMIT_EXCEEDED
