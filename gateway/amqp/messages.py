@@ -11,8 +11,9 @@ refused; tests/gateway/test_amqp_messages.py holds it for generated messages.
 Carried unchanged: one data section as the body; message-id, correlation-id (strings), to,
 subject, reply-to, content-type, group-id (SessionId), reply-to-group-id; the header's TTL;
 the annotations ``x-opt-partition-key`` and ``x-opt-scheduled-enqueue-time``; application
-properties of type string, boolean, int, double, and long outside the int range (a long
-inside it would arrive as an int). Hop-by-hop parts are not messages' content and are
+properties of type string, boolean, every integer type, float, double, timestamp, uuid and
+binary (those beyond the REST format's as `Typed` values, which keep their type through a
+backlog queue: gateway.core.backlog). Hop-by-hop parts are not messages' content and are
 dropped: the header's durable, first-acquirer and delivery-count (Service Bus keeps every
 message durably and counts deliveries itself), delivery annotations, and the creation and
 absolute-expiry times the SDKs stamp from the TTL (the gateway stamps its own).
@@ -22,13 +23,29 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import uuid
 from typing import Any, Final
 
 from gateway.core.backlog import REWRITE_KEYS
-from gateway.core.message import AppValue, OutboundMessage
+from gateway.core.message import AppValue, OutboundMessage, Typed, TypedKind
 from gateway.errors import NotCarried, RequestError
 from sbamqp import codec
-from sbamqp.codec import DecodeError, Described, Double, Int, Long, Symbol, Timestamp
+from sbamqp.codec import (
+    Byte,
+    DecodeError,
+    Described,
+    Double,
+    Float,
+    Int,
+    Long,
+    Short,
+    Symbol,
+    Timestamp,
+    Ubyte,
+    Uint,
+    Ulong,
+    Ushort,
+)
 from sbamqp.sections import split_batch
 
 HEADER: Final = 0x70
@@ -54,7 +71,6 @@ _SYMBOLIC: Final = {
 PARTITION_KEY: Final = "x-opt-partition-key"
 SCHEDULED_ENQUEUE_TIME: Final = "x-opt-scheduled-enqueue-time"
 _DEFAULT_PRIORITY: Final = 4
-_INT32 = range(-(2**31), 2**31)
 _RESERVED = frozenset(k.lower() for k in REWRITE_KEYS)
 # The properties list's fields, in order (AMQP 1.0, 3.2.4).
 _PROPERTY_FIELDS: Final = (
@@ -216,23 +232,38 @@ def _application_properties(value: Any) -> dict[str, AppValue]:
     return out
 
 
+# The decoder's integer classes → the kind they are carried as (with their type).
+_TYPED_INTEGERS: Final[dict[type, TypedKind]] = {
+    Ubyte: "ubyte",
+    Ushort: "ushort",
+    Uint: "uint",
+    Ulong: "ulong",
+    Byte: "byte",
+    Short: "short",
+    Long: "long",
+    Timestamp: "timestamp",
+}
+
+
 def _app_value(key: str, v: Any) -> AppValue:
-    """A value the whole path keeps with its type, or `NotCarried`."""
-    if type(v) is str or type(v) is bool or type(v) is Int:
-        return v if type(v) is not Int else int(v)
-    if type(v) is Long:
-        if int(v) not in _INT32:
-            return int(v)  # sent as a long again: it does not fit an int
-        reason = "a long inside the int range would arrive as an int"
-    elif type(v) is Double:
-        return float(v)
-    elif isinstance(v, Timestamp):
-        reason = "a timestamp would come back from a backlog queue as a number"
-    elif isinstance(v, bytes):
-        reason = "binary would come back from a backlog queue as text"
-    else:
-        reason = f"the AMQP type {type(v).__name__} is not carried"
+    """A value the whole path keeps with its AMQP type, or `NotCarried`."""
+    t = type(v)
+    if t is str or t is bool:
+        return v  # type: ignore[no-any-return]
+    if t is Int:
+        return int(v)  # a plain int is sent as an AMQP int again
+    if t is Double:
+        return float(v)  # a plain float is sent as a double again
+    kind = _TYPED_INTEGERS.get(t)
+    if kind is not None:
+        return Typed(kind, int(v))
+    if t is Float:
+        return Typed("float", float(v))
+    if t is uuid.UUID:
+        return Typed("uuid", v)
+    if t is bytes:
+        return Typed("binary", v)
     raise NotCarried(
-        f"application property {key[:100]!r}: {reason}; carried types: string, boolean, "
-        "int, double, long beyond the int range"
+        f"application property {key[:100]!r}: the AMQP type {t.__name__} is not carried "
+        "(carried: string, boolean, the integer types, float, double, timestamp, uuid, binary)"
     )

@@ -3,9 +3,41 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from dataclasses import dataclass, field
+from typing import Final, Literal, get_args
 
-AppValue = str | int | float | bool | bytes | dt.datetime
+# AMQP types an application property may have beyond the REST format's own (string, int or
+# long, double, boolean): what the AMQP edge carries with its type (`Typed`).
+TypedKind = Literal[
+    "ubyte", "ushort", "uint", "ulong", "byte", "short", "long", "float", "timestamp", "uuid",
+    "binary",
+]  # fmt: skip
+TYPED_KINDS: Final = frozenset(get_args(TypedKind))
+# The integer kinds' ranges (AMQP 1.0, 1.6): what a restored value is checked against.
+INTEGER_RANGES: Final = {
+    "ubyte": range(0, 2**8),
+    "ushort": range(0, 2**16),
+    "uint": range(0, 2**32),
+    "ulong": range(0, 2**64),
+    "byte": range(-(2**7), 2**7),
+    "short": range(-(2**15), 2**15),
+    "long": range(-(2**63), 2**63),
+    "timestamp": range(-(2**63), 2**63),  # milliseconds since the epoch
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Typed:
+    """An application property value sent with an AMQP type of its own (a uint, a uuid, a
+    timestamp in milliseconds, binary...; gateway.amqp.messages): encoded with that type,
+    and carried through a backlog queue with it (gateway.core.backlog)."""
+
+    kind: TypedKind
+    value: int | float | bytes | uuid.UUID
+
+
+AppValue = str | int | float | bool | bytes | dt.datetime | Typed
 
 # Fixed per-message overhead of the AMQP encoding (header, section descriptors, ...). Service
 # Bus counts the whole encoded message against its size limit; we count body + properties +
@@ -44,13 +76,16 @@ class OutboundMessage:
 
 
 def _value_size(v: AppValue) -> int:
-    if isinstance(v, bool):
+    raw: object = v.value if isinstance(v, Typed) else v
+    if isinstance(raw, bool):
         return 1
-    if isinstance(v, int | float | dt.datetime):
+    if isinstance(raw, uuid.UUID):
+        return 16
+    if isinstance(raw, int | float | dt.datetime):
         return 8
-    if isinstance(v, bytes):
-        return len(v)
-    return len(v.encode("utf-8"))
+    if isinstance(raw, bytes):
+        return len(raw)
+    return len(str(raw).encode("utf-8"))
 
 
 def estimate_size(m: OutboundMessage, extra_properties: dict[str, AppValue] | None = None) -> int:

@@ -210,7 +210,8 @@ async def test_with_the_primary_down_sends_return_and_arrive_home_once_intact(
     fault = await control.add_fault("primary", "amqp:internal-error", operation="send")
     conn = await amqp_gateway(SYPHON)
     ids = [str(uuid.uuid4()) for _ in range(6)]
-    props = {"tenant": "t1", "n": 7, "ratio": 0.25, "ok": False}
+    tag = uuid.uuid4()  # an AMQP uuid: carried with its type through the backlog queue
+    props = {"tenant": "t1", "n": 7, "ratio": 0.25, "ok": False, "tag": tag}
     for i, mid in enumerate(ids[:3]):
         await send(
             conn,
@@ -244,7 +245,7 @@ async def test_with_the_primary_down_sends_return_and_arrive_home_once_intact(
     assert m.content_type == "text/plain"
     assert dt.timedelta(minutes=59) < m.time_to_live <= dt.timedelta(hours=1)
     app = {k.decode(): v for k, v in (m.application_properties or {}).items()}
-    assert app == {"tenant": b"t1", "n": 7, "ratio": 0.25, "ok": False}
+    assert app == {"tenant": b"t1", "n": 7, "ratio": 0.25, "ok": False, "tag": tag}
 
 
 async def test_shutdown_drains_under_load_and_no_acknowledged_send_is_lost(
