@@ -267,7 +267,14 @@ class AmqpConnection(asyncio.Protocol):
             )
             result = done.result
             if isinstance(result, GatewayError):
-                settlement = _rejected(amqp_rejection(result), result.message, request_id)
+                condition, description = amqp_rejection(result), result.message
+                if condition == Condition.NOT_FOUND:
+                    # Service Bus's own wording: the JS SDK recognises a missing entity by it.
+                    description = (
+                        f"The messaging entity '{state.name[:200]}' could not be found. "
+                        + description
+                    )
+                settlement = _rejected(condition, description, request_id)
             else:
                 settlement = Accepted()
         except Exception:  # a bug: the client still gets an answer, not a 60 s hang
