@@ -81,7 +81,9 @@ def check_sections(data: bytes) -> None:
         items = None
     if items is not None and parts.application_properties is not None:
         rebuilt = sections.encode_application_properties(items)
-        assert sections.split(rebuilt).application_properties_items() == items
+        again = sections.split(rebuilt).application_properties_items()
+        # Compared as bytes: a NaN is not equal to itself.
+        assert [(k, r) for k, r, _ in again] == [(k, r) for k, r, _ in items]
     try:
         sections.split_batch(data)
     except codec.DecodeError:
