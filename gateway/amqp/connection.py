@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gateway.amqp import messages
 from gateway.amqp.auth import Grants
@@ -96,7 +96,8 @@ class AmqpConnection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport (uvloop's is one without subclassing asyncio.Transport).
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)

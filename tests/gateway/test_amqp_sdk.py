@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ from gateway.amqp.server import AMQP_SERVER
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
 from tests.gateway.test_syphon import SYPHON, backlog_total, depth, receive_all
-from tests.support.processes import free_port
+from tests.support.processes import GatewayProcess, broker_env, free_port
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -282,3 +283,20 @@ async def test_shutdown_drains_under_load_and_no_acknowledged_send_is_lost(
     assert failures, "the senders saw the gateway go away"
     stored = {m.message_id for m in await receive_all(broker, "orders")}
     assert set(acknowledged) <= stored, "every acknowledged send was stored"
+
+
+async def test_gateway_serve_takes_an_sdk_sender_on_its_own_event_loop(
+    broker: BrokerProcess, control: ControlClient, tmp_path: Path
+) -> None:
+    """`gateway serve` as deployed (a process, uvloop when installed), stopped by SIGTERM."""
+    amqp_port = free_port()
+    env = broker_env(broker, SBGATE_AMQP_PLAIN_PORT=str(amqp_port), SBGATE_DRAIN_DELAY="0", **AUTH)
+    async with GatewayProcess("gateway", env, port=free_port(), log_dir=tmp_path) as gw:
+        await send(
+            connection_string(amqp_port), "orders", ServiceBusMessage(b"p", message_id="p-1")
+        )
+        gw.terminate()
+        assert await gw.wait(30) == 0
+    assert b"Traceback" not in gw.output(), gw.tail()
+    [got] = await receive(broker, 1)
+    assert got.message_id == "p-1"
