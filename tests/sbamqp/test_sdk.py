@@ -112,3 +112,25 @@ async def test_schedule_messages_goes_through_the_management_link() -> None:
     ((app, body),) = peer.management
     assert app["operation"] == "com.microsoft:schedule-message"
     assert len(body["messages"]) == 2
+
+
+async def test_concurrent_senders() -> None:
+    peer = Peer()
+    names = [f"q{i}" for i in range(5)]
+    async with serve(peer) as port, _client(port) as client:
+        senders = [client.get_queue_sender(name) for name in names]
+
+        async def send_ten(sender: object) -> None:
+            async with sender:  # type: ignore[attr-defined]
+                for i in range(10):
+                    await sender.send_messages(ServiceBusMessage(f"m{i}"))  # type: ignore[attr-defined]
+
+        async with asyncio.timeout(DEADLINE), asyncio.TaskGroup() as group:
+            for sender in senders:
+                group.create_task(send_ten(sender))
+    by_entity: dict[str, int] = {}
+    for received in peer.received:
+        by_entity[received.entity] = by_entity.get(received.entity, 0) + 1
+    assert by_entity == dict.fromkeys(names, 10)
+    opened = [e for e in peer.events if isinstance(e, engine.Opened)]
+    assert len(opened) == len(names)  # the Python SDK opens a connection per sender
