@@ -564,6 +564,9 @@ def skip(buf: Buffer, offset: int = 0) -> int:
             depth += 1
             if depth > MAX_DEPTH:
                 raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
+            if offset < len(buf) and buf[offset] == 0x00:
+                # Refused as decode refuses it; it also keeps the call below one level deep.
+                raise DecodeError("a descriptor cannot itself be described")
             offset = skip(buf, offset)
             continue
         width = _SKIP_FIXED.get(code)

@@ -293,6 +293,22 @@ def test_a_lying_length_fails_fast_without_allocating() -> None:
     assert peak < 1_000_000, peak
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x00" * 5000 + b"\x40",  # descriptors of descriptors, deeper than the stack
+        b"\x00\x53\x01" * 100 + b"\x40",  # described values of described values
+        b"\x00\xa1",  # a truncated descriptor
+    ],
+    ids=["nested descriptors", "chained described", "truncated"],
+)
+def test_skip_refuses_what_decode_refuses(raw: bytes) -> None:
+    with pytest.raises(DecodeError):
+        skip(raw)
+    with pytest.raises(DecodeError):
+        decode(raw)
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=64))
 def test_random_bytes_decode_or_raise_decode_error(raw: bytes) -> None:
