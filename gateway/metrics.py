@@ -66,6 +66,7 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self._requests(self.registry)
         self._sending(self.registry)
         self._edge_load(self.registry)
+        self._amqp(self.registry)
         self._links(self.registry)
         self._failover(self.registry)
         self._syphon(self.registry)
@@ -186,6 +187,33 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
             "Bytes of accepted-but-unsettled messages held in memory.",
             registry=r,
         )
+
+    def _amqp(self, r: CollectorRegistry) -> None:
+        """The AMQP edge (gateway.amqp): its connections, tokens and refusals. Its deliveries
+        are counted with the HTTP requests, `protocol="amqp"`."""
+        self.amqp_connections = Gauge(
+            "sbgate_amqp_open_connections",
+            "Open AMQP client connections (counted against amqp.max_connections).",
+            registry=r,
+        )
+        self.amqp_put_tokens = Counter(
+            "sbgate_amqp_put_tokens_total",
+            "$cbs put-token requests, by result: granted, or refused (status 401).",
+            ["result"],
+            registry=r,
+        )
+        self.amqp_refused = Counter(
+            "sbgate_amqp_refused_total",
+            "What the AMQP edge refused before any send, by kind: connection (over "
+            "amqp.max_connections or draining), link (a receiver or a transaction "
+            "coordinator), management (a management operation).",
+            ["kind"],
+            registry=r,
+        )
+        for result in ("granted", "refused"):
+            self.amqp_put_tokens.labels(result)
+        for kind in ("connection", "link", "management"):
+            self.amqp_refused.labels(kind)
 
     def _links(self, r: CollectorRegistry) -> None:
         """Sender links and AMQP connections, restarted loops, readiness."""
@@ -375,6 +403,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver):
         self.http_listening.set_function(lambda: 1.0 if stats.listening else 0.0)
         self.http_listener_pauses.stats = stats
         self.http_listener_paused.stats = stats
+
+    def bind_amqp(self, connections: Callable[[], int]) -> None:
+        self.amqp_connections.set_function(lambda: float(connections()))
 
     def bind_admission(self, waiting: Callable[[], int], used: Callable[[], int]) -> None:
         self.admission_waiting.set_function(lambda: float(waiting()))

@@ -176,7 +176,9 @@ class AmqpConnection(asyncio.Protocol):
     def _on_attach(self, link: Link) -> None:
         engine = self._engine
         assert engine is not None
+        refused = self._server.edge.metrics.amqp_refused
         if link.is_coordinator:
+            refused.labels("link").inc()
             engine.refuse_link(link, Condition.NOT_IMPLEMENTED, "transactions: " + SENDERS_ONLY)
             return
         if link.is_server_sender:  # the client receives
@@ -184,6 +186,7 @@ class AmqpConnection(asyncio.Protocol):
             if _is_request_node(source):
                 engine.accept_attach(link)
             else:
+                refused.labels("link").inc()
                 engine.refuse_link(link, Condition.NOT_IMPLEMENTED, SENDERS_ONLY)
             return
         target = link.target_address or ""
@@ -310,6 +313,8 @@ class AmqpConnection(asyncio.Protocol):
         else:
             put = self._grants.put_token(request.properties.get("name"), request.body)
             status, description = put.status, put.description
+            result = "granted" if status == 200 else "refused"
+            self._server.edge.metrics.amqp_put_tokens.labels(result).inc()
             if status != 200:
                 log.info("AMQP put-token refused (%s) from %s: %s", status, self._peer, description)
         self._reply(
@@ -326,6 +331,7 @@ class AmqpConnection(asyncio.Protocol):
     def _on_management_request(self, event: Transfer) -> None:
         request = _Request.parse(event.payload)
         operation = request.operation if request is not None else None
+        self._server.edge.metrics.amqp_refused.labels("management").inc()
         self._reply(
             event,
             request,

@@ -126,6 +126,7 @@ class AmqpServer:
         """Count a new connection in; False (to be closed) over the cap or while draining."""
         if self.draining or len(self._connections) >= self.settings.max_connections:
             log.warning("AMQP connection refused: %d open (cap)", len(self._connections))
+            self.edge.metrics.amqp_refused.labels("connection").inc()
             return False
         self._connections.add(connection)
         return True
@@ -296,6 +297,7 @@ async def amqp_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     await server.start()
     app[AMQP_SERVER] = server
+    app[EDGE].metrics.bind_amqp(lambda: server.connections)
     try:
         yield
     finally:

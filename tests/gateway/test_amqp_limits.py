@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
+from azure.servicebus.exceptions import ServiceBusError
 
 from gateway.amqp.server import AMQP_SERVER, AmqpServer
 from sblocal.testing import BrokerProcess, ControlClient
@@ -101,3 +102,25 @@ def test_the_open_hostname_must_be_served() -> None:
     assert server.serves_host("gw.example.com") and server.serves_host("OTHER.example.com")
     assert server.serves_host("localhost") and server.serves_host("127.0.0.1")
     assert not server.serves_host("evil.example.com")
+
+
+async def test_the_edge_counts_its_connections_tokens_refusals_and_deliveries(
+    amqp_server: Start, broker: BrokerProcess, control: ControlClient
+) -> None:
+    server = await amqp_server({})
+    registry = server.edge.metrics.registry
+    conn = connection_string(server.ports["plain"])
+    async with asyncio.timeout(DEADLINE):
+        async with ServiceBusClient.from_connection_string(conn, retry_total=0) as sb:
+            async with sb.get_queue_sender("orders") as sender:
+                await sender.send_messages(ServiceBusMessage(b"x", message_id="m-1"))
+                assert registry.get_sample_value("sbgate_amqp_open_connections") == 1
+            with pytest.raises(ServiceBusError):
+                async with sb.get_queue_receiver("orders") as receiver:
+                    await receiver.receive_messages(max_wait_time=1)
+    sample = registry.get_sample_value
+    assert (sample("sbgate_amqp_put_tokens_total", {"result": "granted"}) or 0) >= 1
+    assert sample("sbgate_amqp_refused_total", {"kind": "link"}) == 1
+    answered = {"entity": "orders", "status": "201", "route": "primary", "protocol": "amqp"}
+    assert sample("sbgate_http_requests_total", answered) == 1
+    await eventually(lambda: sample("sbgate_amqp_open_connections") == 0, within=10)
