@@ -459,8 +459,10 @@ class AmqpConnection(asyncio.Protocol):
         now = self._now()
         deadline = engine.next_deadline(now)
         max_age = self._server.settings.max_connection_age
-        if max_age and not self.closing:
-            aged = self._opened_at + max_age
+        aged = self._opened_at + max_age
+        # Once past its age, a connection with deliveries in flight is closed by the last
+        # one's settlement (`_deliver`), not by a timer firing again and again meanwhile.
+        if max_age and not self.closing and aged > now:
             deadline = aged if deadline is None else min(deadline, aged)
         if self._timer is not None:
             if deadline is not None and self._timer.when() == deadline:
