@@ -125,8 +125,8 @@ class Limits:
     idle_timeout: float | None = None
     # Seconds to wait for the peer's close after ours before the transport may be dropped.
     close_grace: float = 2.0
-    # Bytes held in unfinished multi-frame deliveries, all links together: without it, each
-    # link could hold up to max_message_size at once.
+    # Bytes held in unfinished multi-frame deliveries, all links together (never less than
+    # max_message_size): without it, each link could hold up to max_message_size at once.
     max_buffered_bytes: int = 4 << 20
     # Replies (``send``) waiting for credit on one link; a peer that asks and never grants
     # credit is closed beyond this, so that its replies cannot pile up.
@@ -134,6 +134,26 @@ class Limits:
     container_id: str = "sbamqp"
     sasl_mechanisms: tuple[str, ...] = (conventions.SASL_MSSBCBS, conventions.SASL_ANONYMOUS)
     require_sasl: bool = True
+
+    def __post_init__(self) -> None:
+        problems = [
+            name
+            for name, ok in (
+                ("max_frame_size (512 .. 2**32-1)", 512 <= self.max_frame_size < 1 << 32),
+                ("channel_max (0 .. 65535)", 0 <= self.channel_max <= 0xFFFF),
+                ("max_sessions (1 or more)", self.max_sessions >= 1),
+                ("handle_max (0 .. 2**32-1)", 0 <= self.handle_max < 1 << 32),
+                ("max_links (1 or more)", self.max_links >= 1),
+                ("max_message_size (1 or more)", self.max_message_size >= 1),
+                ("max_buffered_bytes (1 or more)", self.max_buffered_bytes >= 1),
+                ("incoming_window (2 or more)", self.incoming_window >= 2),
+                ("idle_timeout (positive)", self.idle_timeout is None or self.idle_timeout > 0),
+                ("close_grace (positive)", self.close_grace > 0),
+            )
+            if not ok
+        ]
+        if problems:
+            raise ValueError("invalid AMQP limits: " + ", ".join(problems))
 
 
 # -- state objects --------------------------------------------------------------------
@@ -878,7 +898,8 @@ class ServerConnection:
             self._drop_partial(link)
             return
         if perf.more:
-            if self._buffered > self.limits.max_buffered_bytes:
+            # Never below one whole message: that one is only rejected, at its end.
+            if self._buffered > max(self.limits.max_buffered_bytes, self.limits.max_message_size):
                 raise _Violation(
                     Condition.RESOURCE_LIMIT_EXCEEDED, "too many bytes in unfinished deliveries"
                 )

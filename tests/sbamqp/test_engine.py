@@ -470,7 +470,7 @@ def test_a_draining_receiver_gets_its_credit_used_up() -> None:
 
 
 def test_unfinished_deliveries_are_capped_across_links() -> None:
-    conn = opened(engine.Limits(max_buffered_bytes=1500), pipeline=BEGIN)
+    conn = opened(engine.Limits(max_buffered_bytes=1500, max_message_size=1000), BEGIN)
     for handle in (0, 1):
         link = attached(conn, handle)
         link.max_message_size = 1000
@@ -482,3 +482,10 @@ def test_unfinished_deliveries_are_capped_across_links() -> None:
     (violation,) = conn.receive_data(transfer(b"x" * 200, None, handle=1, more=True))
     assert isinstance(violation, engine.ProtocolViolation)
     assert violation.condition == Condition.RESOURCE_LIMIT_EXCEEDED
+
+
+def test_nonsense_limits_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_frame_size"):
+        engine.Limits(max_frame_size=100)
+    with pytest.raises(ValueError, match="incoming_window"):
+        engine.Limits(incoming_window=0)
