@@ -101,7 +101,9 @@ _KINDS: dict[str, tuple[_Check, Callable[[Any], Any]]] = {
     "ushort": (_is_ushort, Ushort),
     "ubyte": (_is_ubyte, Ubyte),
     "bool": (lambda v: isinstance(v, bool), bool),
-    "str": (lambda v: isinstance(v, str) and not isinstance(v, Symbol), str),
+    # A symbol where a string belongs is taken: refusing it would end the connection of a
+    # client that encodes a name or an address that way, for nothing.
+    "str": (lambda v: isinstance(v, str), str),
     "symbol": (lambda v: isinstance(v, str), Symbol),
     "binary": (lambda v: isinstance(v, bytes), bytes),
     "map": (lambda v: isinstance(v, dict), lambda v: v),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import timeit
 from typing import Any
 
 import pytest
 
 from sbamqp import conventions, engine, frames
+from sbamqp.codec import Described, Symbol, Ulong, encode
 from sbamqp.conventions import Condition
 from sbamqp.performatives import (
     Accepted,
@@ -424,7 +426,6 @@ def test_the_hot_path_stays_cheap() -> None:
     """A transfer decodes in a few µs and a settlement encodes in well under one on an idle
     core; the bounds here are loose (a shared machine) but catch a slip into the generic
     path (about 10x slower)."""
-    import timeit
 
     body = (
         TransferFrame(
@@ -489,3 +490,13 @@ def test_nonsense_limits_are_refused() -> None:
         engine.Limits(max_frame_size=100)
     with pytest.raises(ValueError, match="incoming_window"):
         engine.Limits(incoming_window=0)
+
+
+def test_a_symbol_where_a_string_belongs_is_taken() -> None:
+    perf = Described(Ulong(0x10), [Symbol("container"), Symbol("localhost")])
+    conn = engine.ServerConnection()
+    events = conn.receive_data(
+        frames.SASL_HEADER + SASL_INIT + frames.AMQP_HEADER + frames.encode_frame(0, encode(perf))
+    )
+    opened_ = events[-1]
+    assert isinstance(opened_, engine.Opened) and opened_.hostname == "localhost"
