@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import time
+import tracemalloc
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -227,7 +229,6 @@ def test_the_sdk_encoder_decodes_to_typed_values(sdk_value: Any, expected: Any) 
 
 
 def test_the_sdk_decimal128_stays_raw() -> None:
-    from decimal import Decimal
 
     out = bytearray()
     pyamqp_encode.encode_value(out, Decimal("1.5"))
@@ -273,7 +274,6 @@ def test_hostile_input_raises_decode_error(raw: bytes) -> None:
 
 
 def test_a_lying_length_fails_fast_without_allocating() -> None:
-    import tracemalloc
 
     hostile = [
         b"\xf0\xff\xff\xff\xf0\xff\xff\xff\xf0\x71",
