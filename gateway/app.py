@@ -42,7 +42,7 @@ from gateway.core import failover as failover_module
 from gateway.core.backlog import backlog_path
 from gateway.core.closing import CANCEL_GRACE, Closer, stop_after
 from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Dispatcher
-from gateway.core.entities import EntityCatalog
+from gateway.core.entities import EntityCatalog, EntityRef
 from gateway.core.failover import Failover, PairClients
 from gateway.core.looplag import LoopLag
 from gateway.core.ports import NamespaceClient, Tracer
@@ -65,6 +65,7 @@ from gateway.web.hardening import host_check, is_loopback
 from gateway.web.openapi import add_openapi_route
 
 if TYPE_CHECKING:
+    from gateway.servicebus.schedule import SdkScheduler
     from gateway.state.connect import RedisTarget
 
 log = logging.getLogger(__name__)
@@ -451,6 +452,25 @@ def _open_connections(clients: Iterable[NamespaceClient]) -> int:
         if pool is not None:
             total += pool.open_connections()
     return total
+
+
+def amqp_scheduler(app: web.Application) -> SdkScheduler | None:
+    """The AMQP edge's scheduling at the primaries (gateway.servicebus.schedule): only with
+    the SDK's clients, and only for an entity that failover has on its primary."""
+    from gateway.servicebus.client import SdkNamespaceClient
+    from gateway.servicebus.schedule import SdkScheduler
+
+    settings, clients = app[SETTINGS], app[CLIENTS]
+    primaries = {p.name: clients[p.primary.name] for p in settings.pairs}
+    sdk = {name: c for name, c in primaries.items() if isinstance(c, SdkNamespaceClient)}
+    if len(sdk) != len(primaries):
+        return None
+    store = app.get(STORE) if app[PLAN].failover else None
+
+    def healthy(entity: EntityRef) -> bool:
+        return store is None or store.get(entity.path.lower()).status == "healthy"
+
+    return SdkScheduler(sdk, settings.timeouts, healthy)
 
 
 def _start_syphons(app: web.Application) -> list[Syphon]:

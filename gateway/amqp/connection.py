@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from gateway.amqp import messages
+from gateway.amqp import management, messages
 from gateway.amqp.auth import Grants
 from gateway.core.closing import stop_after
 from gateway.core.entities import EntityRef
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SENDERS_ONLY = "this endpoint only accepts senders; receive from the namespace"
+SENDERS_ONLY = management.SENDERS_ONLY
 _MANAGEMENT_SUFFIX = "/" + conventions.MANAGEMENT_NODE
 # Credit on the request links ($cbs, $management): a client sends one request at a time.
 _REQUEST_CREDIT = 8
@@ -317,7 +317,9 @@ class AmqpConnection(asyncio.Protocol):
             self._server.edge.metrics.amqp_put_tokens.labels(result).inc()
             if status != 200:
                 log.info("AMQP put-token refused (%s) from %s: %s", status, self._peer, description)
-        self._reply(
+        if not event.settled:
+            self._settle(event.link, event.delivery_id, Accepted())
+        self._send_reply(
             event,
             request,
             conventions.CBS_NODE,
@@ -329,23 +331,56 @@ class AmqpConnection(asyncio.Protocol):
         )
 
     def _on_management_request(self, event: Transfer) -> None:
+        """Scheduling runs as a task of its own (it waits for the primary); anything else is
+        answered 501 at once (gateway.amqp.management)."""
         request = _Request.parse(event.payload)
         operation = request.operation if request is not None else None
-        self._server.edge.metrics.amqp_refused.labels("management").inc()
-        self._reply(
-            event,
-            request,
-            event.link.target_address or "",
-            {
-                conventions.MGMT_STATUS_CODE: Int(501),
-                conventions.MGMT_STATUS_DESCRIPTION: f"{operation or 'this operation'} is not "
-                "served: " + SENDERS_ONLY + " (scheduling: send with a scheduled enqueue time)",
-                conventions.MGMT_ERROR_CONDITION: Symbol(Condition.NOT_IMPLEMENTED),
-            },
-            {},
+        if not event.settled:
+            self._settle(event.link, event.delivery_id, Accepted())
+        if request is None:
+            return
+        if self._server.scheduler is None or not management.is_scheduling(operation):
+            self._server.edge.metrics.amqp_refused.labels("management").inc()
+            self._reply(event, request, management.not_implemented(operation))
+            return
+        task = asyncio.create_task(
+            self._manage(event, request, operation), name=f"amqp management {operation}"
         )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _reply(
+    async def _manage(self, event: Transfer, request: _Request, operation: str | None) -> None:
+        node = entity_path(event.link.target_address or "")
+        name = node[: -len(_MANAGEMENT_SUFFIX)]
+        server = self._server
+        try:
+            reply = await management.answer(
+                operation,
+                request.body,
+                name,
+                catalog=server.edge.catalog,
+                limits=server.settings_limits,
+                authorize=self._grants.authorize_send,
+                scheduler=server.scheduler,
+            )
+        except Exception:  # a bug: the client still gets an answer, not a 60 s hang
+            log.exception("AMQP management request %s failed", operation)
+            reply = management.Answer(500, "internal error", Condition.INTERNAL_ERROR)
+        log.info(
+            "AMQP %s on %s from %s: %s", operation, name, self._peer, reply.status,
+            extra={"entity": name, "status": reply.status, "protocol": "amqp"},
+        )  # fmt: skip
+        self._reply(event, request, reply)
+        self._flush()
+
+    def _reply(self, event: Transfer, request: _Request, answer: management.Answer) -> None:
+        """Send a management reply on the link the conventions pick."""
+        self._send_reply(
+            event, request, event.link.target_address or "", answer.application_properties(),
+            answer.body,
+        )  # fmt: skip
+
+    def _send_reply(
         self,
         event: Transfer,
         request: _Request | None,
@@ -353,12 +388,9 @@ class AmqpConnection(asyncio.Protocol):
         properties: dict[str, Any],
         body: Any,
     ) -> None:
-        """Settle a request and send its reply on the link the conventions pick."""
+        """Send a request's reply on the link the conventions pick (its reply-to)."""
         engine = self._engine
-        assert engine is not None
-        if not event.settled:
-            self._settle(event.link, event.delivery_id, Accepted())
-        if request is None:
+        if engine is None or request is None:
             return
         session = event.link.session
         target = reply_link(request.reply_to, node, session.links.values(), engine.links)

@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.amqp.connection import AmqpConnection
+from gateway.amqp.management import Scheduler
 from gateway.auth import AuthConfigError, Authorizer
 from gateway.auth.sas import parse_host_entry
 from gateway.config import AmqpSettings, ConfigError, LimitSettings, Settings
@@ -57,12 +58,14 @@ class AmqpServer:
         *,
         authorizer: Authorizer | None = None,
         gate: AdmissionGate | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.settings: AmqpSettings = settings.amqp
         self.settings_limits: LimitSettings = settings.limits
         self.edge = edge
         self.router = router
         self.authorizer = authorizer
+        self.scheduler = scheduler  # None: scheduling is refused (501)
         self._gate = gate
         self._drain_bound = drain_bound(settings)
         self._listen_host = settings.listen_host
@@ -280,7 +283,7 @@ AMQP_SERVER = web.AppKey("amqp_server", AmqpServer)
 async def amqp_ctx(app: web.Application) -> AsyncIterator[None]:
     """The AMQP edge (`AMQP_SERVER`), when a listener is configured; drained before the
     router closes (registered after it)."""
-    from gateway.app import DISPATCHER, PLAN, SETTINGS
+    from gateway.app import DISPATCHER, PLAN, SETTINGS, amqp_scheduler
     from gateway.web.auth import AUTHORIZER
     from gateway.web.handlers import EDGE, ROUTER
 
@@ -288,12 +291,14 @@ async def amqp_ctx(app: web.Application) -> AsyncIterator[None]:
     if not settings.amqp.enabled or app[PLAN].mode != "serve":
         yield
         return
+    scheduler = amqp_scheduler(app)
     server = AmqpServer(
         settings,
         app[EDGE],
         app[ROUTER],
         authorizer=app.get(AUTHORIZER),
         gate=app[DISPATCHER].gate,
+        scheduler=scheduler,
     )
     await server.start()
     app[AMQP_SERVER] = server
@@ -302,3 +307,5 @@ async def amqp_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await server.close()
+        if scheduler is not None:
+            await scheduler.close()  # what outlived its close bound (2 * CANCEL_GRACE)

@@ -25,6 +25,7 @@ from azure.servicebus.exceptions import (
     ServiceBusAuthenticationError,
     ServiceBusAuthorizationError,
     ServiceBusError,
+    ServiceBusServerBusyError,
 )
 
 from gateway.amqp.server import AMQP_SERVER
@@ -189,20 +190,54 @@ async def test_a_receiver_is_refused_clearly(amqp_gateway: Connect, control: Con
                     await receiver.receive_messages(max_wait_time=1)
 
 
-async def test_scheduling_is_refused_clearly(amqp_gateway: Connect, control: ControlClient) -> None:
+async def test_scheduling_goes_to_the_primary_with_its_sequence_numbers(
+    amqp_gateway: Connect, control: ControlClient
+) -> None:
     conn = await amqp_gateway()
     when = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     async with asyncio.timeout(DEADLINE):
         async with ServiceBusClient.from_connection_string(conn, retry_total=0) as sb:
             async with sb.get_queue_sender("orders") as sender:
-                with pytest.raises(ServiceBusError, match="only accepts senders"):
-                    await sender.schedule_messages(ServiceBusMessage(b"later"), when)
+                numbers = await sender.schedule_messages(
+                    [ServiceBusMessage(b"a", message_id="s-a"), ServiceBusMessage(b"b")], when
+                )
+                assert len(numbers) == 2 and all(isinstance(n, int) for n in numbers)
+                assert (await control.entity("primary", "orders"))["scheduled"] == 2
+                await sender.cancel_scheduled_messages(numbers[0])
+                assert (await control.entity("primary", "orders"))["scheduled"] == 1
                 # A scheduled enqueue time on a plain send is carried (failover-capable).
                 await sender.send_messages(
                     ServiceBusMessage(b"later", message_id="s-1", scheduled_enqueue_time_utc=when)
                 )
-    entity = await control.entity("primary", "orders")
-    assert entity["scheduled"] == 1, entity
+    assert (await control.entity("primary", "orders"))["scheduled"] == 2
+
+
+async def test_while_failed_over_scheduling_is_server_busy_and_sending_is_not(
+    amqp_gateway: Connect, control: ControlClient
+) -> None:
+    await control.add_fault("primary", "amqp:internal-error", operation="send")
+    conn = await amqp_gateway(SYPHON)
+    when = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    async with asyncio.timeout(DEADLINE):
+        async with ServiceBusClient.from_connection_string(conn, retry_total=0) as sb:
+            async with sb.get_queue_sender("orders") as sender:
+                await sender.send_messages(
+                    ServiceBusMessage(b"later", message_id="s-2", scheduled_enqueue_time_utc=when)
+                )  # to a backlog queue: the entity fails over
+                with pytest.raises(ServiceBusServerBusyError):
+                    await sender.schedule_messages(ServiceBusMessage(b"x"), when)
+    assert await backlog_total(control) == 1
+
+
+async def test_other_management_operations_are_refused_clearly(
+    amqp_gateway: Connect, control: ControlClient
+) -> None:
+    conn = await amqp_gateway()
+    async with asyncio.timeout(DEADLINE):
+        async with ServiceBusClient.from_connection_string(conn, retry_total=0) as sb:
+            with pytest.raises(ServiceBusError, match="only accepts senders"):
+                async with sb.get_queue_receiver("orders") as receiver:
+                    await receiver.peek_messages()
 
 
 async def test_with_the_primary_down_sends_return_and_arrive_home_once_intact(
