@@ -124,3 +124,26 @@ async def test_the_edge_counts_its_connections_tokens_refusals_and_deliveries(
     answered = {"entity": "orders", "status": "201", "route": "primary", "protocol": "amqp"}
     assert sample("sbgate_http_requests_total", answered) == 1
     await eventually(lambda: sample("sbgate_amqp_open_connections") == 0, within=10)
+
+
+async def test_garbage_closes_only_its_own_connection(
+    gateway: GatewayFactory, broker: BrokerProcess, control: ControlClient
+) -> None:
+    gw = await gateway({"SBGATE_AMQP_PLAIN_PORT": str(free_port()), **AUTH})
+    server = gw.app[AMQP_SERVER]
+    port = server.ports["plain"]
+    conn = connection_string(port)
+    async with asyncio.timeout(DEADLINE):
+        async with ServiceBusClient.from_connection_string(conn, retry_total=0) as sb:
+            async with sb.get_queue_sender("orders") as sender:
+                await sender.send_messages(ServiceBusMessage(b"before", message_id="g-1"))
+                for junk in (b"GET / HTTP/1.1\r\n\r\n", b"AMQP\x03\x01\x00\x00" + b"\xff" * 64):
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.write(junk)
+                    try:
+                        assert await closed_by_server(reader, within=5)
+                    finally:
+                        writer.close()
+                await sender.send_messages(ServiceBusMessage(b"after", message_id="g-2"))
+    assert (await gw.get("/healthz")).status == 200
+    assert sorted(m.message_id for m in await receive(broker, 2)) == ["g-1", "g-2"]
