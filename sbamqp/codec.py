@@ -519,6 +519,78 @@ _DECODERS[0xE0] = _array(1)
 _DECODERS[0xF0] = _array(4)
 
 
+# Hand-written decoders for the encodings SDKs use most (one call each instead of two):
+# the generic ones above stay for the rest.
+def _str8(buf: Buffer, off: int, depth: int) -> tuple[Any, int]:
+    if off >= len(buf):
+        raise DecodeError("truncated str8")
+    end = off + 1 + buf[off]
+    if end > len(buf):
+        raise DecodeError("str8 overruns the buffer")
+    try:
+        return bytes(buf[off + 1 : end]).decode("utf-8"), end
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"string is not UTF-8: {exc}") from None
+
+
+def _sym8(buf: Buffer, off: int, depth: int) -> tuple[Any, int]:
+    if off >= len(buf):
+        raise DecodeError("truncated sym8")
+    end = off + 1 + buf[off]
+    if end > len(buf):
+        raise DecodeError("sym8 overruns the buffer")
+    try:
+        return Symbol(bytes(buf[off + 1 : end]).decode("ascii")), end
+    except UnicodeDecodeError:
+        raise DecodeError("symbol is not ASCII") from None
+
+
+def _vbin8(buf: Buffer, off: int, depth: int) -> tuple[Any, int]:
+    if off >= len(buf):
+        raise DecodeError("truncated vbin8")
+    end = off + 1 + buf[off]
+    if end > len(buf):
+        raise DecodeError("vbin8 overruns the buffer")
+    return bytes(buf[off + 1 : end]), end
+
+
+def _small(cls: type) -> _Decoder:
+    unsigned = cls in (Uint, Ulong)
+
+    def dec(buf: Buffer, off: int, depth: int) -> tuple[Any, int]:
+        if off >= len(buf):
+            raise DecodeError("truncated small integer")
+        value = buf[off]
+        if not unsigned and value > 127:
+            value -= 256
+        return _new(cls, value), off + 1
+
+    return dec
+
+
+def _uint32(buf: Buffer, off: int, depth: int) -> tuple[Any, int]:
+    if off + 4 > len(buf):
+        raise DecodeError("truncated uint")
+    return _new(Uint, _U32(buf, off)[0]), off + 4
+
+
+def _timestamp(buf: Buffer, off: int, depth: int) -> tuple[Any, int]:
+    if off + 8 > len(buf):
+        raise DecodeError("truncated timestamp")
+    return _new(Timestamp, _I64(buf, off)[0]), off + 8
+
+
+_DECODERS[0xA0] = _vbin8
+_DECODERS[0xA1] = _str8
+_DECODERS[0xA3] = _sym8
+_DECODERS[0x52] = _small(Uint)
+_DECODERS[0x53] = _small(Ulong)
+_DECODERS[0x54] = _small(Int)
+_DECODERS[0x55] = _small(Long)
+_DECODERS[0x70] = _uint32
+_DECODERS[0x83] = _timestamp
+
+
 def decode(buf: Buffer, offset: int = 0) -> tuple[Any, int]:
     """Decode one value at ``offset``: ``(value, offset just past it)``.
 

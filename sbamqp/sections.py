@@ -145,6 +145,8 @@ def _section_code(buf: Buffer, off: int) -> tuple[int, int]:
     """(section code, offset of its value); ``DecodeError`` if not a section."""
     if buf[off] != 0x00:
         raise DecodeError(f"no section descriptor at offset {off}")
+    if off + 3 < len(buf) and buf[off + 1] == 0x53 and HEADER <= buf[off + 2] <= FOOTER:
+        return buf[off + 2], off + 3  # the usual smallulong descriptor
     descriptor, value_off = decode(buf, off + 1)
     if isinstance(descriptor, int) and not isinstance(descriptor, bool):
         code = descriptor
@@ -240,7 +242,7 @@ def application_properties(raw: bytes | None) -> list[tuple[str, bytes, Any]]:
     seen = set()
     for _ in range(count // 2):
         key, pos = decode(raw, pos)
-        if not isinstance(key, str) or isinstance(key, Symbol):
+        if type(key) is not str:
             raise DecodeError(f"application property key is not a string: {key!r:.60}")
         if key in seen:
             raise DecodeError(f"duplicate application property {key!r:.60}")
@@ -249,7 +251,7 @@ def application_properties(raw: bytes | None) -> list[tuple[str, bytes, Any]]:
         value, pos = decode(raw, pos)
         if isinstance(value, list | dict):
             raise DecodeError(f"application property {key!r:.60} is not a simple value")
-        items.append((key, bytes(raw[start:pos]), value))
+        items.append((key, raw[start:pos], value))
     if pos != end:
         raise DecodeError("application properties: size does not match the elements")
     return items
@@ -387,6 +389,17 @@ class Header:
         return section(HEADER, values)
 
 
+# The type each properties field must have (None: an id, checked apart).
+_PROPERTY_KINDS: tuple[type | tuple[type, ...] | None, ...] = (
+    None, bytes, str, str, str, None, str, str, Timestamp, Timestamp, str, int, str,
+)  # fmt: skip
+_PROPERTY_NAMES = (
+    "message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
+    "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
+    "reply_to_group_id",
+)  # fmt: skip
+
+
 @dataclass(slots=True)
 class Properties:
     """The properties section. Ids keep their AMQP type (``Ulong``, ``uuid.UUID``,
@@ -419,28 +432,16 @@ class Properties:
 
     @classmethod
     def from_list(cls, value: list[Any]) -> Properties:
-        """From the properties' decoded list."""
+        """From the properties' decoded list (``DecodeError`` for a field of a wrong type)."""
         padded = (value + [None] * 13)[:13]
+        for v, kind, name in zip(padded, _PROPERTY_KINDS, _PROPERTY_NAMES, strict=True):
+            if v is not None and kind is not None and not isinstance(v, kind):
+                raise DecodeError(f"properties.{name} is of the wrong type")
+        for v in (padded[0], padded[5]):
+            if isinstance(v, list | dict | Described | bool):
+                raise DecodeError("a message or correlation id is not an id")
         props = cls(*padded)
         props.extra = value[13:]
-        for name in ("to", "subject", "reply_to", "group_id", "reply_to_group_id"):
-            v = getattr(props, name)
-            if v is not None and not isinstance(v, str):
-                raise DecodeError(f"properties.{name} is not a string")
-        for name in ("content_type", "content_encoding"):
-            v = getattr(props, name)
-            if v is not None and not isinstance(v, str):
-                raise DecodeError(f"properties.{name} is not a symbol")
-        for name in ("absolute_expiry_time", "creation_time"):
-            v = getattr(props, name)
-            if v is not None and not isinstance(v, Timestamp):
-                raise DecodeError(f"properties.{name} is not a timestamp")
-        if props.user_id is not None and not isinstance(props.user_id, bytes):
-            raise DecodeError("properties.user_id is not binary")
-        for name in ("message_id", "correlation_id"):
-            v = getattr(props, name)
-            if isinstance(v, list | dict | Described | bool):
-                raise DecodeError(f"properties.{name} is not an id")
         return props
 
     def to_list(self) -> list[Any]:
