@@ -176,6 +176,9 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
     scheduled_at = _timestamp(props, SCHEDULED)
     partition_key = _identifier(props, PARTITION_KEY)
     _retype(props)
+    for name, value in props.items():
+        if not isinstance(value, _CARRIED):  # an untyped uuid, a list: not the gateway's
+            raise RestoreError(f"property {name[:100]!r} has a type the gateway never writes")
     if session_id is not None and partition_key and partition_key != session_id:
         raise RestoreError(f"{PARTITION_KEY} must equal {SESSION_ID} when both are set")
     if ttl_ms is not None and (
@@ -225,6 +228,9 @@ def _timestamp(props: dict[str, AppValue], key: str) -> float | None:
     except (OverflowError, ValueError, OSError):
         raise RestoreError(f"{key} is out of range") from None
     return seconds
+
+
+_CARRIED = (str, int, float, bytes, dt.datetime, Typed)  # bool is an int
 
 
 def _retype(props: dict[str, AppValue]) -> None:

@@ -85,7 +85,11 @@ def _value_size(v: AppValue) -> int:
         return 8
     if isinstance(raw, bytes):
         return len(raw)
-    return len(str(raw).encode("utf-8"))
+    if isinstance(raw, str):
+        return len(raw.encode("utf-8"))
+    # Nothing the edges build; a backlog message anyone wrote may hold it (the syphon's
+    # receive then reports the message unreadable: gateway.servicebus.receiver).
+    raise TypeError(f"an application property of type {type(raw).__name__}")
 
 
 def estimate_size(m: OutboundMessage, extra_properties: dict[str, AppValue] | None = None) -> int:
