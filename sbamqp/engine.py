@@ -172,6 +172,8 @@ class Session:
     remote_incoming_window: int = 0
     remote_outgoing_window: int = 0
     ended: bool = False
+    # Peer handles we detached whose answering detach has not arrived yet.
+    detaching: set[int] = field(default_factory=set, repr=False)
     # The delivery in progress per handle (multi-frame); see _Partial.
     properties: dict[Any, Any] | None = None
 
@@ -767,6 +769,7 @@ class ServerConnection:
             raise _Violation(Condition.RESOURCE_LIMIT_EXCEEDED, "handle above handle-max")
         if perf.handle in session.links:
             raise _Violation(Condition.HANDLE_IN_USE, f"handle {perf.handle} in use")
+        session.detaching.discard(perf.handle)
         if self._link_count >= self.limits.max_links:
             raise _Violation(Condition.RESOURCE_LIMIT_EXCEEDED, "too many links")
         link = Link(
@@ -829,9 +832,12 @@ class ServerConnection:
             session.remote_incoming_window = perf.incoming_window
         session.remote_outgoing_window = perf.outgoing_window
         link = None
+        answered = False
         if perf.handle is not None:
             link = session.links.get(perf.handle)
             if link is None:
+                if perf.handle in session.detaching:
+                    return  # sent before our detach reached the peer
                 raise _Violation(Condition.UNATTACHED_HANDLE, f"flow for handle {perf.handle}")
             if link.is_server_sender and perf.link_credit is not None:
                 # The receiver's view: credit counts from its delivery-count.
@@ -843,8 +849,11 @@ class ServerConnection:
                     link.delivery_count = (link.delivery_count + link.credit) % _UINT_MOD
                     link.credit = 0
                     self._send_drained(link)
-            elif perf.echo:
+                    answered = True
+            if perf.echo and link.attached and not answered:
                 self._send_link_flow(link)
+        elif perf.echo:
+            self._send_session_flow(session)
         self._events.append(Flowed(link, perf))
 
     def _on_transfer(self, channel: int, perf: TransferFrame, payload: bytes) -> None:
@@ -852,18 +861,27 @@ class ServerConnection:
         if session is None:
             return
         link = session.links.get(perf.handle)
+        session.next_incoming_id = (session.next_incoming_id + 1) % _UINT_MOD
+        if link is None and perf.handle in session.detaching:
+            # Sent before our detach reached the peer: dropped (the peer learns from the
+            # detach that the delivery went nowhere).
+            session.incoming_window -= 1
+            self._reopen_window(session)
+            return
         if link is None or link.detached:
             raise _Violation(Condition.UNATTACHED_HANDLE, f"transfer on handle {perf.handle}")
         if link.is_server_sender:
             raise _Violation(Condition.NOT_ALLOWED, "transfer on a link where we send")
-        session.next_incoming_id = (session.next_incoming_id + 1) % _UINT_MOD
         session.incoming_window -= 1
+        self._reopen_window(session)
+        self._on_delivery_frame(link, perf, payload)
+
+    def _reopen_window(self, session: Session) -> None:
         if session.incoming_window < 0:
             raise _Violation(Condition.WINDOW_VIOLATION, "transfer beyond the incoming window")
         if session.incoming_window <= self.limits.incoming_window // 2:
             session.incoming_window = self.limits.incoming_window
             self._send_session_flow(session)
-        self._on_delivery_frame(link, perf, payload)
 
     def _on_delivery_frame(self, link: Link, perf: TransferFrame, payload: bytes) -> None:
         part = link._partial
@@ -951,11 +969,12 @@ class ServerConnection:
             return
         link = session.links.get(perf.handle)
         if link is None:
-            return  # detach crossing ours: nothing more to say
+            session.detaching.discard(perf.handle)
+            return  # the answer to our detach, or one crossing it: nothing more to say
         if not link.attached:
             self._send_attach(link, None, None, None, refused=True)
         self._send_detach(link, None, closed=bool(perf.closed))
-        self._forget(link)
+        self._forget(link, peer_detached=True)
         self._events.append(LinkDetached(link, perf.error))
 
     def _on_end(self, channel: int, perf: End, payload: bytes) -> None:
@@ -978,8 +997,11 @@ class ServerConnection:
         frame = Detach(handle=link.local_handle, closed=closed, error=error)
         self._out.append(encode_frame(link.session.channel, frame))
 
-    def _forget(self, link: Link) -> None:
+    def _forget(self, link: Link, *, peer_detached: bool = False) -> None:
         self._drop_partial(link)
+        if not peer_detached:
+            # Until the peer's detach arrives, its frames for this handle are dropped.
+            link.session.detaching.add(link.handle)
         if link.session.links.pop(link.handle, None) is not None:
             self._link_count -= 1
 

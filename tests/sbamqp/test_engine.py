@@ -500,3 +500,41 @@ def test_a_symbol_where_a_string_belongs_is_taken() -> None:
     )
     opened_ = events[-1]
     assert isinstance(opened_, engine.Opened) and opened_.hostname == "localhost"
+
+
+def test_frames_crossing_our_detach_are_dropped() -> None:
+    conn = opened(pipeline=BEGIN)
+    link = attached(conn)
+    conn.detach(link, Condition.CONNECTION_FORCED, "draining")
+    conn.data_to_send()
+    # Sent by the peer before it saw our detach: no violation, no delivery.
+    flow = Flow(incoming_window=9, next_outgoing_id=0, outgoing_window=9, handle=0, link_credit=1)
+    assert conn.receive_data(transfer(b"late") + frames.encode_frame(0, flow)) == []
+    assert not conn.finished and conn.data_to_send() == b""
+    # Its answering detach closes the matter; the handle is unknown from then on.
+    assert conn.receive_data(frames.encode_frame(0, Detach(handle=0, closed=True))) == []
+    (violation,) = conn.receive_data(transfer(b"later", 1))
+    assert isinstance(violation, engine.ProtocolViolation)
+    assert violation.condition == Condition.UNATTACHED_HANDLE
+
+
+def test_a_flow_for_a_refused_receiver_is_dropped() -> None:
+    conn = opened(pipeline=BEGIN)
+    (event,) = conn.receive_data(attach(0, role=True))
+    conn.refuse_link(event.link, Condition.NOT_IMPLEMENTED, "only senders")
+    flow = Flow(incoming_window=9, next_outgoing_id=0, outgoing_window=9, handle=0, link_credit=5)
+    assert conn.receive_data(frames.encode_frame(0, flow)) == []
+    assert not conn.finished
+
+
+def test_echo_is_answered() -> None:
+    conn = opened(pipeline=BEGIN)
+    link = attached(conn)
+    flow = Flow(incoming_window=9, next_outgoing_id=0, outgoing_window=9, handle=0, echo=True)
+    conn.receive_data(frames.encode_frame(0, flow))
+    (answer,) = parse(conn.data_to_send())
+    assert isinstance(answer, Flow) and answer.handle == link.local_handle
+    session_echo = Flow(incoming_window=9, next_outgoing_id=0, outgoing_window=9, echo=True)
+    conn.receive_data(frames.encode_frame(0, session_echo))
+    (answer,) = parse(conn.data_to_send())
+    assert isinstance(answer, Flow) and answer.handle is None
