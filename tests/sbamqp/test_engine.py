@@ -538,3 +538,16 @@ def test_echo_is_answered() -> None:
     conn.receive_data(frames.encode_frame(0, session_echo))
     (answer,) = parse(conn.data_to_send())
     assert isinstance(answer, Flow) and answer.handle is None
+
+
+def test_our_idle_timeout_is_advertised_and_enforced() -> None:
+    conn = engine.ServerConnection(engine.Limits(idle_timeout=30), now=0.0)
+    conn.receive_data(frames.SASL_HEADER + SASL_INIT + frames.AMQP_HEADER + OPEN, now=0.0)
+    open_ = next(p for p in parse(conn.data_to_send()) if isinstance(p, Open))
+    assert open_.idle_time_out == 30_000
+    conn.receive_data(frames.heartbeat(), now=20.0)  # a heartbeat counts as traffic
+    assert conn.next_deadline(20.0) == 50.0
+    (violation,) = conn.tick(50.0)
+    assert isinstance(violation, engine.ProtocolViolation)
+    close = parse(conn.data_to_send())[-1]
+    assert isinstance(close, Close) and close.error is not None
