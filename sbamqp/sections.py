@@ -26,6 +26,7 @@ from sbamqp.codec import (
     Timestamp,
     Ubyte,
     Uint,
+    Ulong,
     decode,
     encode,
     skip,
@@ -447,12 +448,12 @@ class Properties:
     def to_list(self) -> list[Any]:
         """The properties as typed AMQP values, trailing nulls trimmed."""
         values: list[Any] = [
-            self.message_id,
+            _id(self.message_id),
             self.user_id,
             self.to,
             self.subject,
             self.reply_to,
-            self.correlation_id,
+            _id(self.correlation_id),
             None if self.content_type is None else Symbol(self.content_type),
             None if self.content_encoding is None else Symbol(self.content_encoding),
             self.absolute_expiry_time,
@@ -469,6 +470,11 @@ class Properties:
     def to_section(self) -> bytes:
         """The properties section's encoding."""
         return section(PROPERTIES, self.to_list())
+
+
+def _id(value: Any) -> Any:
+    """A plain ``int`` id as the ulong an id must be; typed values stay as they are."""
+    return Ulong(value) if type(value) is int else value
 
 
 def message(

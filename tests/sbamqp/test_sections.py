@@ -118,6 +118,8 @@ def test_properties_keep_id_types() -> None:
         back = sections.split(props.to_section()).properties_view()
         assert back.message_id == message_id and type(back.message_id) is type(message_id)
         assert type(back.correlation_id) is type(message_id)
+    plain = sections.split(Properties(message_id=7).to_section()).properties_view()
+    assert type(plain.message_id) is Ulong  # an id is never an AMQP int
     header = Header(durable=True, priority=9, ttl=5)
     assert sections.split(header.to_section()).header_view() == header
 
