@@ -180,8 +180,12 @@ class Timestamp(Long):
     """AMQP timestamp: milliseconds since the Unix epoch (signed 64 bits)."""
 
     def to_datetime(self) -> datetime:
-        """The instant as an aware UTC datetime."""
-        return _EPOCH + timedelta(milliseconds=int(self))
+        """The instant as an aware UTC datetime; ``DecodeError`` beyond years 1..9999
+        (a timestamp on the wire may hold any 64-bit value)."""
+        try:
+            return _EPOCH + timedelta(milliseconds=int(self))
+        except OverflowError:
+            raise DecodeError(f"timestamp {int(self)} is beyond the datetime range") from None
 
     @classmethod
     def from_datetime(cls, value: datetime) -> Timestamp:

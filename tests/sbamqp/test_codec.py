@@ -158,6 +158,8 @@ def test_plain_python_values_encode_as_their_natural_type() -> None:
     when = datetime(2024, 5, 1, 12, 0, 0, 123000, tzinfo=UTC)
     stamp = decode(encode(when))[0]
     assert type(stamp) is Timestamp and stamp.to_datetime() == when
+    with pytest.raises(DecodeError):
+        Timestamp(2**63 - 1).to_datetime()
     with pytest.raises(EncodeError):
         encode(2**64)
     with pytest.raises(EncodeError):
