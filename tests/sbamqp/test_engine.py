@@ -551,3 +551,20 @@ def test_our_idle_timeout_is_advertised_and_enforced() -> None:
     assert isinstance(violation, engine.ProtocolViolation)
     close = parse(conn.data_to_send())[-1]
     assert isinstance(close, Close) and close.error is not None
+
+
+def test_twenty_deliveries_in_flight_on_one_link() -> None:
+    """Node and .NET pipeline up to their credit: every delivery comes out, in order."""
+    conn = opened(pipeline=BEGIN)
+    link = attached(conn)
+    conn.grant_credit(link, 20)
+    events = conn.receive_data(b"".join(transfer(b"m%d" % i, i) for i in range(20)))
+    assert [e.payload for e in events if isinstance(e, engine.Transfer)] == [
+        b"m%d" % i for i in range(20)
+    ]
+    assert not any(e.over_credit for e in events if isinstance(e, engine.Transfer))
+    for event in events:
+        assert isinstance(event, engine.Transfer)
+        conn.settle(link, event.delivery_id, Accepted())
+    dispositions = parse(conn.data_to_send())
+    assert [d.first for d in dispositions if isinstance(d, Disposition)] == list(range(20))
