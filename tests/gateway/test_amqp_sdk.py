@@ -31,6 +31,7 @@ from azure.servicebus.exceptions import (
 from gateway.amqp.server import AMQP_SERVER
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
+from tests.gateway.test_poison import session_queue
 from tests.gateway.test_syphon import SYPHON, backlog_total, depth, receive_all
 from tests.support.processes import GatewayProcess, broker_env, free_port
 from tests.support.waiting import eventually
@@ -335,3 +336,25 @@ async def test_gateway_serve_takes_an_sdk_sender_on_its_own_event_loop(
     assert b"Traceback" not in gw.output(), gw.tail()
     [got] = await receive(broker, 1)
     assert got.message_id == "p-1"
+
+
+async def test_a_session_enabled_queue_gets_its_session_ids_directly_and_through_a_backlog(
+    amqp_gateway: Connect, broker: BrokerProcess, control: ControlClient
+) -> None:
+    queue = await session_queue(control)
+    conn = await amqp_gateway({**SYPHON, "SBGATE_ENTITIES": f"queue:orders,queue:{queue}"})
+    await send(conn, queue, ServiceBusMessage(b"1", message_id="ss-1", session_id="s-a"))
+    # A message without a SessionId is the broker's refusal, passed on as its own condition.
+    with pytest.raises(ServiceBusError):
+        await send(conn, queue, ServiceBusMessage(b"3", message_id="ss-3"))
+    fault = await control.add_fault("primary", "amqp:internal-error", operation="send")
+    await send(conn, queue, ServiceBusMessage(b"2", message_id="ss-2", session_id="s-b"))
+    assert await backlog_total(control) == 1
+    await control.remove_fault("primary", fault)
+
+    async def home() -> bool:
+        return await backlog_total(control) == 0 and await depth(control, "primary", queue) == 2
+
+    await eventually(home, within=30, every=0.2)
+    stored = {m["message_id"]: m for m in await control.messages("primary", queue)}
+    assert {k: m["session_id"] for k, m in stored.items()} == {"ss-1": "s-a", "ss-2": "s-b"}
