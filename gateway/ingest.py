@@ -162,8 +162,9 @@ async def ingest(
     try:
         entity = addressed_entity(state.catalog, name, kind, authorize, outcome)
         entity_path = entity.path
-        messages = await read(entity)
-        check_sizes(messages, state.limits)
+        read_messages = await read(entity)
+        check_sizes(read_messages, state.limits)
+        messages = read_messages  # recorded only once within the limits, as before
         result = await router.submit(entity, messages)
     except GatewayError as err:
         result = err
