@@ -31,6 +31,7 @@ from azure.servicebus.exceptions import (
 from gateway.amqp.server import AMQP_SERVER
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
+from tests.gateway.test_ledger_wiring import read_events
 from tests.gateway.test_poison import session_queue
 from tests.gateway.test_syphon import SYPHON, backlog_total, depth, receive_all
 from tests.support.processes import GatewayProcess, broker_env, free_port
@@ -358,3 +359,21 @@ async def test_a_session_enabled_queue_gets_its_session_ids_directly_and_through
     await eventually(home, within=30, every=0.2)
     stored = {m["message_id"]: m for m in await control.messages("primary", queue)}
     assert {k: m["session_id"] for k, m in stored.items()} == {"ss-1": "s-a", "ss-2": "s-b"}
+
+
+async def test_deliveries_reach_the_ledger_as_requests_do(
+    amqp_gateway: Connect, control: ControlClient, tmp_path: Path
+) -> None:
+    """What the audit pipeline reconciles: an accepted event per stored message, whatever
+    the edge."""
+    ledger = tmp_path / "ledger"
+    conn = await amqp_gateway({"SBGATE_LEDGER": str(ledger), "SBGATE_REPLICA_ID": "gw-amqp"})
+    await send(conn, "orders", [ServiceBusMessage(b"1", message_id=f"led-{i}") for i in range(3)])
+
+    def events() -> list[dict[str, Any]]:
+        return read_events(ledger) if ledger.exists() else []
+
+    await eventually(lambda: len(events()) >= 3, within=10)
+    accepted = sorted(e["message_id"] for e in events() if e["event"] == "accepted")
+    assert accepted == ["led-0", "led-1", "led-2"]
+    assert all(e["route"] == "primary" for e in events() if e["event"] == "accepted")
