@@ -46,6 +46,7 @@ RUN pip install --require-hashes --no-deps --requirement requirements/gateway.tx
 # Then the source, only the gateway package; --no-deps: everything is already installed. The
 # project also declares the local broker's console script, which cannot run here: drop it.
 COPY pyproject.toml README.md LICENSE ./
+COPY sbamqp/ ./sbamqp/
 COPY gateway/ ./gateway/
 RUN pip install --no-deps --no-build-isolation . \
     && pip uninstall --yes setuptools \
@@ -61,6 +62,7 @@ COPY requirements/audit.txt requirements/
 RUN pip install --require-hashes --no-deps --requirement requirements/audit.txt
 
 COPY pyproject.toml README.md LICENSE ./
+COPY sbamqp/ ./sbamqp/
 COPY gateway/ ./gateway/
 COPY pipeline/ ./pipeline/
 RUN pip install --no-deps --no-build-isolation . \

@@ -116,10 +116,12 @@ test-fast: $(STAMP) sysdeps node-deps
 ## test: everything CI runs, from a fresh clone
 test: sysdeps $(STAMP) lint typecheck packaging wheel pipeline-dist pytest
 
-## fuzz: the REST parser under atheris for 10 minutes (make test runs it for 20 s)
+## fuzz: the REST parser, then the AMQP decoders and engine (sbamqp), under atheris for 10 minutes
+## each (make test runs each for 20 s)
 fuzz: $(STAMP)
-	mkdir -p .fuzz
+	mkdir -p .fuzz .fuzz-amqp
 	$(BIN)/python fuzz/fuzz_rest.py -max_total_time=$${FUZZ_SECONDS:-600} -dict=fuzz/rest.dict -artifact_prefix=.fuzz/ .fuzz fuzz/corpus/rest
+	$(BIN)/python fuzz/fuzz_amqp.py -max_total_time=$${FUZZ_SECONDS:-600} -dict=fuzz/amqp.dict -artifact_prefix=.fuzz-amqp/ .fuzz-amqp fuzz/corpus/amqp
 
 ## load: a bounded headless Locust run against a fresh local stack (LOAD_ARGS to change it)
 load: $(STAMP) sysdeps
@@ -147,4 +149,4 @@ bench: $(STAMP) bench-tools
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) tests/compat/node/node_modules .pytest-tmp .pytest_cache .mypy_cache .ruff_cache *.egg-info .run out .fuzz dist
+	rm -rf $(VENV) tests/compat/node/node_modules .pytest-tmp .pytest_cache .mypy_cache .ruff_cache *.egg-info .run out .fuzz .fuzz-amqp dist

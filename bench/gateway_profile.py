@@ -171,13 +171,14 @@ def _child(variant: str, requests: int, runs: int) -> None:
 
 
 async def _access_line(lines: int) -> float:
-    """CPU µs of one access line (`_log_outcome` at INFO, the writer's flush to /dev/null
+    """CPU µs of one access line (`log_outcome` at INFO, the writer's flush to /dev/null
     included), 64 lines per loop turn as with 64 busy connections."""
     import logging
 
     from gateway.core.message import OutboundMessage
+    from gateway.ingest import Outcome as _Outcome
+    from gateway.ingest import log_outcome as _log_outcome
     from gateway.logs import ACCESS_LOGGER, AccessLog
-    from gateway.web.handlers import _log_outcome, _Outcome
 
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.INFO)
     outcome = _Outcome(os.urandom(16).hex())
@@ -211,8 +212,8 @@ LAYERS = (
     ("          read the body", "gateway/web/handlers.py", "_read_body"),
     ("          build the message", "gateway/web/rest.py", "build_message"),
     ("        router and dispatcher hop", "gateway/core/failover.py", "submit"),
-    ("        metrics, ledger, access line", "gateway/web/handlers.py", "_record_outcome"),
-    ("          access line", "gateway/web/handlers.py", "_log_outcome"),
+    ("        metrics, ledger, access line", "gateway/ingest.py", "record_outcome"),
+    ("          access line", "gateway/ingest.py", "log_outcome"),
     ("        the 2xx answer built", "gateway/web/handlers.py", "_accepted"),
     ("  answer written", "aiohttp/web_protocol.py", "finish_response"),
     ("dispatcher worker (null sink)", "gateway/core/dispatcher.py", "_worker"),

@@ -15,6 +15,8 @@ its own key. Once started, an app holds:
 * `STORE` — the failover state store, when failover or the syphon runs;
 * `DISPATCHER`, `PAIRS` (each pair's clients and usable backlog queues), `ROUTER`, and
   `FAILOVER` when failover runs;
+* `AMQP_SERVER` — the AMQP edge (gateway.amqp), when a listener is configured: drained
+  before the router closes;
 * `SYPHONS` — the syphon workers (none unless the syphon runs).
 
 Only this module (and the CLI) knows the concrete adapters.
@@ -32,15 +34,19 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from aiohttp import web
 
+from gateway.amqp.server import CLOSE_GRACE as AMQP_CLOSE_GRACE
+from gateway.amqp.server import AmqpServer
+from gateway.amqp.server import drain_bound as amqp_drain_bound
 from gateway.config import ConfigError, NamespaceSettings, Settings
 from gateway.core import failover as failover_module
 from gateway.core.backlog import backlog_path
 from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Dispatcher
-from gateway.core.entities import EntityCatalog
+from gateway.core.entities import EntityCatalog, EntityRef
 from gateway.core.failover import Failover, PairClients
 from gateway.core.looplag import LoopLag
 from gateway.core.ports import BacklogPort, NamespaceClient, Tracer
 from gateway.core.router import PrimaryRouter
+from gateway.ingest import EdgeState, Lifecycle
 from gateway.ledger import LedgerSettings, create_ledger
 from gateway.lifetimes import CANCEL_GRACE, Closer, TaskObserver, stop_after
 from gateway.logs import AccessLog
@@ -53,12 +59,13 @@ from gateway.tracing import close_tracer, create_tracer
 from gateway.web import handlers
 from gateway.web.admin import FAILOVER, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
-from gateway.web.handlers import EDGE, ROUTER, EdgeState, Lifecycle
+from gateway.web.handlers import EDGE, ROUTER
 from gateway.web.hosts import host_check, is_loopback
 from gateway.web.openapi import add_openapi_route
 from gateway.web.runner import HardenedAppRunner
 
 if TYPE_CHECKING:
+    from gateway.servicebus.schedule import SdkScheduler
     from gateway.state.connect import RedisTarget
 
 log = logging.getLogger(__name__)
@@ -133,6 +140,8 @@ def cleanup_bounds(settings: Settings) -> dict[str, float]:
         "lifecycle_ctx": 0.0,
         # the syphon's own grace, then (backstop) one more send timeout and a close
         "syphon_ctx": syphon_grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT,
+        # the deliveries in flight, then the clients' closes
+        "amqp_ctx": amqp_drain_bound(settings) + AMQP_CLOSE_GRACE + 3 * CANCEL_GRACE,
         "router_ctx": failover_module.STOP_TIMEOUT + CANCEL_GRACE,
         "dispatcher_ctx": DISPATCHER_GRACE + 2 * SENDER_CLOSE_TIMEOUT + 2 * CANCEL_GRACE,
         "ledger_ctx": ledger_settings(settings).close_timeout,
@@ -432,6 +441,36 @@ async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
     lifecycle.draining = True
 
 
+AMQP_SERVER = web.AppKey("amqp_server", AmqpServer)
+
+
+async def amqp_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The AMQP edge (`AMQP_SERVER`), when a listener is configured; drained before the
+    router closes (registered after it)."""
+    settings = app[SETTINGS]
+    if not settings.amqp.enabled or app[PLAN].mode != "serve":
+        yield
+        return
+    scheduler = amqp_scheduler(app)
+    server = AmqpServer(
+        settings,
+        app[EDGE],
+        app[ROUTER],
+        authorizer=app.get(AUTHORIZER),
+        gate=app[DISPATCHER].gate,
+        scheduler=scheduler,
+    )
+    await server.start()
+    app[AMQP_SERVER] = server
+    app[EDGE].observer.bind_amqp(lambda: server.connections)
+    try:
+        yield
+    finally:
+        await server.close()
+        if scheduler is not None:
+            await scheduler.close()  # what outlived its close bound (2 * CANCEL_GRACE)
+
+
 # Start order; aiohttp cleans up in reverse, so each resource outlives its users: the
 # credential its clients, the clients the dispatcher, the ledger everything that emits, the
 # access log every request.
@@ -445,6 +484,7 @@ RESOURCES: Final = (
     ledger_ctx,
     dispatcher_ctx,
     router_ctx,
+    amqp_ctx,
     syphon_ctx,
     lifecycle_ctx,
 )
@@ -469,6 +509,25 @@ def _open_connections(clients: Iterable[NamespaceClient]) -> int:
         if pool is not None:
             total += pool.open_connections()
     return total
+
+
+def amqp_scheduler(app: web.Application) -> SdkScheduler | None:
+    """The AMQP edge's scheduling at the primaries (gateway.servicebus.schedule): only with
+    the SDK's clients, and only for an entity that failover has on its primary."""
+    from gateway.servicebus.client import SdkNamespaceClient
+    from gateway.servicebus.schedule import SdkScheduler
+
+    settings, clients = app[SETTINGS], app[CLIENTS]
+    primaries = {p.name: clients[p.primary.name] for p in settings.pairs}
+    sdk = {name: c for name, c in primaries.items() if isinstance(c, SdkNamespaceClient)}
+    if len(sdk) != len(primaries):
+        return None
+    store = app.get(STORE) if app[PLAN].failover else None
+
+    def healthy(entity: EntityRef) -> bool:
+        return store is None or store.get(entity.path.lower()).status == "healthy"
+
+    return SdkScheduler(sdk, settings.timeouts, healthy)
 
 
 def _start_syphons(app: web.Application) -> list[Syphon]:

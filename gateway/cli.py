@@ -74,9 +74,34 @@ def _demo_tokens(settings: Settings, entity: str) -> tuple[str, str, str] | None
     return send, manage, send_all
 
 
+def _amqp_connection_string(settings: Settings) -> str | None:
+    """What an unmodified Service Bus SDK app sets to send through the plain AMQP listener:
+    the demo rule's key when the rules have it (open mode takes any key)."""
+    amqp = settings.amqp
+    if not amqp.plain_port:
+        return None
+    key_name, key = "any", "YW55LWtleS1pbiBvcGVuIG1vZGU="  # open mode: any signature passes
+    if settings.auth_rules_file:
+        from gateway.auth import load_rules
+
+        rules = {r.name: r for r in load_rules(settings.auth_rules_file)}
+        if "demo" in rules:
+            key_name, key = "demo", rules["demo"].primary_key.get()
+    from gateway.web.hosts import is_loopback
+
+    host = "localhost" if is_loopback(amqp.plain_host) else amqp.plain_host
+    return (
+        f"Endpoint=sb://{host}:{amqp.plain_port};SharedAccessKeyName={key_name};"
+        f"SharedAccessKey={key};UseDevelopmentEmulator=true"
+    )
+
+
 def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = False) -> str:
     base = f"http://{settings.listen_host}:{settings.listen_port}"
     lines = [f"sbgate listening on {base}"]
+    amqp = _amqp_connection_string(settings)
+    if amqp is not None:
+        lines.append(f"AMQP for Service Bus SDK senders (connection string): {amqp}")
     if dev:
         lines.append(
             "development profile (gateway serve --dev): a failed-over entity is pinged every "
@@ -248,6 +273,8 @@ DEV_PROFILE = {
     "SBGATE_DRAIN_DELAY": "0",  # Ctrl-C stops at once (no load balancer to drain from)
     "SBGATE_LOG_FORMAT": "text",
     "SBGATE_AUTH_RULES_FILE": "dev/demo-rules.toml",  # public demo keys (when present)
+    # The AMQP edge, plain on loopback: an unmodified SDK app sends with the banner's string.
+    "SBGATE_AMQP_PLAIN_PORT": "5672",
 }
 # In the development profile only failed requests get an access line (WARNING), unless
 # SBGATE_LOG_LEVEL is set: the banner and the failover transitions are not buried under one
@@ -330,6 +357,18 @@ def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
     if not is_loopback(settings.listen_host) and not has_auth and not settings.allow_open:
         print(
             f"refusing to listen on {settings.listen_host} without authorization rules: set "
+            "SBGATE_AUTH_RULES_FILE (or SBGATE_AUTH_RULES), or SBGATE_ALLOW_OPEN=true to run open",
+            file=sys.stderr,
+        )
+        return 2
+    amqp = settings.amqp
+    amqp_hosts = ([amqp.host or settings.listen_host] if amqp.tls_cert_file else []) + (
+        [amqp.plain_host] if amqp.plain_port else []
+    )
+    open_amqp = [h for h in amqp_hosts if not is_loopback(h)]
+    if mode == "serve" and open_amqp and not has_auth and not settings.allow_open:
+        print(
+            f"refusing to listen for AMQP on {open_amqp[0]} without authorization rules: set "
             "SBGATE_AUTH_RULES_FILE (or SBGATE_AUTH_RULES), or SBGATE_ALLOW_OPEN=true to run open",
             file=sys.stderr,
         )

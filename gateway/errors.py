@@ -12,6 +12,10 @@ Two families:
   onto these rows in exactly one place (`gateway.servicebus.errors`); the engine uses the
   rows for its own failures (its send deadline, shutdown) without importing the SDK.
 
+Each row and each request error also names the AMQP condition the AMQP edge (gateway.amqp)
+rejects a delivery with (`amqp_condition`): the one that makes every Service Bus SDK raise
+the exception its users already handle for that case (docs/amqp.md, "Outcomes").
+
 The table is rendered into docs/errors.md (tests/test_docs.py holds them equal); why each
 row says what it says is in docs/design.md ("Errors").
 """
@@ -22,6 +26,19 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+# AMQP error conditions (AMQP 1.0 section 2.8.15 and Service Bus's own) the AMQP edge settles
+# a rejected delivery with. What each SDK raises for them: docs/amqp.md.
+SERVER_BUSY_CONDITION = "com.microsoft:server-busy"
+TIMEOUT_CONDITION = "com.microsoft:timeout"
+NOT_FOUND = "amqp:not-found"
+ENTITY_DISABLED_CONDITION = "com.microsoft:entity-disabled"
+RESOURCE_LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
+MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+UNAUTHORIZED_ACCESS = "amqp:unauthorized-access"
+NOT_ALLOWED = "amqp:not-allowed"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+INTERNAL_ERROR = "amqp:internal-error"
+
 
 class GatewayError(Exception):
     """Base of every error the gateway raises on purpose."""
@@ -29,6 +46,8 @@ class GatewayError(Exception):
     status: int = 500
     code: str = "internal_error"
     retry_after: float | None = None
+    # The AMQP edge's rejection condition; None: by the status (`amqp_condition`).
+    amqp_condition: str | None = None
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -51,12 +70,14 @@ class RequestError(GatewayError):
 
     status = 400
     code = "bad_request"
+    amqp_condition = NOT_ALLOWED
 
 
 class InvalidEntityPath(RequestError):
     """The path is not a valid Service Bus entity path, or names a sub-queue or backlog."""
 
     code = "invalid_entity_path"
+    amqp_condition = NOT_FOUND  # a sub-queue or a backlog path names nothing one may send to
 
 
 class UnknownEntity(RequestError):
@@ -64,6 +85,7 @@ class UnknownEntity(RequestError):
 
     status = 404
     code = "entity_not_found"
+    amqp_condition = NOT_FOUND
 
 
 class PayloadTooLarge(RequestError):
@@ -71,6 +93,15 @@ class PayloadTooLarge(RequestError):
 
     status = 413
     code = "payload_too_large"
+    amqp_condition = MESSAGE_SIZE_EXCEEDED
+
+
+class NotCarried(RequestError):
+    """An AMQP message the gateway cannot carry unchanged to the entity (a value type, a
+    body or a section it would have to alter): refused, never altered (docs/amqp.md)."""
+
+    code = "not_carried"
+    amqp_condition = NOT_IMPLEMENTED
 
 
 class UnsupportedMediaType(RequestError):
@@ -86,6 +117,7 @@ class Saturated(GatewayError):
     status = 503
     code = "saturated"
     retry_after = 1.0
+    amqp_condition = SERVER_BUSY_CONDITION
 
 
 class Overloaded(GatewayError):
@@ -150,6 +182,10 @@ class Classification:
     # isolates it (bisects) so the other requests still get theirs; the syphon dead-letters
     # it in the backlog (docs/errors.md, "The message's fault").
     message_fault: bool = False
+    # The AMQP edge's rejection: what the SDKs retry and raise as their users expect. Every
+    # failure that is not the message's own fault nor a definite answer about the entity is
+    # `server-busy` there: the SDKs back off and retry it, and it promises nothing was stored.
+    amqp_condition: str = SERVER_BUSY_CONDITION
 
 
 # Service Bus asks REST clients to back off at least 10 s after a 503. The operator's
@@ -167,11 +203,12 @@ def _row(
     recreate: bool = False,
     also: str = "",
     message_fault: bool = False,
+    amqp: str = SERVER_BUSY_CONDITION,
 ) -> Classification:
     if message_fault:
         assert not counts and not transient, "a message's own fault says nothing of the entity"
     return Classification(
-        kind, transient, counts, status, retry_after, recreate, also, message_fault
+        kind, transient, counts, status, retry_after, recreate, also, message_fault, amqp
     )
 
 
@@ -189,16 +226,32 @@ MESSAGE_TOO_LARGE = _row(
     status=413,
     retry_after=None,
     message_fault=True,
+    amqp=MESSAGE_SIZE_EXCEEDED,
 )
 # One row for the broker's timeout and ours: the same condition (no answer in time, outcome
 # unknown). Retry-After is the back-off, not 1 s: the client already waited `send_timeout`,
 # and retrying sooner piles sends onto a namespace that is not answering.
 TIMEOUT = _row(
-    FailureKind.TIMEOUT, transient=True, counts=True, recreate=True, also="our `send_timeout`"
+    FailureKind.TIMEOUT,
+    transient=True,
+    counts=True,
+    recreate=True,
+    also="our `send_timeout`",
+    amqp=TIMEOUT_CONDITION,
 )
-ENTITY_NOT_FOUND = _row(FailureKind.ENTITY_NOT_FOUND, transient=False, counts=True, recreate=True)
-ENTITY_DISABLED = _row(FailureKind.ENTITY_DISABLED, transient=False, counts=True, recreate=True)
-QUOTA_EXCEEDED = _row(FailureKind.QUOTA_EXCEEDED, transient=False, counts=True)
+ENTITY_NOT_FOUND = _row(
+    FailureKind.ENTITY_NOT_FOUND, transient=False, counts=True, recreate=True, amqp=NOT_FOUND
+)
+ENTITY_DISABLED = _row(
+    FailureKind.ENTITY_DISABLED,
+    transient=False,
+    counts=True,
+    recreate=True,
+    amqp=ENTITY_DISABLED_CONDITION,
+)
+QUOTA_EXCEEDED = _row(
+    FailureKind.QUOTA_EXCEEDED, transient=False, counts=True, amqp=RESOURCE_LIMIT_EXCEEDED
+)
 CONNECTION = _row(FailureKind.CONNECTION, transient=False, counts=True, recreate=True)
 SERVICE = _row(FailureKind.SERVICE, transient=False, counts=True, recreate=True)
 # Not transient: nothing says a retry would help, and the rule above then makes it count, so
@@ -221,6 +274,7 @@ INVALID_MESSAGE = _row(
     retry_after=None,
     also="`ValueError`/`TypeError` while the gateway builds or encodes a message",
     message_fault=True,
+    amqp=NOT_ALLOWED,
 )
 # The broker refused the message itself, not the entity: it could not decode it (a
 # ContentType that is not an ASCII symbol, say), or the entity's rules forbid it (no
@@ -233,6 +287,7 @@ MESSAGE_REFUSED = _row(
     status=400,
     retry_after=None,
     message_fault=True,
+    amqp=NOT_ALLOWED,  # the broker's own condition, when it gave one (`SendFailure.condition`)
 )
 # Pending or in flight when the gateway stopped: says nothing about the entity, so it never
 # counts; another replica can take the retry at once.
@@ -267,6 +322,10 @@ class BrokerFailure(GatewayError):
     a receive, a settlement, a lock renewal (the syphon's receivers raise these), or a send
     (`SendFailure`)."""
 
+    # The broker's own AMQP condition, when it gave one (gateway.servicebus.errors): passed
+    # on by the AMQP edge for a message's own fault.
+    condition: str | None = None
+
     def __init__(self, classification: Classification, message: str) -> None:
         super().__init__(message)
         self.classification = classification
@@ -285,3 +344,18 @@ class SendFailure(BrokerFailure):
     # When the broker operation that failed began, on the dispatcher's clock (None: not a
     # broker operation's outcome). Failover discounts reports older than what it knows.
     started: float | None = None
+
+
+def amqp_rejection(err: GatewayError) -> str:
+    """The AMQP condition a delivery that ended in `err` is rejected with (the AMQP edge's
+    column of this module's tables): a message's own fault keeps the broker's condition; a
+    send failure its row's; a request error its class's; anything else unavailable (a 5xx:
+    `server-busy`, which every SDK backs off from and retries) or refused (`not-allowed`)."""
+    if isinstance(err, SendFailure):
+        row = err.classification
+        if row.message_fault and err.condition:
+            return err.condition
+        return row.amqp_condition
+    if err.amqp_condition is not None:
+        return err.amqp_condition
+    return SERVER_BUSY_CONDITION if err.status >= 500 else NOT_ALLOWED

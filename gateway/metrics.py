@@ -70,13 +70,14 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self._requests(self.registry)
         self._sending(self.registry)
         self._edge_load(self.registry)
+        self._amqp(self.registry)
         self._links(self.registry)
         self._failover(self.registry)
         self._syphon(self.registry)
         self._health(self.registry)
         # Labelled children of the per-request metrics, looked up once per label set (the
         # sets are bounded: declared entities and "_unknown" x status codes x routes).
-        self._answered: dict[tuple[str, int, str], tuple[Counter, Histogram]] = {}
+        self._answered: dict[tuple[str, int, str, str], tuple[Counter, Histogram]] = {}
         self._accepted: dict[tuple[str, str], Counter] = {}
 
     def _requests(self, r: CollectorRegistry) -> None:
@@ -85,14 +86,16 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self.build_info.info({"version": __version__, "python": platform.python_version()})
         self.http_requests = Counter(
             "sbgate_http_requests_total",
-            "HTTP requests answered, by entity, status code and route.",
-            ["entity", "status", "route"],
+            "Send requests answered, by entity, status code, route and protocol (`http`, or "
+            "`amqp`: one per delivery, with the status code an HTTP request would have had).",
+            ["entity", "status", "route", "protocol"],
             registry=r,
         )
         self.http_duration = Histogram(
             "sbgate_http_request_duration_seconds",
-            "Time from request received to answer, for message requests.",
-            ["route"],
+            "Time from request received to answer, for message requests (an AMQP delivery: "
+            "from its last frame to its settlement), by route and protocol.",
+            ["route", "protocol"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -210,6 +213,33 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
             "Bytes of accepted-but-unsettled messages held in memory.",
             registry=r,
         )
+
+    def _amqp(self, r: CollectorRegistry) -> None:
+        """The AMQP edge (gateway.amqp): its connections, tokens and refusals. Its deliveries
+        are counted with the HTTP requests, `protocol="amqp"`."""
+        self.amqp_connections = Gauge(
+            "sbgate_amqp_open_connections",
+            "Open AMQP client connections (counted against amqp.max_connections).",
+            registry=r,
+        )
+        self.amqp_put_tokens = Counter(
+            "sbgate_amqp_put_tokens_total",
+            "$cbs put-token requests, by result: granted, or refused (status 401).",
+            ["result"],
+            registry=r,
+        )
+        self.amqp_refusals = Counter(
+            "sbgate_amqp_refused_total",
+            "What the AMQP edge refused before any send, by kind: connection (over "
+            "amqp.max_connections or draining), link (a receiver or a transaction "
+            "coordinator), management (a management operation).",
+            ["kind"],
+            registry=r,
+        )
+        for result in ("granted", "refused"):
+            self.amqp_put_tokens.labels(result)
+        for kind in ("connection", "link", "management"):
+            self.amqp_refusals.labels(kind)
 
     def _links(self, r: CollectorRegistry) -> None:
         """Sender links and AMQP connections, restarted loops, readiness."""
@@ -365,14 +395,16 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         """Export the ledger's own counters (read at scrape time)."""
         self.registry.register(_LedgerCollector(ledger))
 
-    # The HTTP edge, once per request
-    def request_answered(self, entity: str, status: int, route: str, seconds: float) -> None:
-        key = (entity, status, route)
+    # Every edge, once per request (gateway.ingest)
+    def request_answered(
+        self, entity: str, status: int, route: str, seconds: float, protocol: str = "http"
+    ) -> None:
+        key = (entity, status, route, protocol)
         children = self._answered.get(key)
         if children is None:
             children = (
-                self.http_requests.labels(entity, str(status), route),
-                self.http_duration.labels(route),
+                self.http_requests.labels(entity, str(status), route, protocol),
+                self.http_duration.labels(route, protocol),
             )
             self._answered[key] = children
         children[0].inc()
@@ -400,6 +432,15 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self.http_listening.set_function(lambda: 1.0 if stats.listening else 0.0)
         self.http_listener_pauses.stats = stats
         self.http_listener_paused.stats = stats
+
+    def amqp_put_token(self, result: str) -> None:
+        self.amqp_put_tokens.labels(result).inc()
+
+    def amqp_refused(self, kind: str) -> None:
+        self.amqp_refusals.labels(kind).inc()
+
+    def bind_amqp(self, connections: Callable[[], int]) -> None:
+        self.amqp_connections.set_function(lambda: float(connections()))
 
     def bind_admission(self, waiting: Callable[[], int], used: Callable[[], int]) -> None:
         self.admission_waiting.set_function(lambda: float(waiting()))

@@ -6,7 +6,7 @@
 #    build isolation, as the image does: a broken build configuration fails here;
 # 2. the gateway image's venv, in a throw-away venv: the locked runtime dependencies with hash
 #    checking, then the project from a copy holding only what the gateway target copies
-#    (pyproject.toml, README.md, LICENSE, gateway/), --no-deps, and `pip check`;
+#    (pyproject.toml, README.md, LICENSE, sbamqp/, gateway/), --no-deps, and `pip check`;
 # 3. in that venv, `gateway audit` (no pyspark, no pipeline: the gateway image) must exit 2
 #    with a one-line hint, and `gateway --help` must work;
 # 4. the audit image's lock must resolve with hash checking (pip --dry-run; the ~450 MB
@@ -41,7 +41,7 @@ echo "== wheel"
 # From a copy of the sources: setuptools builds in the source tree (build/, *.egg-info).
 tree=$work/tree
 mkdir -p "$tree" "$DIST"
-cp -r pyproject.toml README.md LICENSE gateway sblocal pipeline "$tree/"
+cp -r pyproject.toml README.md LICENSE gateway sbamqp sblocal pipeline "$tree/"
 find "$tree" -name __pycache__ -prune -exec rm -rf {} +
 rm -f "$DIST"/sbgate-*.whl
 run "${pip[@]}" wheel --no-deps --no-build-isolation -w "$DIST" "$tree"
@@ -51,7 +51,7 @@ import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 missing = [
     want
-    for want in ("gateway/cli.py", "pipeline/job.py", "sblocal/__main__.py")
+    for want in ("gateway/cli.py", "pipeline/job.py", "sblocal/__main__.py", "sbamqp/engine.py")
     if want not in names
 ]
 licenses = [n for n in names if n.endswith("/licenses/LICENSE")]
@@ -65,7 +65,7 @@ PY
 echo "== the gateway image's install"
 src=$work/src
 mkdir -p "$src"
-cp -r pyproject.toml README.md LICENSE gateway "$src/"
+cp -r pyproject.toml README.md LICENSE sbamqp gateway "$src/"
 run "${pip[@]}" install --no-deps --no-build-isolation "$src"
 run "${pip[@]}" uninstall --yes setuptools
 run "${pip[@]}" check

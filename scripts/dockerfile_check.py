@@ -29,9 +29,10 @@ ALLOWED_CONTEXT = {
     "LICENSE",
     "requirements/",
     "gateway/",
+    "sbamqp/",
     "pipeline/",
 }
-_BUILD = {"pyproject.toml", "README.md", "LICENSE", "requirements/build.txt", "gateway/"}
+_BUILD = {"pyproject.toml", "README.md", "LICENSE", "requirements/build.txt", "gateway/", "sbamqp/"}
 TARGETS: dict[str, set[str]] = {
     "gateway": _BUILD | {"requirements/gateway.txt"},
     "audit": _BUILD | {"requirements/audit.txt", "pipeline/"},

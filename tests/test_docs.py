@@ -163,7 +163,7 @@ def _commands(pattern: str, page: Path) -> set[str]:
 
 
 _REPO_PATH = re.compile(
-    r"`((?:gateway|sblocal|pipeline|tests|bench|loadtests|scripts|helm|dev|fuzz|docs|requirements)"
+    r"`((?:gateway|sblocal|sbamqp|pipeline|tests|bench|loadtests|scripts|helm|dev|fuzz|docs|requirements)"
     r"/[^`\s]*)`"
 )
 _NOT_COMMITTED = {"bench/out/"}  # written by the benchmarks

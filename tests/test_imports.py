@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gateway", "sblocal", "pipeline")
+PACKAGES = ("gateway", "sblocal", "pipeline", "sbamqp")
 
 _CHILD = r"""
 import importlib, sys, traceback
@@ -93,11 +93,13 @@ class Layer:
 
 _GATEWAY_ALL = (
     *_BASE,
+    "gateway.amqp",
     "gateway.audit",
     "gateway.auth",
     "gateway.config",
     "gateway.core",
     "gateway.embedded",
+    "gateway.ingest",
     "gateway.ledger",
     "gateway.logs",
     "gateway.metrics",
@@ -140,10 +142,23 @@ LAYERS: dict[str, Layer] = {
         ours=(*_BASE, "gateway.config", "gateway.core"), third=("aiohttp", "opentelemetry")
     ),
     "gateway.logs": Layer(ours=(*_BASE, "gateway.tracing"), third=_ANY),
+    # the send request every edge makes (lookup, rights, sizes, submit, record): no wire format
+    "gateway.ingest": Layer(
+        ours=(
+            *_BASE,
+            "gateway.auth",
+            "gateway.config",
+            "gateway.core",
+            "gateway.ledger",
+            "gateway.logs",
+            "gateway.tracing",
+        ),
+    ),
     # the HTTP edge: never the app, the metrics or an adapter
     "gateway.web": Layer(
         ours=(
             *_BASE,
+            "gateway.ingest",
             "gateway.auth",
             "gateway.config",
             "gateway.core",
@@ -160,6 +175,7 @@ LAYERS: dict[str, Layer] = {
         ours=(
             *_BASE,
             "gateway.core",
+            "gateway.ingest",
             "gateway.ledger",
             "gateway.state",
             "gateway.syphon",
@@ -187,7 +203,7 @@ LAYERS: dict[str, Layer] = {
             "gateway.core",
             "gateway.auth",
             "gateway.config",
-            "gateway.metrics",
+            "gateway.ingest",
         ),
         third=_ANY,
     ),

@@ -166,7 +166,8 @@ async def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     command, *args = make_run_command(tmp_path / "banner.txt")
     process = GatewayProcess(
         "make-run",
-        {"PYTHONUNBUFFERED": "1"},
+        # The AMQP listener on a free port too (make run's 5672 may be taken on a CI host).
+        {"PYTHONUNBUFFERED": "1", "SBGATE_AMQP_PLAIN_PORT": str(free_port())},
         port=int(port),
         log_dir=tmp_path,
         command=command,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from gateway.errors import RequestError
+from gateway.errors import UNAUTHORIZED_ACCESS, RequestError
 
 
 class ErrorCode(StrEnum):
@@ -38,6 +38,7 @@ class AuthError(RequestError):
     only: no answer names a rule, so that nobody without a key can learn which names exist."""
 
     status = 401
+    amqp_condition = UNAUTHORIZED_ACCESS  # 401 and 403 alike: ServiceBusAuthorizationError
 
     def __init__(self, code: ErrorCode, message: str, *, key_name: str | None = None) -> None:
         super().__init__(message)

@@ -16,6 +16,7 @@ documentation's table (docs/configuration.md) are derived from those declaration
 from gateway.config.loading import env_names, load_settings
 from gateway.config.settings import (
     LOG_LEVELS,
+    AmqpSettings,
     CredentialKind,
     EntityKind,
     EntitySettings,
@@ -38,6 +39,7 @@ from gateway.secret import Secret  # settings hold secrets
 
 __all__ = [
     "LOG_LEVELS",
+    "AmqpSettings",
     "ConfigError",
     "CredentialKind",
     "EntityKind",

@@ -318,6 +318,103 @@ class HttpSettings:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class AmqpSettings:
+    """``[amqp]``: the AMQP 1.0 edge for Service Bus SDK senders (gateway.amqp, docs/amqp.md).
+
+    Off unless a listener is configured: TLS when a certificate is given, plain when a plain
+    port is."""
+
+    port: int = setting(
+        5671,
+        parse=_int(0, 65535),
+        env="AMQP_PORT",
+        doc="the TLS listener's port (the Python SDK always dials 5671 with TLS); it runs when "
+        "`amqp.tls_cert_file` is set",
+    )
+    host: str | None = setting(
+        None,
+        parse=_Text(),
+        env="AMQP_HOST",
+        shown_default="listen_host",
+        doc="the TLS listener's address",
+    )
+    tls_cert_file: str | None = setting(
+        None,
+        parse=_Text(),
+        env="AMQP_TLS_CERT_FILE",
+        doc="PEM certificate chain of the TLS listener (reloaded when the file changes)",
+    )
+    tls_key_file: str | None = setting(
+        None,
+        parse=_Text(),
+        env="AMQP_TLS_KEY_FILE",
+        doc="PEM private key of that certificate (reloaded with it)",
+    )
+    plain_port: int = setting(
+        0,
+        parse=_int(0, 65535),
+        env="AMQP_PLAIN_PORT",
+        doc="a plain-TCP listener for development and sidecars (clients set "
+        "`UseDevelopmentEmulator=true`); 0: none",
+    )
+    plain_host: str = setting(
+        "127.0.0.1",
+        parse=_Text(),
+        env="AMQP_PLAIN_HOST",
+        doc="the plain listener's address; beyond loopback only with `allow_open`",
+    )
+    link_credit: int = setting(
+        20,
+        parse=_int(1, 10_000),
+        env="AMQP_LINK_CREDIT",
+        doc="deliveries a sender link may have in flight; while the dispatcher's admission "
+        "is full, links are left one",
+    )
+    max_connections: int = setting(
+        1024, parse=_int(1, 1_000_000), env="AMQP_MAX_CONNECTIONS", doc="open AMQP connections"
+    )
+    max_sessions: int = setting(
+        32,
+        parse=_int(1, 65535),
+        env="AMQP_MAX_SESSIONS",
+        doc="sessions per connection (the SDKs open one to three per sender)",
+    )
+    max_links: int = setting(
+        64, parse=_int(2, 65535), env="AMQP_MAX_LINKS", doc="links per connection"
+    )
+    max_frame_size: int = setting(
+        65536,
+        parse=_int(512, 16 * _MiB),
+        env="AMQP_MAX_FRAME_SIZE",
+        doc="the largest frame accepted (larger messages come in several frames)",
+    )
+    handshake_timeout: float = setting(
+        10.0,
+        parse=_float(0.1, 600.0),
+        env="AMQP_HANDSHAKE_TIMEOUT",
+        doc="seconds from connect to an open connection (TLS, SASL, open); else it is closed",
+    )
+    idle_timeout: float = setting(
+        0.0,
+        parse=_float(0.0, 3600.0),
+        env="AMQP_IDLE_TIMEOUT",
+        doc="seconds of silence after which a connection is closed, advertised to clients (0: "
+        "none; the Python SDK only talks when it sends)",
+    )
+    max_connection_age: float = setting(
+        0.0,
+        parse=_float(0.0, 30 * 86400.0),
+        env="AMQP_MAX_CONNECTION_AGE",
+        doc="seconds after which an idle connection is closed (`amqp:connection:forced`) so "
+        "that clients reconnect, through the load balancer, to any replica; 0: never",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tls_cert_file) or self.plain_port > 0
+
+
 TracesExporter = Literal["none", "otlp", "console"]
 Sampler = Literal[
     "parentbased_always_on",
@@ -520,6 +617,7 @@ class Settings:
     syphon: SyphonSettings = section(SyphonSettings)
     shutdown: ShutdownSettings = section(ShutdownSettings)
     http: HttpSettings = section(HttpSettings)
+    amqp: AmqpSettings = section(AmqpSettings)
     tracing: TracingSettings = section(TracingSettings)
 
     @property

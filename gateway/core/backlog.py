@@ -19,6 +19,10 @@ ScheduledEnqueueTimeUtc       ``x-ms-scheduledenqueuetimeutc`` (AMQP timestamp)
 PartitionKey                  ``x-ms-partitionkey``
 (acceptance time)             ``x-ms-acceptedtimeutc`` (AMQP timestamp): the syphon
                               sends on with the *remaining* TTL
+(application property types)  ``x-ms-types``: JSON ``{"name": "uint", ...}`` for the
+                              properties of an AMQP type the syphon's receive would
+                              not give back (`Typed`: a uint, a timestamp, binary...);
+                              only when there are some
 ============================  =====================================================
 
 MessageId, CorrelationId, ContentType, Subject (Label), ReplyTo, ReplyToSessionId, To and
@@ -28,12 +32,22 @@ every application property are kept untouched.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import re
+import uuid
 from dataclasses import dataclass, replace
 from typing import Final
 
-from gateway.core.message import AppValue, OutboundMessage, estimate_size
+from gateway.core.message import (
+    INTEGER_RANGES,
+    TYPED_KINDS,
+    AppValue,
+    OutboundMessage,
+    Typed,
+    TypedKind,
+    estimate_size,
+)
 from gateway.entitypath import BACKLOG_SEGMENT
 
 PATH = "x-ms-path"
@@ -42,7 +56,8 @@ TIME_TO_LIVE = "x-ms-timetolive"
 SCHEDULED = "x-ms-scheduledenqueuetimeutc"
 PARTITION_KEY = "x-ms-partitionkey"
 ACCEPTED = "x-ms-acceptedtimeutc"
-REWRITE_KEYS = (PATH, SESSION_ID, TIME_TO_LIVE, SCHEDULED, PARTITION_KEY, ACCEPTED)
+TYPES = "x-ms-types"
+REWRITE_KEYS = (PATH, SESSION_ID, TIME_TO_LIVE, SCHEDULED, PARTITION_KEY, ACCEPTED, TYPES)
 _REWRITE_NAMES = frozenset(REWRITE_KEYS)
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
 # The lock duration backlog queues are created with: a message locked by a receiver that
@@ -95,6 +110,9 @@ def rewrite(m: OutboundMessage, entity_path: str, accepted_at: float) -> Outboun
     props: dict[str, AppValue] = {
         k: v for k, v in m.application_properties.items() if k.lower() not in _REWRITE_NAMES
     }
+    types = {k: v.kind for k, v in props.items() if isinstance(v, Typed)}
+    if types:
+        props[TYPES] = json.dumps(types, separators=(",", ":"), ensure_ascii=False)
     props[PATH] = entity_path
     props[ACCEPTED] = dt.datetime.fromtimestamp(accepted_at, dt.UTC)
     if m.session_id is not None:
@@ -158,6 +176,10 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
     ttl_ms = props.pop(TIME_TO_LIVE, None)
     scheduled_at = _timestamp(props, SCHEDULED)
     partition_key = _identifier(props, PARTITION_KEY)
+    _retype(props)
+    for name, value in props.items():
+        if not isinstance(value, _CARRIED):  # an untyped uuid, a list: not the gateway's
+            raise RestoreError(f"property {name[:100]!r} has a type the gateway never writes")
     if session_id is not None and partition_key and partition_key != session_id:
         raise RestoreError(f"{PARTITION_KEY} must equal {SESSION_ID} when both are set")
     if ttl_ms is not None and (
@@ -207,6 +229,45 @@ def _timestamp(props: dict[str, AppValue], key: str) -> float | None:
     except (OverflowError, ValueError, OSError):
         raise RestoreError(f"{key} is out of range") from None
     return seconds
+
+
+_CARRIED = (str, int, float, bytes, dt.datetime, Typed)  # bool is an int
+
+
+def _retype(props: dict[str, AppValue]) -> None:
+    """Give the properties ``x-ms-types`` names their AMQP types back (popping it): the
+    syphon's receive hands them back as plain numbers, text or bytes."""
+    raw = props.pop(TYPES, None)
+    if raw is None:
+        return
+    try:
+        types = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        types = None
+    if not isinstance(types, dict):
+        raise RestoreError(f"{TYPES} must be a JSON object of property names and types")
+    for name, kind in types.items():
+        if kind not in TYPED_KINDS or name not in props:
+            raise RestoreError(f"{TYPES}: {name!r} is not a property, or {kind!r} not a type")
+        props[name] = _typed(kind, props[name], name)
+
+
+def _typed(kind: TypedKind, value: AppValue, name: str) -> Typed:
+    if kind in INTEGER_RANGES:
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value in INTEGER_RANGES[kind]:
+                return Typed(kind, value)
+    elif kind == "float":
+        if isinstance(value, float):
+            return Typed(kind, value)
+    elif kind == "uuid":
+        if isinstance(value, uuid.UUID):
+            return Typed(kind, value)
+    elif isinstance(value, str):  # binary, received as text when it was UTF-8
+        return Typed(kind, value.encode("utf-8"))
+    elif isinstance(value, bytes):
+        return Typed(kind, value)
+    raise RestoreError(f"{TYPES}: property {name[:100]!r} is not a {kind}")
 
 
 def _identifier(props: dict[str, AppValue], key: str) -> str | None:

@@ -103,7 +103,9 @@ def translate(
         log.warning(
             "%s: the SDK raised %s inside its send", where, type(exc).__name__, exc_info=exc
         )
-    return failure(classify(exc), f"{where}: {type(exc).__name__}: {first_line}".rstrip(": "))
+    result = failure(classify(exc), f"{where}: {type(exc).__name__}: {first_line}".rstrip(": "))
+    result.condition = condition(exc)  # the AMQP edge passes a message fault's on
+    return result
 
 
 @contextlib.contextmanager

@@ -1,83 +1,38 @@
 """HTTP edge: routes, the JSON error middleware and the message handlers.
 
 Nothing here knows the Service Bus SDK: handlers parse the REST format into
-`OutboundMessage`s and hand them to the `Router` found in the app state.
+`OutboundMessage`s and hand them to `gateway.ingest`, the send request every edge shares
+(the `Router` found in the app state, the limits, the outcome's record).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.auth import AuthError, Right
+from gateway.auth import Right
 from gateway.config import EntityKind, LimitSettings
-from gateway.core.entities import EntityCatalog, EntityRef, validate_entity_path
-from gateway.core.message import OutboundMessage, batch_size
+from gateway.core.entities import EntityRef
+from gateway.core.message import OutboundMessage
 from gateway.core.ports import Tracer
-from gateway.core.router import Delivery, Router
+from gateway.core.router import Router
 from gateway.errors import (
     GatewayError,
     InvalidEntityPath,
     PayloadTooLarge,
     RequestError,
-    Saturated,
-    SendFailure,
     UnsupportedMediaType,
 )
-from gateway.ledger import EventLedger, NullLedger
-from gateway.logs import AccessLog
-from gateway.tracing import log_ids, request_properties
+from gateway.ingest import EdgeState, Lifecycle, Outcome, ingest
+from gateway.tracing import request_properties
 from gateway.web import rest
 from gateway.web.auth import authorize
-from gateway.web.observer import EdgeObserver
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(slots=True)
-class Lifecycle:
-    """Readiness as `/readyz` reports it. `checks` return a reason when not ready."""
-
-    started: bool = False
-    draining: bool = False
-    checks: list[Callable[[], str | None]] = field(default_factory=list)
-
-    def not_ready_reason(self) -> str | None:
-        if self.draining:
-            return "draining"
-        if not self.started:
-            return "starting"
-        for check in self.checks:
-            reason = check()
-            if reason:
-                return reason
-        return None
-
-    @property
-    def ready(self) -> bool:
-        return self.not_ready_reason() is None
-
-
-@dataclass(frozen=True, slots=True)
-class EdgeState:
-    """What the handlers need, stored once in the app."""
-
-    catalog: EntityCatalog
-    limits: LimitSettings
-    observer: EdgeObserver  # the metrics, in the app (gateway.metrics implements it)
-    lifecycle: Lifecycle
-    ledger: EventLedger = field(default_factory=NullLedger)
-    access_log: AccessLog = field(default_factory=AccessLog)
-    tracer: Tracer = field(default_factory=Tracer)  # off: the no-op one
-    # Open mode's Host check (gateway.web.hosts.host_check), run by `edge_middleware`.
-    host_check: Callable[[web.Request], None] | None = None
 
 
 EDGE = web.AppKey("edge", EdgeState)
@@ -184,52 +139,33 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     return body
 
 
-def _check_sizes(messages: list[OutboundMessage], limits: LimitSettings) -> None:
-    """Each message, and the request as one broker send, within the limits. `size` and
-    `batch_size` are upper bounds of the encoding (gateway/core/message.py), so what passes
-    here fits the link as far as the settings match the entity's real limit."""
-    for m in messages:
-        size = m.size
-        if size > limits.max_message_bytes:
-            raise PayloadTooLarge(
-                f"message {m.message_id!r} is {size} bytes with its properties; "
-                f"the limit is {limits.max_message_bytes}",
-                messageId=m.message_id,
-                size=size,
-                limit=limits.max_message_bytes,
-            )
-    total = batch_size(messages)
-    if total > limits.max_batch_bytes:
-        raise PayloadTooLarge(
-            f"the batch is {total} bytes with its properties; "
-            f"the limit is {limits.max_batch_bytes}",
-            size=total,
-            limit=limits.max_batch_bytes,
-        )
-
-
 async def post_messages(request: web.Request) -> web.StreamResponse:
-    """POST /queues/{name}/messages, /topics/{name}/messages, /{name}/messages.
-
-    Every refusal is a `GatewayError` raised before anything is sent (bad path, auth, unknown
-    entity, bad body, limits) or by the router (saturated, send failed); the outcome, either
-    way, is recorded once (`_record_outcome`)."""
+    """POST /queues/{name}/messages, /topics/{name}/messages, /{name}/messages: one send
+    request (gateway.ingest), answered as JSON."""
     app = request.app
     state = app[EDGE]
-    started = time.perf_counter()
     request_id = request_id_of(request)
-    entity_path = "_unknown"
-    messages: list[OutboundMessage] = []
-    outcome = _Outcome(request_id)
-    try:
-        entity = _addressed_entity(request, state.catalog, outcome)
-        entity_path = entity.path
-        messages = await _read_messages(request, state.limits, state.tracer)
-        delivery = await app[ROUTER].submit(entity, messages)
-    except GatewayError as err:
-        _record_outcome(outcome, state, started, entity_path, messages, err)
-        return error_response(err, request_id)
-    _record_outcome(outcome, state, started, entity_path, messages, delivery)
+    match_info = request.match_info
+
+    def authorize_send(path: str) -> str | None:
+        principal = authorize(request, path, Right.SEND)
+        return None if principal is None else principal.key_name
+
+    async def read(_entity: EntityRef) -> list[OutboundMessage]:
+        return await _read_messages(request, state.limits, state.tracer)
+
+    done = await ingest(
+        state,
+        app[ROUTER],
+        Outcome(request_id),
+        match_info["name"],
+        _KINDS.get(match_info.get("kind")),
+        authorize_send,
+        read,
+    )
+    delivery, messages, entity_path = done.result, done.messages, done.entity
+    if isinstance(delivery, GatewayError):
+        return error_response(delivery, request_id)
     if delivery.route == "primary":
         return _accepted(delivery.status, messages, entity_path, request_id)
     body: dict[str, object] = {
@@ -245,14 +181,6 @@ async def post_messages(request: web.Request) -> web.StreamResponse:
         body,
         {"X-Request-Id": request_id, "X-Route": delivery.destination if backlog else "primary"},
     )
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """What a send request's access line names besides its result."""
-
-    request_id: str
-    key_name: str | None = None  # the SAS rule that authorized it
 
 
 # The 2xx answer's fixed parts: the body is {"messageIds": [...], "entity": ..., "route":
@@ -289,22 +217,6 @@ _PRIMARY_ROUTE = ("X-Route", "primary")
 _KINDS: dict[str | None, EntityKind] = {"queues": "queue", "topics": "topic"}
 
 
-def _addressed_entity(request: web.Request, catalog: EntityCatalog, outcome: _Outcome) -> EntityRef:
-    """The declared entity the request sends to, once the caller may send to it."""
-    match_info = request.match_info
-    name = match_info["name"]
-    kind = _KINDS.get(match_info.get("kind"))
-    found = catalog.find(name, kind)
-    if found is None:
-        validate_entity_path(name)  # 400 before 401: a bad path names no resource
-    principal = authorize(request, name, Right.SEND)  # 401/403 before 404: don't reveal
-    if principal is not None:
-        outcome.key_name = principal.key_name
-    if found is None:
-        raise catalog.unknown(name, kind)
-    return found
-
-
 async def _read_messages(
     request: web.Request, limits: LimitSettings, tracer: Tracer
 ) -> list[OutboundMessage]:
@@ -334,105 +246,7 @@ async def _read_messages(
                 context,
             )
         ]
-    _check_sizes(messages, limits)
-    return messages
-
-
-def _record_outcome(
-    outcome: _Outcome,
-    state: EdgeState,
-    started: float,
-    entity: str,
-    messages: list[OutboundMessage],
-    result: Delivery | GatewayError,
-) -> None:
-    """Metrics, ledger events and the one log line of a send request, whatever its outcome.
-
-    `entity` is ``_unknown`` until the path named a declared entity; `messages` is empty
-    until the body parsed within the limits (nothing to put in the ledger before that)."""
-    elapsed = time.perf_counter() - started
-    observer = state.observer
-    if isinstance(result, GatewayError):
-        status, route, error = result.status, "none", result
-        if isinstance(result, Saturated):
-            observer.admission_refused()
-    else:
-        status, route, error = result.status, result.route, None
-        observer.messages_accepted(entity, route, len(messages))
-    if messages and state.ledger.enabled:
-        _emit_ledger(state.ledger, entity, messages, result, elapsed)
-    observer.request_answered(entity, status, route, elapsed)
-    _log_outcome(state.access_log, outcome, entity, status, route, messages, elapsed, error)
-
-
-def _emit_ledger(
-    ledger: EventLedger,
-    entity: str,
-    messages: list[OutboundMessage],
-    result: Delivery | GatewayError,
-    elapsed: float,
-) -> None:
-    """One ``accepted`` or ``rejected`` event per message (read by the audit pipeline)."""
-    latency_ms = elapsed * 1000
-    if isinstance(result, GatewayError):
-        for m in messages:
-            ledger.emit(
-                "rejected",
-                message_id=m.message_id,
-                entity=entity,
-                latency_ms=latency_ms,
-                status=result.status,
-                error=result.code,
-            )
-        return
-    backlog = result.destination if result.route == "backlog" else None
-    for m in messages:
-        ledger.emit(
-            "accepted",
-            message_id=m.message_id,
-            entity=entity,
-            route=result.route,
-            backlog=backlog,
-            size=m.size,
-            latency_ms=latency_ms,
-        )
-
-
-def _log_outcome(
-    access_log: AccessLog,
-    outcome: _Outcome,
-    entity: str,
-    status: int,
-    route: str,
-    messages: list[OutboundMessage],
-    elapsed: float,
-    error: GatewayError | None,
-) -> None:
-    """The request's access line: INFO, or WARNING when the broker failed or the gateway was
-    saturated (`SBGATE_LOG_LEVEL=WARNING` keeps only those)."""
-    level = logging.INFO
-    if error is not None and isinstance(error, SendFailure | Saturated):
-        level = logging.WARNING
-    if not access_log.enabled(level):
-        return
-    request_id = outcome.request_id
-    extra: dict[str, object] = {
-        "request_id": request_id,
-        "entity": entity,
-        "status": status,
-        "route": route,
-        "message_ids": [m.message_id for m in messages[:20]],
-        "messages": len(messages),
-        "latency_ms": round(elapsed * 1000, 3),
-    }
-    if outcome.key_name is not None:
-        extra["key_name"] = outcome.key_name
-    elif isinstance(error, AuthError) and error.key_name is not None:
-        extra["key_name"] = error.key_name  # the log may say which rule; the answer never does
-    if error is not None:
-        extra["error"] = error.code
-        extra["error_message"] = error.message
-    access_log.write(level, f"request {request_id} -> {status}", extra, log_ids())  # + trace ids
+    return messages  # sized by `ingest`
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:

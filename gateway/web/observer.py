@@ -9,21 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gateway.ingest import IngestObserver
+
 if TYPE_CHECKING:
     from gateway.web.overload import ListenerStats, Shedder, ShedReason
 
 
-class EdgeObserver:
-    """Metric hooks of the HTTP edge; the default does nothing."""
-
-    def admission_refused(self) -> None:
-        """A request was answered 503: no room freed up within ``admission_timeout``."""
-
-    def messages_accepted(self, entity: str, route: str, n: int) -> None:
-        """`n` messages of one request were accepted (202/201) by `route`."""
-
-    def request_answered(self, entity: str, status: int, route: str, seconds: float) -> None:
-        """A send request was answered `status` after `seconds`."""
+class EdgeObserver(IngestObserver):
+    """Metric hooks of the HTTP edge (beyond what every edge reports, `IngestObserver`); the
+    default does nothing."""
 
     def shed(self, reason: ShedReason) -> None:
         """A connection or request was shed for `reason` (`gateway.web.overload`)."""

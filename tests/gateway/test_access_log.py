@@ -131,6 +131,7 @@ async def test_the_last_line_before_sigterm_is_written(broker: BrokerProcess, tm
         "logger": "gateway.requests",
         "msg": "request the-last-one -> 201",
         "request_id": "the-last-one",
+        "protocol": "http",
         "entity": "orders",
         "status": 201,
         "route": "primary",

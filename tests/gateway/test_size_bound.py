@@ -19,7 +19,13 @@ from azure.servicebus._pyamqp._encode import encode_payload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.core.message import BATCH_ITEM_OVERHEAD, OutboundMessage, batch_size
+from gateway.core.message import (
+    BATCH_ITEM_OVERHEAD,
+    INTEGER_RANGES,
+    OutboundMessage,
+    Typed,
+    batch_size,
+)
 from gateway.servicebus.internals import encoding
 
 pytestmark = pytest.mark.unit
@@ -37,6 +43,15 @@ _VALUES = st.one_of(
     ),
     _TEXT,
     st.binary(max_size=300).map(lambda b: b.hex().encode()),  # bytes go as their UTF-8 text
+    # what the AMQP edge carries with its own type (gateway.amqp.messages)
+    st.sampled_from(sorted(INTEGER_RANGES)).flatmap(
+        lambda kind: st.integers(INTEGER_RANGES[kind].start, INTEGER_RANGES[kind].stop - 1).map(
+            lambda v: Typed(kind, v)
+        )  # type: ignore[arg-type]
+    ),
+    st.floats(width=32, allow_nan=False).map(lambda v: Typed("float", v)),
+    st.uuids().map(lambda v: Typed("uuid", v)),
+    st.binary(max_size=300).map(lambda v: Typed("binary", v)),
 )
 
 

@@ -66,7 +66,7 @@ from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-from gateway.core.message import OutboundMessage
+from gateway.core.message import OutboundMessage, Typed
 from gateway.servicebus.internals.switch import SDK_VERSION, VERSION_MATCHES, applies
 
 __all__ = ["SDK_VERSION", "VERSION_MATCHES", "add", "applies", "check", "encode"]
@@ -84,7 +84,10 @@ _set_envelope = PyamqpTransport.set_batch_envelope_properties
 
 def amqp_value(value: Any) -> Any:
     """The SDK encodes a Python int as a 32-bit AMQP int and fails beyond it: send larger
-    integers as typed AMQP longs (received back as plain ints)."""
+    integers as typed AMQP longs (received back as plain ints). A `Typed` value is sent with
+    its own AMQP type."""
+    if isinstance(value, Typed):
+        return {TYPE: getattr(AMQPTypes, value.kind), VALUE: value.value}
     if isinstance(value, int) and not isinstance(value, bool) and value not in _INT32:
         return {TYPE: AMQPTypes.long, VALUE: value}
     return value

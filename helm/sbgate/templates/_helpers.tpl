@@ -494,3 +494,26 @@ Usage: include "sbgate.alertRule" (dict "name" "SbgateX" "cfg" $alerts.x "expr" 
     {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* The AMQP edge's settings (gateway container only; docs/amqp.md). */}}
+{{- define "sbgate.amqp.env" -}}
+{{- $a := .Values.amqp -}}
+- name: SBGATE_AMQP_PORT
+  value: {{ $a.port | toString | quote }}
+- name: SBGATE_AMQP_TLS_CERT_FILE
+  value: /etc/sbgate-amqp-tls/tls.crt
+- name: SBGATE_AMQP_TLS_KEY_FILE
+  value: /etc/sbgate-amqp-tls/tls.key
+{{- if not (kindIs "invalid" $a.maxConnectionAge) }}
+- name: SBGATE_AMQP_MAX_CONNECTION_AGE
+  value: {{ include "sbgate.envValue" $a.maxConnectionAge | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" $a.linkCredit) }}
+- name: SBGATE_AMQP_LINK_CREDIT
+  value: {{ include "sbgate.envValue" $a.linkCredit | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" $a.maxConnections) }}
+- name: SBGATE_AMQP_MAX_CONNECTIONS
+  value: {{ include "sbgate.envValue" $a.maxConnections | quote }}
+{{- end }}
+{{- end -}}

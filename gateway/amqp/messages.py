@@ -1,0 +1,269 @@
+"""An AMQP transfer's payload → the `OutboundMessage`s of one send request, or a refusal.
+
+The gateway carries a message as an `OutboundMessage`: the fields Service Bus acts on and
+the application property types its whole path (the primary, a backlog queue, the syphon's
+receive and the send home) keeps as they were. Whatever a client's message holds beyond
+that is refused here with `NotCarried` (the delivery is rejected `amqp:not-implemented`,
+and the SDK raises it at once, unretried), never changed silently: a change would only show
+during an outage, when a message went through a backlog queue. docs/amqp.md lists what is
+refused; tests/gateway/test_amqp_messages.py holds it for generated messages.
+
+Carried unchanged: one data section as the body; message-id, correlation-id (strings), to,
+subject, reply-to, content-type, group-id (SessionId), reply-to-group-id; the header's TTL;
+the annotations ``x-opt-partition-key`` and ``x-opt-scheduled-enqueue-time``; application
+properties of type string, boolean, every integer type, float, double, timestamp, uuid and
+binary (those beyond the REST format's as `Typed` values, which keep their type through a
+backlog queue: gateway.core.backlog). Hop-by-hop parts are not messages' content and are
+dropped: the header's durable, first-acquirer and delivery-count (Service Bus keeps every
+message durably and counts deliveries itself), delivery annotations, and the creation and
+absolute-expiry times the SDKs stamp from the TTL (the gateway stamps its own).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from typing import Any, Final
+
+from gateway.core.backlog import REWRITE_KEYS
+from gateway.core.message import AppValue, OutboundMessage, Typed, TypedKind
+from gateway.errors import NotCarried, RequestError
+from sbamqp import codec
+from sbamqp.codec import (
+    Byte,
+    DecodeError,
+    Described,
+    Double,
+    Float,
+    Int,
+    Long,
+    Short,
+    Symbol,
+    Timestamp,
+    Ubyte,
+    Uint,
+    Ulong,
+    Ushort,
+)
+from sbamqp.sections import split_batch
+
+HEADER: Final = 0x70
+DELIVERY_ANNOTATIONS: Final = 0x71
+MESSAGE_ANNOTATIONS: Final = 0x72
+PROPERTIES: Final = 0x73
+APPLICATION_PROPERTIES: Final = 0x74
+DATA: Final = 0x75
+SEQUENCE: Final = 0x76
+VALUE: Final = 0x77
+FOOTER: Final = 0x78
+_SYMBOLIC: Final = {
+    "amqp:header:list": HEADER,
+    "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    "amqp:message-annotations:map": MESSAGE_ANNOTATIONS,
+    "amqp:properties:list": PROPERTIES,
+    "amqp:application-properties:map": APPLICATION_PROPERTIES,
+    "amqp:data:binary": DATA,
+    "amqp:amqp-sequence:list": SEQUENCE,
+    "amqp:amqp-value:*": VALUE,
+    "amqp:footer:map": FOOTER,
+}
+PARTITION_KEY: Final = "x-opt-partition-key"
+SCHEDULED_ENQUEUE_TIME: Final = "x-opt-scheduled-enqueue-time"
+_DEFAULT_PRIORITY: Final = 4
+_RESERVED = frozenset(k.lower() for k in REWRITE_KEYS)
+# The properties list's fields, in order (AMQP 1.0, 3.2.4).
+_PROPERTY_FIELDS: Final = (
+    "message-id",
+    "user-id",
+    "to",
+    "subject",
+    "reply-to",
+    "correlation-id",
+    "content-type",
+    "content-encoding",
+    "absolute-expiry-time",
+    "creation-time",
+    "group-id",
+    "group-sequence",
+    "reply-to-group-id",
+)
+
+
+class MalformedMessage(RequestError):
+    """A payload that is not an AMQP message (the delivery is rejected `amqp:decode-error`)."""
+
+    code = "malformed_message"
+    amqp_condition = "amqp:decode-error"
+
+
+def batch_messages(payload: bytes) -> list[bytes]:
+    """A batch transfer's (message format 0x80013700) encoded messages: one per data section
+    of its envelope. The envelope's other sections (Node sends a header and properties
+    there) describe the batch, not a message, and are dropped."""
+    try:
+        return split_batch(payload)
+    except DecodeError as exc:
+        raise MalformedMessage(f"the batch does not decode: {exc}") from None
+
+
+def to_outbound(payload: bytes) -> OutboundMessage:
+    """One encoded AMQP message as the gateway carries it; raises `NotCarried` for what it
+    cannot carry unchanged and `MalformedMessage` for what is not a message."""
+    fields: dict[str, Any] = {}
+    body: bytes | None = None
+    for code, value in _sections(payload):
+        if code == HEADER:
+            fields.update(_header(value))
+        elif code == MESSAGE_ANNOTATIONS:
+            fields.update(_annotations(value))
+        elif code == PROPERTIES:
+            fields.update(_properties(value))
+        elif code == APPLICATION_PROPERTIES:
+            fields["application_properties"] = _application_properties(value)
+        elif code == DATA:
+            if body is not None:
+                raise NotCarried("a body of several data sections cannot be carried; send one")
+            body = bytes(value)
+        elif code in (SEQUENCE, VALUE):
+            raise NotCarried(
+                "an amqp-value or amqp-sequence body cannot be carried; send the body as bytes "
+                "(one data section)"
+            )
+        elif code == FOOTER:
+            raise NotCarried("a message footer cannot be carried")
+        # DELIVERY_ANNOTATIONS: for this hop only
+    if body is None:
+        raise NotCarried("a message without a data body cannot be carried")
+    message_id = fields.pop("message_id", None) or os.urandom(16).hex()  # as the REST edge
+    return OutboundMessage(body=body, message_id=message_id, **fields)
+
+
+def _sections(payload: bytes) -> list[tuple[int, Any]]:
+    try:
+        values = codec.decode_all(payload)
+    except DecodeError as exc:
+        raise MalformedMessage(f"the message does not decode: {exc}") from None
+    out = []
+    for value in values:
+        if not isinstance(value, Described):
+            raise MalformedMessage("a message section is not a described value")
+        code = value.descriptor
+        if isinstance(code, str):
+            code = _SYMBOLIC.get(code, -1)
+        if not isinstance(code, int) or not HEADER <= code <= FOOTER:
+            raise MalformedMessage(f"unknown message section {value.descriptor!r}")
+        out.append((int(code), value.value))
+    return out
+
+
+def _header(value: Any) -> dict[str, Any]:
+    fields = list(value) + [None] * 5 if isinstance(value, list) else None
+    if fields is None:
+        raise MalformedMessage("the header is not a list")
+    _durable, priority, ttl, _first_acquirer, _delivery_count = fields[:5]
+    if priority is not None and priority != _DEFAULT_PRIORITY:
+        raise NotCarried("a message priority cannot be carried (Service Bus ignores it)")
+    if ttl is None:
+        return {}
+    if not isinstance(ttl, int) or isinstance(ttl, bool):
+        raise MalformedMessage("the header's ttl is not a number")
+    return {"time_to_live": dt.timedelta(milliseconds=int(ttl))}
+
+
+def _annotations(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MalformedMessage("the message annotations are not a map")
+    out: dict[str, Any] = {}
+    for key, v in value.items():
+        if key == PARTITION_KEY and isinstance(v, str) and not isinstance(v, Symbol):
+            out["partition_key"] = str(v)
+        elif key == SCHEDULED_ENQUEUE_TIME and isinstance(v, Timestamp):
+            out["scheduled_enqueue_time_utc"] = v.to_datetime()
+        else:
+            raise NotCarried(f"the message annotation {str(key)[:100]!r} cannot be carried")
+    return out
+
+
+def _properties(value: Any) -> dict[str, Any]:
+    if not isinstance(value, list):
+        raise MalformedMessage("the properties section is not a list")
+    got = dict(zip(_PROPERTY_FIELDS, value, strict=False))
+    for name in ("user-id", "content-encoding", "group-sequence"):
+        if got.get(name) is not None:
+            raise NotCarried(f"the property {name} cannot be carried")
+    out: dict[str, Any] = {}
+    for name, field in (
+        ("message-id", "message_id"),
+        ("correlation-id", "correlation_id"),
+        ("to", "to"),
+        ("subject", "subject"),
+        ("reply-to", "reply_to"),
+        ("group-id", "session_id"),
+        ("reply-to-group-id", "reply_to_session_id"),
+    ):
+        v = got.get(name)
+        if v is None:
+            continue
+        if type(v) is not str:  # a uuid, ulong or binary id would arrive as a string
+            raise NotCarried(f"the {name} must be a string to be carried unchanged")
+        out[field] = v
+    content_type = got.get("content-type")
+    if content_type is not None:
+        if not isinstance(content_type, str):
+            raise MalformedMessage("the content-type is not a symbol")
+        out["content_type"] = str(content_type)
+    return out
+
+
+def _application_properties(value: Any) -> dict[str, AppValue]:
+    if not isinstance(value, dict):
+        raise MalformedMessage("the application properties are not a map")
+    out: dict[str, AppValue] = {}
+    for key, v in value.items():
+        if type(key) is not str:
+            raise NotCarried("application property names must be strings to be carried")
+        if key.lower() in _RESERVED:
+            raise NotCarried(
+                f"the application property {key!r} is reserved: the gateway uses it to carry "
+                "a message through a backlog queue; use another name"
+            )
+        out[key] = _app_value(key, v)
+    return out
+
+
+# The decoder's integer classes → the kind they are carried as (with their type).
+_TYPED_INTEGERS: Final[dict[type, TypedKind]] = {
+    Ubyte: "ubyte",
+    Ushort: "ushort",
+    Uint: "uint",
+    Ulong: "ulong",
+    Byte: "byte",
+    Short: "short",
+    Long: "long",
+    Timestamp: "timestamp",
+}
+
+
+def _app_value(key: str, v: Any) -> AppValue:
+    """A value the whole path keeps with its AMQP type, or `NotCarried`."""
+    t = type(v)
+    if t is str or t is bool:
+        return v  # type: ignore[no-any-return]
+    if t is Int:
+        return int(v)  # a plain int is sent as an AMQP int again
+    if t is Double:
+        return float(v)  # a plain float is sent as a double again
+    kind = _TYPED_INTEGERS.get(t)
+    if kind is not None:
+        return Typed(kind, int(v))
+    if t is Float:
+        return Typed("float", float(v))
+    if t is uuid.UUID:
+        return Typed("uuid", v)
+    if t is bytes:
+        return Typed("binary", v)
+    raise NotCarried(
+        f"application property {key[:100]!r}: the AMQP type {t.__name__} is not carried "
+        "(carried: string, boolean, the integer types, float, double, timestamp, uuid, binary)"
+    )
