@@ -905,7 +905,7 @@ class ServerConnection:
         if perf.state is not None:
             part.state = perf.state
         part.size += len(payload)
-        if part.size > link.max_message_size:
+        if part.size > _size_limit(link, self.limits):
             part.oversize = True
             self._buffered -= sum(len(c) for c in part.chunks)
             part.chunks.clear()  # its bytes are dropped as they come
@@ -937,7 +937,7 @@ class ServerConnection:
         link.delivery_count = (link.delivery_count + 1) % _UINT_MOD
         if part.oversize:
             if not part.settled:
-                self.settle(link, part.delivery_id, _rejected_size(part.size, link))
+                self.settle(link, part.delivery_id, _rejected_size(part.size, _size_limit(link, self.limits)))
             self._events.append(
                 TransferRefused(link, part.delivery_id, Condition.MESSAGE_SIZE_EXCEEDED, part.size)
             )
@@ -1114,11 +1114,17 @@ def _decode_condition(exc: DecodeError) -> str:
     return Condition.FRAMING_ERROR if isinstance(exc, FrameError) else Condition.DECODE_ERROR
 
 
-def _rejected_size(size: int, link: Link) -> DeliveryState:
+def _size_limit(link: Link, limits: Limits) -> int:
+    """A link's message size limit: what `accept_attach` set, or, for a transfer pipelined
+    behind its attach before the application answered it, the connection's own limit."""
+    return link.max_message_size if link.attached else limits.max_message_size
+
+
+def _rejected_size(size: int, limit: int) -> DeliveryState:
     return Rejected(
         Error(
             Condition.MESSAGE_SIZE_EXCEEDED,
-            f"the message is {size} bytes, over the link's limit of {link.max_message_size}",
+            f"the message is {size} bytes, over the link's limit of {limit}",
             {},
         )
     )
