@@ -13,6 +13,7 @@ from azure.servicebus.exceptions import ServiceBusError
 
 from gateway.amqp.server import AmqpServer
 from gateway.app import AMQP_SERVER
+from gateway.metrics import Metrics
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
 from tests.gateway.test_amqp_sdk import AUTH, DEADLINE, connection_string, receive
@@ -109,7 +110,9 @@ async def test_the_edge_counts_its_connections_tokens_refusals_and_deliveries(
     amqp_server: Start, broker: BrokerProcess, control: ControlClient
 ) -> None:
     server = await amqp_server({})
-    registry = server.edge.metrics.registry
+    observer = server.edge.observer
+    assert isinstance(observer, Metrics)
+    registry = observer.registry
     conn = connection_string(server.ports["plain"])
     async with asyncio.timeout(DEADLINE):
         async with ServiceBusClient.from_connection_string(conn, retry_total=0) as sb:
