@@ -27,13 +27,16 @@ venv: $(STAMP)
 
 # Tests start real redis-server processes on free ports, the audit pipeline runs real
 # Spark (pyspark 4 needs Java 17+), the chart's alerts are evaluated by Prometheus' promtool
-# (Debian's prometheus package) and its README's tables written by a Node.js tool (npm installs
-# it): install what is missing.
+# (Debian's prometheus package), its README's tables written by a Node.js tool (npm installs
+# it), the Node.js SDK tier needs npm, and the benches' native load generators (h2load, wrk)
+# have a test of their own: install what is missing.
 sysdeps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
+	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	{ command -v java >/dev/null && java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; } \
 	  || missing="$$missing openjdk-17-jre-headless"; \
 	if [ -n "$$missing" ]; then \
