@@ -1,9 +1,9 @@
-"""`make run` and an unmodified SDK app: the banner's connection string is all it is given.
+"""`make run` and unmodified SDK apps: the banner's connection string is all they are given.
 
 The Makefile's own command (`gateway serve --dev`, with its embedded broker pair) prints the
-string; the real Python SDK sends with it; with the primary faulted through the broker's
-control API (the banner's too) the sends still return, and once the fault is cleared the
-messages reach `orders`."""
+string; the real Python SDK and the real Node.js SDK (tests/compat/node) send with it; with
+the primary faulted through the broker's control API (the banner's too) their sends still
+return, and once the fault is cleared the messages reach `orders`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
 from sblocal.testing import ControlClient
+from tests.gateway.test_amqp_node import INSTALLED, NODE, run_node
 from tests.support.processes import GatewayProcess, free_port
 from tests.support.waiting import eventually
 from tests.test_readme import make_run_command
@@ -50,15 +51,26 @@ async def test_an_unmodified_sdk_app_sends_with_the_banners_string(tmp_path: Pat
                         for mid in ids:
                             await sender.send_messages(ServiceBusMessage(b"app", message_id=mid))
 
+        node = NODE is not None and INSTALLED  # the Node tier (make node-deps)
+
+        async def send_node(*ids: str) -> None:
+            if node:
+                msgs = [{"body": "node app", "messageId": mid} for mid in ids]
+                result = await run_node(conn, {"op": "sendEach", "messages": msgs})
+                assert result["ok"], result
+
         await send("app-1")
+        await send_node("node-1")
         await control.add_fault("primary", "amqp:internal-error", operation="send")
         await send("app-2", "app-3")  # they return: accepted into a backlog queue
-        assert (await control.entity("primary", "orders"))["active"] == 1
+        await send_node("node-2", "node-3")
+        expected = ["app-1", "app-2", "app-3"] + (["node-1", "node-2", "node-3"] if node else [])
+        assert (await control.entity("primary", "orders"))["active"] == (2 if node else 1)
         await control.clear_faults("primary")
 
         async def home() -> bool:
-            return (await control.entity("primary", "orders"))["active"] == 3
+            return (await control.entity("primary", "orders"))["active"] == len(expected)
 
         await eventually(home, within=60, every=0.5)  # the dev profile pings every 5 s
         ids = sorted(m["message_id"] for m in await control.messages("primary", "orders"))
-        assert ids == ["app-1", "app-2", "app-3"]
+        assert ids == expected
