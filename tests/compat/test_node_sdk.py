@@ -9,12 +9,8 @@ broker that gets it wrong leaves the client waiting, so every run has a process 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,10 +18,7 @@ import pytest
 from sblocal.server import LocalBroker
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.broker.conftest import fast_config, running
-
-NODE = shutil.which("node")
-NODE_DIR = Path(__file__).parent / "node"
-RUN_DEADLINE = 60.0
+from tests.support.node import NODE, run_job
 
 pytestmark = [
     pytest.mark.integration,
@@ -34,31 +27,7 @@ pytestmark = [
 
 
 async def run_node(job: dict[str, Any], *, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run tests/compat/node/run.mjs with ``job``; its JSON result. A run that outlives
-    RUN_DEADLINE is killed and fails the test (a silent hang is how a mismatch shows)."""
-    assert NODE is not None
-    if not (NODE_DIR / "node_modules" / "@azure" / "service-bus").is_dir():
-        pytest.fail("the Node SDK is not installed: run `make node-deps`")
-    proc = await asyncio.create_subprocess_exec(
-        NODE,
-        str(NODE_DIR / "run.mjs"),
-        cwd=NODE_DIR,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    try:
-        async with asyncio.timeout(RUN_DEADLINE):
-            out, err = await proc.communicate(json.dumps(job).encode())
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(f"the Node SDK did not finish in {RUN_DEADLINE} s: {job}") from None
-    lines = out.decode().strip().splitlines()
-    assert lines, f"no result from node (exit {proc.returncode}): {err.decode()[-2000:]}"
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    return await run_job(job, env=env)
 
 
 def _job(

@@ -16,7 +16,8 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
 from sblocal.testing import ControlClient
-from tests.gateway.test_amqp_node import INSTALLED, NODE, run_node
+from tests.gateway.test_amqp_node import run_node
+from tests.support.node import INSTALLED, NODE
 from tests.support.processes import GatewayProcess, free_port
 from tests.support.waiting import eventually
 from tests.test_readme import make_run_command

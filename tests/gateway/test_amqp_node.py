@@ -9,11 +9,6 @@ tests/compat/node)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,12 +17,8 @@ from sblocal.testing import ControlClient
 from tests.gateway.test_amqp_sdk import Connect
 from tests.gateway.test_amqp_sdk import amqp_gateway as amqp_gateway  # the fixture
 from tests.gateway.test_syphon import SYPHON, backlog_total, depth
+from tests.support.node import INSTALLED, NODE, NODE_DIR, run_job
 from tests.support.waiting import eventually
-
-NODE = shutil.which("node")
-NODE_DIR = Path(__file__).resolve().parents[1] / "compat" / "node"
-INSTALLED = (NODE_DIR / "node_modules" / "@azure" / "service-bus").is_dir()
-RUN_DEADLINE = 60.0
 
 pytestmark = [
     pytest.mark.integration,
@@ -40,28 +31,8 @@ pytestmark = [
 
 
 async def run_node(conn: str, *steps: dict[str, Any], entity: str = "orders") -> dict[str, Any]:
-    """One run.mjs job; a run that outlives RUN_DEADLINE (a silent hang) fails the test."""
-    assert NODE is not None
-    job = {"connectionString": conn, "entity": entity, "steps": list(steps)}
-    proc = await asyncio.create_subprocess_exec(
-        NODE,
-        str(NODE_DIR / "run.mjs"),
-        cwd=NODE_DIR,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        async with asyncio.timeout(RUN_DEADLINE):
-            out, err = await proc.communicate(json.dumps(job).encode())
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(f"the Node SDK did not finish in {RUN_DEADLINE} s") from None
-    lines = out.decode().strip().splitlines()
-    assert lines, f"no result from node (exit {proc.returncode}): {err.decode()[-2000:]}"
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    """One run.mjs job against the gateway at `conn`."""
+    return await run_job({"connectionString": conn, "entity": entity, "steps": list(steps)})
 
 
 def messages(prefix: str, n: int) -> list[dict[str, Any]]:

@@ -8,10 +8,6 @@ accepted message that breaks `fuzz.fuzz_rest.check_messages`. Longer runs on dem
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +19,9 @@ from hypothesis import strategies as st
 from fuzz.fuzz_rest import FIELD_SEP, check_messages, one_input
 from gateway.errors import RequestError
 from gateway.web import rest
+from tests.support.atheris_run import ATHERIS_SECONDS, FUZZ, run_target
 
-FUZZ = Path(__file__).resolve().parents[2] / "fuzz"
 SEEDS = FUZZ / "corpus" / "rest"
-ATHERIS_SECONDS = int(os.environ.get("SBGATE_FUZZ_SECONDS", "20"))
 
 
 @pytest.mark.parametrize("seed", sorted(p.name for p in SEEDS.iterdir()))
@@ -38,35 +33,7 @@ def test_the_seed_corpus_and_past_findings_pass(seed: str):
 @pytest.mark.slow
 def test_atheris_finds_nothing_in_the_rest_parser(tmp_path: Path):
     pytest.importorskip("atheris")
-    corpus = tmp_path / "corpus"
-    shutil.copytree(SEEDS, corpus)  # new inputs land here, not in the repository
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(FUZZ / "fuzz_rest.py"),
-            f"-max_total_time={ATHERIS_SECONDS}",
-            f"-dict={FUZZ / 'rest.dict'}",
-            f"-artifact_prefix={tmp_path}/",
-            "-print_final_stats=1",
-            str(corpus),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=ATHERIS_SECONDS + 60,
-        check=False,
-    )
-    crashes = sorted(tmp_path.glob("crash-*")) + sorted(tmp_path.glob("timeout-*"))
-    assert proc.returncode == 0 and not crashes, (
-        f"atheris found a bug; inputs: {[c.read_bytes() for c in crashes]}\n{proc.stderr[-4000:]}"
-    )
-    runs = next(
-        (
-            line
-            for line in proc.stderr.splitlines()
-            if line.startswith("stat::number_of_executed_units")
-        ),
-        "",
-    )
+    runs = run_target("fuzz_rest.py", "rest", "rest.dict", tmp_path)
     print(f"atheris: {runs} in {ATHERIS_SECONDS} s")
 
 

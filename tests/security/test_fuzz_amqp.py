@@ -8,10 +8,6 @@ sets this bounded run's length.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,10 +18,9 @@ from fuzz.fuzz_amqp import check_engine, one_input
 from sbamqp import frames
 from sbamqp.codec import Uint
 from sbamqp.performatives import Close, Detach, Disposition, End, Flow, Transfer
+from tests.support.atheris_run import ATHERIS_SECONDS, FUZZ, run_target
 
-FUZZ = Path(__file__).resolve().parents[2] / "fuzz"
 SEEDS = FUZZ / "corpus" / "amqp"
-ATHERIS_SECONDS = int(os.environ.get("SBGATE_FUZZ_SECONDS", "20"))
 
 
 @pytest.mark.unit
@@ -38,27 +33,8 @@ def test_the_seed_corpus_and_past_findings_pass(seed: str) -> None:
 @pytest.mark.slow
 def test_atheris_finds_nothing_in_the_amqp_decoders(tmp_path: Path) -> None:
     pytest.importorskip("atheris")
-    corpus = tmp_path / "corpus"
-    shutil.copytree(SEEDS, corpus)  # new inputs land here, not in the repository
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(FUZZ / "fuzz_amqp.py"),
-            f"-max_total_time={ATHERIS_SECONDS}",
-            f"-dict={FUZZ / 'amqp.dict'}",
-            f"-artifact_prefix={tmp_path}/",
-            "-print_final_stats=1",
-            str(corpus),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=ATHERIS_SECONDS + 60,
-        check=False,
-    )
-    crashes = sorted(tmp_path.glob("crash-*")) + sorted(tmp_path.glob("timeout-*"))
-    assert proc.returncode == 0 and not crashes, (
-        f"atheris found a bug; inputs: {[c.read_bytes() for c in crashes]}\n{proc.stderr[-4000:]}"
-    )
+    runs = run_target("fuzz_amqp.py", "amqp", "amqp.dict", tmp_path)
+    print(f"atheris: {runs} in {ATHERIS_SECONDS} s")
 
 
 # -- structured search: well-formed frames in hostile orders with hostile values ---------
