@@ -170,7 +170,9 @@ def _raw_path_ok(raw_path: str) -> None:
 async def _read_body(request: web.Request, limit: int) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
-        raise PayloadTooLarge(f"the request body is {length} bytes; the limit is {limit}")
+        raise PayloadTooLarge(
+            f"the request body is {length} bytes; the limit is {limit}", size=length, limit=limit
+        )
     content = request.content
     try:
         # A body that came whole with its head (the common case for a message) is taken as
@@ -180,7 +182,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     except web.HTTPRequestEntityTooLarge:
         body = None
     if body is None or len(body) > limit:  # chunked: no Content-Length to check first
-        raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+        # The reader stops at the limit, so the body's whole size is not known.
+        raise PayloadTooLarge(f"the request body is larger than {limit} bytes", limit=limit)
     return body
 
 
@@ -481,16 +484,32 @@ async def not_ingestion(request: web.Request) -> web.StreamResponse:
     else:
         operation = _ENTITY_OPERATIONS.get(method, "unsupported")
     allow = await _allowed_methods(request)
+    message = (
+        "this gateway only ingests messages: send them with POST "
+        "/{entity}/messages; receive, peek-lock, lock and management operations go to "
+        "the Service Bus namespace itself"
+    )
+    if segments[0] in _OWN_PATHS:
+        operation, message = "unsupported", _own_path_message(request.method, allow)
     return json_response(
         405,
-        {
-            "error": "method_not_allowed",
-            "operation": operation,
-            "message": "this gateway only ingests messages: send them with POST "
-            "/{entity}/messages; receive, peek-lock, lock and management operations go to "
-            "the Service Bus namespace itself",
-        },
+        {"error": "method_not_allowed", "operation": operation, "message": message},
         {"Allow": allow},
+    )
+
+
+# The gateway's own paths (and `/`): a wrong method there is no Service Bus operation, and
+# the answer must not read as if the gateway forwarded its admin API to the namespace.
+_OWN_PATHS = frozenset({"", "admin", "healthz", "readyz", "metrics", "openapi.json"})
+
+
+def _own_path_message(method: str, allow: str) -> str:
+    where = f"only {allow} here" if allow else "no method here"
+    return (
+        f"{method} is not served on this path of the gateway ({where}); this gateway only "
+        "ingests messages (POST /{entity}/messages) and serves its own admin API "
+        "(GET /admin/entities, POST /admin/entities/{entity}/healthy or /failover); "
+        "GET /openapi.json lists every route"
     )
 
 

@@ -278,10 +278,18 @@ def _check_app_properties(props: Mapping[str, AppValue], where: str) -> None:
         elif isinstance(value, bytes):
             size += len(value)
         if size > MAX_PROPERTY_BYTES:
-            raise PayloadTooLarge(f"{where}: property {key!r} is larger than 32 KB")
+            raise PayloadTooLarge(
+                f"{where}: property {key!r} is larger than 32 KB",
+                size=size,
+                limit=MAX_PROPERTY_BYTES,
+            )
         total += size
     if total > MAX_ALL_PROPERTIES_BYTES:
-        raise PayloadTooLarge(f"{where}: properties together are larger than 64 KB")
+        raise PayloadTooLarge(
+            f"{where}: properties together are larger than 64 KB",
+            size=total,
+            limit=MAX_ALL_PROPERTIES_BYTES,
+        )
 
 
 def build_message(
@@ -407,7 +415,9 @@ def parse_batch(
         raise RequestError("a batch must contain at least one message")
     if len(items) > max_messages:
         raise PayloadTooLarge(
-            f"a batch may contain at most {max_messages} messages; this one has {len(items)}"
+            f"a batch may contain at most {max_messages} messages; this one has {len(items)}",
+            size=len(items),
+            limit=max_messages,
         )
     key = _idempotency(idempotency_key)
     if key is not None and len(f"{key}:{len(items) - 1}") > MAX_ID_LENGTH:
@@ -463,7 +473,8 @@ def _prescan(raw: bytes, max_messages: int) -> None:
         count += 1
         if count > max_messages:
             raise PayloadTooLarge(
-                f"a batch may contain at most {max_messages} messages; this one has more"
+                f"a batch may contain at most {max_messages} messages; this one has more",
+                limit=max_messages,
             )
         pos = _space(raw, m.end())
         if raw[pos : pos + 1] != b",":
