@@ -91,7 +91,7 @@ def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = Fals
         lines.append(
             "development profile (gateway serve --dev): a failed-over entity is pinged every "
             f"{settings.failover.ping_primary_interval:g} s (production default: 60 s), "
-            f"drain delay {settings.shutdown.drain_delay:g} s, access lines for failures only"
+            f"drain delay {settings.shutdown.drain_delay:g} s, {_dev_access_lines()}"
         )
     if info is not None:
         lines.append("local broker (embedded default):")
@@ -133,6 +133,16 @@ def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = Fals
     return "\n".join(lines)
 
 
+def _dev_access_lines() -> str:
+    """What the development profile's access lines show, and how to see more."""
+    if "SBGATE_LOG_LEVEL" in os.environ:
+        return f"log level {os.environ['SBGATE_LOG_LEVEL']} (SBGATE_LOG_LEVEL)"
+    return (
+        "access lines for failures and client errors only "
+        "(every request: SBGATE_LOG_LEVEL=INFO make run)"
+    )
+
+
 def _write_banner(path: str, banner: str) -> None:
     """The banner in a file too (`make run`: .run/banner.txt), for when it scrolled away."""
     try:
@@ -164,6 +174,8 @@ async def _serve(
         settings = embedded.apply(settings)
     try:
         app = create_app(settings, mode=mode, tracer=tracer)
+        if dev:  # a developer's 401 or 404 is a failure worth a line (docs/configuration.md)
+            app[EDGE].access_log.client_errors = _DEV_ACCESS_LEVEL
         runner = HardenedAppRunner(
             app,
             settings=settings,
@@ -255,9 +267,9 @@ DEV_PROFILE = {
     "SBGATE_LOG_FORMAT": "text",
     "SBGATE_AUTH_RULES_FILE": "dev/demo-rules.toml",  # public demo keys (when present)
 }
-# In the development profile only failed requests get an access line (WARNING), unless
-# SBGATE_LOG_LEVEL is set: the banner and the failover transitions are not buried under one
-# line per request (a 15 s load test wrote 17k).
+# In the development profile only failed requests get an access line (WARNING: the broker's
+# failures, and client errors, 4xx), unless SBGATE_LOG_LEVEL is set: the banner and the
+# failover transitions are not buried under one line per request (a 15 s load test wrote 17k).
 _DEV_ACCESS_LEVEL = logging.WARNING
 
 
@@ -437,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
             "--dev",
             action="store_true",
             help="development profile (make run): pings every 5 s, no drain delay, text logs, "
-            "access lines only for failures, the demo rules; the environment still wins",
+            "access lines only for failures and client errors, the demo rules; the "
+            "environment still wins",
         )
         p.add_argument(
             "--banner-file", metavar="FILE", help="also write the start-up banner to FILE"

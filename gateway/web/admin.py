@@ -17,7 +17,7 @@ from gateway.core.entities import validate_entity_path
 from gateway.core.failover import Failover
 from gateway.errors import GatewayError
 from gateway.state.base import EntityState
-from gateway.web.auth import authorize
+from gateway.web.auth import PRINCIPAL, authorize
 from gateway.web.handlers import EDGE, json_response
 
 
@@ -58,18 +58,24 @@ def _entity_path(request: web.Request) -> str:
     return path
 
 
+def _operator(request: web.Request) -> str | None:
+    """Who acts: the rule name of the key that authorized the request (None: open mode)."""
+    principal = request.get(PRINCIPAL)
+    return None if principal is None else principal.key_name
+
+
 async def mark_healthy(request: web.Request) -> web.StreamResponse:
     path = _entity_path(request)
     failover = _failover(request)
     entity = request.app[EDGE].catalog.resolve(path)
-    return json_response(200, _answer(failover.mark_healthy(entity)))
+    return json_response(200, _answer(failover.mark_healthy(entity, _operator(request))))
 
 
 async def force_failover(request: web.Request) -> web.StreamResponse:
     path = _entity_path(request)
     failover = _failover(request)
     entity = request.app[EDGE].catalog.resolve(path)
-    return json_response(200, _answer(failover.force_failover(entity)))
+    return json_response(200, _answer(failover.force_failover(entity, _operator(request))))
 
 
 def _answer(st: EntityState) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.tracing import log_ids, request_properties
 from gateway.web import rest
-from gateway.web.auth import authorize
+from gateway.web.auth import PRINCIPAL, authorize
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -130,10 +130,13 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """
     request_id = _assign_request_id(request)
     edge = request.app[EDGE]
+    started = time.perf_counter()
+    logged = False  # a send request writes its own access line (`_record_outcome`)
     try:
         _raw_path_ok(request.raw_path)
         if edge.host_check is not None:
             edge.host_check(request)
+        logged = request.match_info.handler is post_messages
         response = await handler(request)
     except GatewayError as err:
         response = error_response(err)
@@ -152,7 +155,44 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
             headers["X-Request-Id"] = request_id
         if edge.lifecycle.draining:
             response.force_close()  # aiohttp then writes "Connection: close"
+    if not logged:
+        _log_other(edge.access_log, request, response.status, request_id, started)
     return response
+
+
+# Answered often and by machines (kubelet, Prometheus): no access line when they succeed.
+_QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def _log_other(
+    access_log: AccessLog, request: web.Request, status: int, request_id: str, started: float
+) -> None:
+    """The access line of a request that is no send: admin requests (with the rule name of
+    the key that made them), refusals at the edge (400, 401, 405, 421, ...), the OpenAPI
+    document; not a probe's or a scrape's success. INFO; a client error at
+    `AccessLog.client_errors`; a 5xx at WARNING."""
+    if status < 400 and request.path in _QUIET_PATHS:
+        return
+    level = logging.INFO
+    if status >= 500:
+        level = logging.WARNING
+    elif status >= 400:
+        level = access_log.client_errors
+    if not access_log.enabled(level):
+        return
+    fields: dict[str, object] = {
+        "request_id": request_id,
+        "method": request.method,
+        "path": request.path[:200],
+        "status": status,
+        "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+    }
+    principal = request.get(PRINCIPAL)
+    if principal is not None:
+        fields["key_name"] = principal.key_name
+    access_log.write(
+        level, f"request {request_id} {request.method} {fields['path']} -> {status}", fields
+    )
 
 
 def _raw_path_ok(raw_path: str) -> None:
@@ -416,6 +456,8 @@ def _log_outcome(
     level = logging.INFO
     if error is not None and isinstance(error, SendFailure | Saturated):
         level = logging.WARNING
+    elif 400 <= status < 500:
+        level = access_log.client_errors
     if not access_log.enabled(level):
         return
     request_id = outcome.request_id

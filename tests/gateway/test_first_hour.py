@@ -1,0 +1,108 @@
+"""What a newcomer and an operator in a first incident are told (issue #37): every state
+change is a log line, an operator's with the admin key's rule; every request that is no send
+gets an access line too; the development profile shows client errors."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+import pytest
+from aiohttp import web
+
+from gateway.logs import ACCESS_LOGGER
+from gateway.web.handlers import EDGE
+from tests.conftest import GatewayFactory
+from tests.gateway.test_auth_http import ADMIN_KEY, ENV, token
+from tests.gateway.test_failover import FAILOVER
+from tests.support.waiting import eventually
+
+
+def admin() -> dict[str, str]:
+    return {"Authorization": token(None, "admin", ADMIN_KEY)}
+
+
+async def access_lines(capsys: pytest.CaptureFixture[str], seen: list[str], want: str) -> None:
+    """Wait for an access line containing `want` on stderr (the buffer flushes per turn)."""
+
+    def shown() -> bool:
+        seen.append(capsys.readouterr().err)
+        return any(want in line for line in "".join(seen).splitlines())
+
+    await eventually(shown, what=f"an access line with {want}")
+
+
+async def test_an_operators_failover_and_healthy_are_logged_with_the_admin_rule(
+    gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway.core.failover")
+    gw = await gateway({**ENV, **FAILOVER, "SBGATE_PING_PRIMARY_INTERVAL": "60"})
+    resp = await gw.post("/admin/entities/orders/failover", headers=admin())
+    assert resp.status == 200
+    resp = await gw.post("/admin/entities/orders/healthy", headers=admin())
+    assert resp.status == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.core.failover"]
+    assert "entity orders: healthy -> failed_over (operator: forced failover, by admin)" in lines
+    assert "entity orders: failed_over -> healthy (operator: marked healthy, by admin)" in lines
+    [forced] = [r for r in caplog.records if "forced failover" in r.getMessage()]
+    assert forced.__dict__["operator"] == "admin" and forced.__dict__["to"] == "failed_over"
+
+
+async def test_an_operators_action_in_open_mode_says_so(
+    gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway.core.failover")
+    gw = await gateway({**FAILOVER, "SBGATE_PING_PRIMARY_INTERVAL": "60"})
+    assert (await gw.post("/admin/entities/orders/failover")).status == 200
+    assert any("by open mode" in r.getMessage() for r in caplog.records)
+
+
+async def test_admin_requests_and_edge_refusals_get_an_access_line(
+    gateway: GatewayFactory, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    gw = await gateway({**ENV, **FAILOVER, "SBGATE_LOG_FORMAT": "json"})
+    seen: list[str] = []
+    assert (await gw.get("/admin/entities", headers=admin())).status == 200
+    await access_lines(capsys, seen, '"path":"/admin/entities","status":200,')
+    [line] = [
+        orjson.loads(x) for x in "".join(seen).splitlines() if '"path":"/admin/entities"' in x
+    ]
+    assert line["key_name"] == "admin" and line["method"] == "GET" and line["level"] == "INFO"
+    assert (await gw.get("/")).status == 405
+    await access_lines(capsys, seen, '"method":"GET","path":"/","status":405')
+    assert (await gw.get("/healthz")).status == 200  # a probe's success: no line
+    assert (await gw.get("/readyz")).status == 200
+    assert (await gw.get("/admin/entities")).status == 401
+    await access_lines(capsys, seen, '"path":"/admin/entities","status":401')
+    assert not [x for x in "".join(seen).splitlines() if "/healthz" in x or "/readyz" in x]
+
+
+async def test_the_development_profile_writes_client_errors_at_warning(
+    gateway: GatewayFactory, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`gateway serve --dev` keeps the access logger at WARNING (failures only), and a client
+    error is one of them: a 401 on a send, a 404, a 405 each print a line; a 201 does not."""
+    caplog.set_level(logging.WARNING, logger=ACCESS_LOGGER)
+
+    def as_dev(app: web.Application) -> None:
+        app[EDGE].access_log.client_errors = logging.WARNING  # what `_serve(dev=True)` sets
+
+    gw = await gateway({**ENV, "SBGATE_LOG_FORMAT": "json"}, prepare=as_dev)
+    seen: list[str] = []
+    assert (await gw.post("/orders/messages", data=b"x")).status == 401
+    await access_lines(capsys, seen, '"status":401')
+    send = {"Authorization": token("orders")}
+    assert (
+        await gw.post("/nope/messages", data=b"x", headers=send)
+    ).status == 401  # sr does not cover it
+    assert (await gw.get("/orders/messages/head")).status == 405
+    await access_lines(capsys, seen, '"status":405')
+    assert (await gw.post("/orders/messages", data=b"x", headers=send)).status == 201
+    assert (await gw.post("/orders/messages", data=b"y" * 300_000, headers=send)).status == 413
+    await access_lines(capsys, seen, '"status":413')
+    lines = [
+        orjson.loads(x) for x in "".join(seen).splitlines() if '"logger":"gateway.requests"' in x
+    ]
+    assert lines and all(x["level"] == "WARNING" for x in lines)
+    assert not [x for x in lines if x["status"] == 201]
