@@ -419,7 +419,8 @@ async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
     lifecycle = edge.lifecycle
     lifecycle.started = True
     edge.metrics.ready.set_function(lambda: 1.0 if lifecycle.ready else 0.0)
-    log.info("gateway ready", extra={"entities": [e.path for e in edge.catalog.all()]})
+    # `gateway ready` is the CLI's line, once its sockets listen; this is the app's.
+    log.debug("app started", extra={"entities": [e.path for e in edge.catalog.all()]})
     yield
     lifecycle.draining = True
 

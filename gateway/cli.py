@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import importlib.util
 import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Coroutine
 from typing import Any, Literal
@@ -143,6 +145,39 @@ def _dev_access_lines() -> str:
     )
 
 
+def _cannot_listen(settings: Settings) -> str | None:
+    """Why the gateway could not listen on its ports (another process holds one, the address
+    is not this host's), as the one line to print; None when it can. A look before start-up
+    does its work, so a second `make run` says so at once, not after a traceback."""
+    ports = [settings.listen_port]
+    if settings.probe_port:
+        ports.append(settings.probe_port)
+    for port in ports:
+        try:
+            family = socket.AF_INET6 if ":" in settings.listen_host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+                probe.bind((settings.listen_host, port))
+        except OSError as exc:
+            return _listen_error(settings, port, exc)
+    return None
+
+
+def _listen_error(settings: Settings, port: int, exc: OSError) -> str:
+    where = f"{settings.listen_host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        if port == settings.listen_port:
+            hint = (
+                f"another process listens there (a gateway already running?): stop it, or "
+                f"choose another port: SBGATE_LISTEN_PORT={port + 1} (or --port {port + 1})"
+            )
+        else:
+            hint = "another process listens there: set SBGATE_PROBE_PORT to another port"
+        return f"error: cannot listen on {where}: the address is in use; {hint}"
+    reason = exc.strerror or str(exc)
+    return f"error: cannot listen on {where}: {reason} (SBGATE_LISTEN_HOST, --host)"
+
+
 def _write_banner(path: str, banner: str) -> None:
     """The banner in a file too (`make run`: .run/banner.txt), for when it scrolled away."""
     try:
@@ -166,6 +201,9 @@ async def _serve(
     from gateway.web.hardening import HardenedAppRunner, ShedSite
     from gateway.web.probes import serving_probes
 
+    if (problem := _cannot_listen(settings)) is not None:
+        print(problem, file=sys.stderr)  # before the broker starts and the clients connect
+        return 2
     embedded = None
     if settings.embedded:
         from gateway.embedded import EmbeddedBroker
@@ -190,10 +228,16 @@ async def _serve(
             print(f"configuration error: {exc}", file=sys.stderr)
             return 2
         site = ShedSite(runner, settings.listen_host, settings.listen_port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # taken since `_cannot_listen` looked: one line, no traceback
+            await runner.cleanup()  # stops what started (the syphon) before the broker goes
+            print(_listen_error(settings, settings.listen_port, exc), file=sys.stderr)
+            return 2
         app[EDGE].lifecycle.checks.append(site.not_listening_reason)
         # The probes' own port (when set): never closed by overload, closed after the drain.
         async with serving_probes(app, settings):
+            log.info("gateway ready", extra={"listen": site.name})  # once the sockets listen
             tune_gc()  # what start-up built (the probes' app too) is never collected
             if mode == "serve":
                 banner = _banner(settings, embedded.info if embedded else None, dev=dev)
@@ -335,6 +379,9 @@ def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
             file=sys.stderr,
         )
         return 2
+    if (unreadable := _unreadable_file(settings)) is not None:
+        print(f"configuration error: {unreadable}", file=sys.stderr)
+        return 2
     if args.host:
         settings = _with(settings, listen_host=args.host)
     if args.port is not None:
@@ -355,7 +402,31 @@ def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    return _run(_serve(settings, mode, tracer, dev=args.dev, banner_file=args.banner_file))
+    try:
+        return _run(_serve(settings, mode, tracer, dev=args.dev, banner_file=args.banner_file))
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers (start-up): no traceback
+        print("interrupted during start-up", file=sys.stderr)
+        return 130
+
+
+def _unreadable_file(settings: Settings) -> str | None:
+    """The first configured certificate file that cannot be read, named with its setting:
+    found here in one line, not later as one failed connection after another."""
+    files = [("SBGATE_REDIS_CA_FILE (redis_ca_file)", settings.redis_ca_file)]
+    for pair in settings.pairs:
+        for role, ns in (("primary", pair.primary), ("secondary", pair.secondary)):
+            if ns is not None:
+                setting = f"[pairs.{pair.name}.{role}] admin_ca_cert"
+                files.append((f"SBGATE_{role.upper()}_ADMIN_CA_CERT ({setting})", ns.admin_ca_cert))
+    for name, path in files:
+        if path is None:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            return f"{name}: cannot read {path}: {exc.strerror or exc}"
+    return None
 
 
 def _with(settings: Settings, **changes: Any) -> Settings:

@@ -20,6 +20,7 @@ from azure.core.exceptions import (
     HttpResponseError,
     ResourceExistsError,
     ResourceNotFoundError,
+    ServiceRequestError,
 )
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
@@ -84,15 +85,17 @@ async def ensure_backlog_queues(
     result = ProvisionResult()
     client = admin_client(ns, credential)
     async with client:
-        for path in paths:
+        for i, path in enumerate(paths):
             try:
                 async with asyncio.timeout(deadline):
                     created = await _ensure_one(client, path, create)
             except asyncio.CancelledError:
                 raise
-            except TimeoutError:
-                result.errors[path] = f"no answer from the management API within {deadline:g}s"
-                continue
+            except (TimeoutError, ServiceRequestError, OSError) as exc:
+                # The namespace, not the queue: the others would wait as long to fail alike.
+                error = _unreachable(ns, exc, deadline)
+                result.errors.update(dict.fromkeys(paths[i:], error))
+                break
             except ResourceNotFoundError:
                 result.errors[path] = (
                     "missing, and create_backlog_queues is off (verify-only mode): create it "
@@ -118,13 +121,32 @@ async def ensure_backlog_queues(
             result.usable.append(path)
             if created:
                 result.created.append(path)
+    by_error: dict[str, list[str]] = {}
     for path, err in result.errors.items():
-        log.error("backlog queue %s unusable: %s", path, err, extra={"backlog": path})
+        by_error.setdefault(err, []).append(path)
+    for err, failed in by_error.items():  # one line per cause, not one per queue
+        what = f"backlog queue {failed[0]}"
+        if len(failed) > 1:
+            what = f"{len(failed)} backlog queues ({failed[0]} to {failed[-1]})"
+        log.error("%s unusable: %s", what, err, extra={"backlogs": failed})
     if result.created:
         log.info(
             "created backlog queues %s", result.created, extra={"backlogs_created": result.created}
         )
     return result
+
+
+def _unreachable(ns: NamespaceSettings, exc: BaseException, deadline: float) -> str:
+    """Why the management endpoint of `ns` cannot be used at all, in one line."""
+    if isinstance(exc, TimeoutError):
+        why = f"no answer within {deadline:g}s"
+    else:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = first
+    return (
+        f"the {ns.name} namespace's management endpoint cannot be reached ({why}): check its "
+        "connection string or name, the network, and (local broker) admin_ca_cert"
+    )
 
 
 async def _ensure_one(client: ServiceBusAdministrationClient, path: str, create: bool) -> bool:

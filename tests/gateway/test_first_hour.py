@@ -4,7 +4,12 @@ gets an access line too; the development profile shows client errors."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import socket
+import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -15,6 +20,7 @@ from gateway.web.handlers import EDGE
 from tests.conftest import GatewayFactory
 from tests.gateway.test_auth_http import ADMIN_KEY, ENV, token
 from tests.gateway.test_failover import FAILOVER
+from tests.support.processes import GatewayProcess, free_port
 from tests.support.waiting import eventually
 
 
@@ -106,3 +112,105 @@ async def test_the_development_profile_writes_client_errors_at_warning(
     ]
     assert lines and all(x["level"] == "WARNING" for x in lines)
     assert not [x for x in lines if x["status"] == 201]
+
+
+# -- start-up errors: one clear line (subprocesses: slow) -------------------------------------
+
+
+async def run_gateway(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """`gateway serve --dev ...` to its end (bounded); its exit code, stdout and stderr."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SBGATE_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--dev",
+        *args,
+        env={**clean, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(60):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_a_port_in_use_is_one_line_that_says_what_to_set() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = await run_gateway("--port", str(port))
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{port}: the address is in use; another process "
+        "listens there (a gateway already running?): stop it, or choose another port: "
+        f"SBGATE_LISTEN_PORT={port + 1} (or --port {port + 1})"
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_a_certificate_file_that_is_not_there_is_one_line(tmp_path: Path) -> None:
+    code, out, err = await run_gateway(
+        env={
+            "SBGATE_PRIMARY_CONNECTION_STRING": "Endpoint=sb://localhost/;SharedAccessKeyName=a;"
+            "SharedAccessKey=b;UseDevelopmentEmulator=true",
+            "SBGATE_ENTITIES": "queue:orders",
+            "SBGATE_PRIMARY_ADMIN_CA_CERT": str(tmp_path / "ca.pem"),
+        }
+    )
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        "configuration error: SBGATE_PRIMARY_ADMIN_CA_CERT ([pairs.default.primary] "
+        f"admin_ca_cert): cannot read {tmp_path / 'ca.pem'}: No such file or directory"
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_an_unreachable_secondary_is_one_line_and_ready_means_listening(
+    tmp_path: Path,
+) -> None:
+    """Nothing listens at the secondary: one ERROR line for its ten backlog queues (without
+    waiting for each), then `gateway ready` once the port accepts connections."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = closed.getsockname()[1]  # bound, never listening: connections are refused
+        port = free_port()
+
+        def cs(p: int) -> str:
+            return (
+                f"Endpoint=sb://127.0.0.1:{p}/;SharedAccessKeyName=a;SharedAccessKey=b;"
+                "UseDevelopmentEmulator=true"
+            )
+
+        env = {
+            "SBGATE_PRIMARY_CONNECTION_STRING": cs(dead),
+            "SBGATE_PRIMARY_NAME": "p",
+            "SBGATE_SECONDARY_CONNECTION_STRING": cs(dead),
+            "SBGATE_SECONDARY_NAME": "s",
+            "SBGATE_ENTITIES": "queue:orders",
+            "SBGATE_CONNECT_TIMEOUT": "3",
+        }
+        async with GatewayProcess(
+            "unreachable", env, port=port, args=["--dev"], log_dir=tmp_path
+        ) as gw:
+            errors = [x for x in gw.output().decode().splitlines() if " ERROR " in x]
+            assert len([x for x in errors if "backlog queues" in x]) == 1, errors
+            assert (
+                "10 backlog queues (p/x-servicebus-transfer/0 to p/x-servicebus-transfer/9)"
+                in errors[0]
+            )
+            assert "the s namespace's management endpoint cannot be reached" in errors[0]
+            assert "Traceback" not in gw.output().decode()
+            assert " INFO    gateway: gateway ready" in gw.output().decode()
