@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,13 +34,15 @@ from aiohttp import web
 
 from gateway.config import ConfigError, NamespaceSettings, Settings
 from gateway.core import failover as failover_module
+from gateway.core import presence as presence_module
 from gateway.core.backlog import backlog_path
 from gateway.core.closing import CANCEL_GRACE, Closer, stop_after
 from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Dispatcher
-from gateway.core.entities import EntityCatalog
+from gateway.core.entities import EntityCatalog, EntityRef
 from gateway.core.failover import Failover, PairClients
 from gateway.core.looplag import LoopLag
 from gateway.core.ports import NamespaceClient, Tracer
+from gateway.core.presence import Check, EntityPresence
 from gateway.core.router import PrimaryRouter
 from gateway.ledger import LedgerSettings, create_ledger
 from gateway.logs import AccessLog
@@ -53,7 +55,7 @@ from gateway.syphon.ports import BacklogPort
 from gateway.syphon.syphon import Syphon
 from gateway.tracing import close_tracer, create_tracer
 from gateway.web import handlers
-from gateway.web.admin import FAILOVER, add_admin_routes
+from gateway.web.admin import ENTITY_CHECK, FAILOVER, PRESENCE, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
 from gateway.web.handlers import EDGE, ROUTER, EdgeState, Lifecycle
 from gateway.web.hardening import host_check, is_loopback
@@ -133,6 +135,7 @@ def cleanup_bounds(settings: Settings) -> dict[str, float]:
         "lifecycle_ctx": 0.0,
         # the syphon's own grace, then (backstop) one more send timeout and a close
         "syphon_ctx": syphon_grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT,
+        "presence_ctx": presence_module.STOP_TIMEOUT + CANCEL_GRACE,
         "router_ctx": failover_module.STOP_TIMEOUT + CANCEL_GRACE,
         "dispatcher_ctx": DISPATCHER_GRACE + 2 * SENDER_CLOSE_TIMEOUT + 2 * CANCEL_GRACE,
         "ledger_ctx": ledger_settings(settings).close_timeout,
@@ -158,6 +161,7 @@ def create_app(
     metrics: Metrics | None = None,
     credential: SharedCredential | None = None,
     tracer: Tracer | None = None,
+    entity_check: Check | None = None,
 ) -> web.Application:
     """Build the gateway's aiohttp application from validated `settings`.
 
@@ -190,6 +194,12 @@ def create_app(
         provision=provisioner or default_provisioner(settings, credential),
         backlog=backlog_factory or default_backlog_factory,
     )
+    # Whether the configured entities exist: with the real clients (or a given check); a
+    # test's or benchmark's fake namespaces have no management API to ask.
+    if entity_check is None and client_factory is None:
+        entity_check = default_entity_check(settings, credential, Plan.of(settings, mode))
+    if entity_check is not None and mode == "serve":
+        app[ENTITY_CHECK] = entity_check
     authorizer = build_authorizer(settings)
     if authorizer is not None:
         app[AUTHORIZER] = authorizer
@@ -224,6 +234,7 @@ def create_app(
             dispatcher_ctx,
             router_ctx,
             syphon_ctx,
+            presence_ctx,
             lifecycle_ctx,
         ]
     )
@@ -411,6 +422,23 @@ async def syphon_ctx(app: web.Application) -> AsyncIterator[None]:
         ]
         bound = grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT - CANCEL_GRACE
         await stop_after(closes, bound, "syphon")
+
+
+async def presence_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The check that every configured entity exists at its primary (`PRESENCE`), when the
+    app has one: started now (its first look runs in the background: start-up does not wait
+    on the management API), closed before the clients."""
+    check = app.get(ENTITY_CHECK)
+    if check is None:
+        yield
+        return
+    presence = EntityPresence(app[EDGE].catalog.all(), check, observer=app[EDGE].metrics)
+    app[PRESENCE] = presence
+    presence.start()
+    try:
+        yield
+    finally:
+        await presence.close()
 
 
 async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -616,6 +644,52 @@ def default_provisioner(settings: Settings, credential: SharedCredential) -> Pro
         return result.usable
 
     return provision
+
+
+def default_entity_check(settings: Settings, credential: SharedCredential, plan: Plan) -> Check:
+    """Lists each pair's primary namespace (management API) for its configured entities."""
+
+    async def check(entities: Sequence[EntityRef]) -> dict[str, str]:
+        from gateway.servicebus.admin import missing_entities
+
+        out: dict[str, str] = {}
+        for pair in settings.pairs:
+            ns = pair.primary
+            mine = [(e.path, e.kind) for e in entities if e.pair == pair.name]
+            if not mine:
+                continue
+            token = credential.get() if ns.connection_string is None else None
+            missing = await missing_entities(
+                ns, mine, deadline=settings.timeouts.connect_timeout, credential=token
+            )
+            kinds = dict(mine)
+            for path in missing:
+                out[path] = _missing_reason(ns, path, kinds[path], plan.failover)
+        return out
+
+    return check
+
+
+def _missing_reason(ns: NamespaceSettings, path: str, kind: str, parked: bool) -> str:
+    """What the missing-entity line and `GET /admin/entities` say: what, where, what to do,
+    and what a send gets meanwhile (docs/failover.md#an-entity-the-primary-lacks)."""
+    local = ns.connection_string is not None and (
+        "usedevelopmentemulator=true" in ns.connection_string.get().lower()
+    )
+    create = "create it there, or correct SBGATE_ENTITIES"
+    if local:  # the local broker (make run): its control API creates entities
+        body = f'{{"path": "{path}", "kind": "{kind}"}}'
+        create = (
+            f"create it (local broker: curl -X POST $CTRL/namespaces/{ns.name}/entities "
+            f"-d '{body}'), or correct SBGATE_ENTITIES"
+        )
+    meanwhile = (
+        "until then its messages are parked in the backlog queues (202) and move home once "
+        "it exists"
+        if parked
+        else "until then sends to it are refused (503 upstream_entity_not_found)"
+    )
+    return f"the {kind} does not exist at the primary namespace {ns.name}: {create}; {meanwhile}"
 
 
 def default_backlog_factory(ns: NamespaceSettings, client: NamespaceClient) -> BacklogPort | None:

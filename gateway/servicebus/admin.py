@@ -1,4 +1,5 @@
-"""Backlog queue provisioning with the management (ATOM/HTTPS) API.
+"""Backlog queue provisioning with the management (ATOM/HTTPS) API, and the check that the
+configured entities exist at the primary (`missing_entities`).
 
 At start-up each backlog queue ``<primary-ns>/x-servicebus-transfer/<i>`` is checked in the
 secondary namespace: it exists → used as it is (the owner's choice); missing → created with
@@ -26,6 +27,7 @@ from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
 from gateway.config import NamespaceSettings
 from gateway.core.backlog import BACKLOG_LOCK_DURATION
+from gateway.core.presence import CheckUnavailable
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
@@ -161,3 +163,45 @@ async def _ensure_one(client: ServiceBusAdministrationClient, path: str, create:
     except ResourceExistsError:  # another replica created it first
         return False
     return True
+
+
+async def missing_entities(
+    ns: NamespaceSettings,
+    entities: Sequence[tuple[str, str]],
+    *,
+    deadline: float,
+    credential: AsyncTokenCredential | None = None,
+) -> list[str]:
+    """Which of `entities` (path, ``queue`` or ``topic``) `ns` lacks, by listing its queues and
+    topics (names compare case-insensitively, as Service Bus does); at most `deadline`
+    seconds. Raises `CheckUnavailable` when the namespace cannot be listed: without the
+    Manage right (not worth retrying), or unreachable (worth it)."""
+    kinds = {kind for _, kind in entities}
+    found: set[tuple[str, str]] = set()
+    try:
+        async with asyncio.timeout(deadline), admin_client(ns, credential) as client:
+            if "queue" in kinds:
+                found |= {("queue", q.name.lower()) async for q in client.list_queues()}
+            if "topic" in kinds:
+                found |= {("topic", t.name.lower()) async for t in client.list_topics()}
+    except asyncio.CancelledError:
+        raise
+    except ClientAuthenticationError:
+        raise CheckUnavailable(
+            f"the {ns.name} namespace's credentials may not list its entities (the Manage "
+            "right): sends will say it when an entity is missing",
+            retry=False,
+        ) from None
+    except HttpResponseError as exc:
+        if exc.status_code in (401, 403):
+            raise CheckUnavailable(
+                f"the {ns.name} namespace's credentials may not list its entities (the Manage "
+                "right): sends will say it when an entity is missing",
+                retry=False,
+            ) from None
+        raise CheckUnavailable(
+            f"the {ns.name} namespace's management API answered {exc.status_code}", retry=True
+        ) from None
+    except (TimeoutError, ServiceRequestError, OSError, ValueError) as exc:
+        raise CheckUnavailable(_unreachable(ns, exc, deadline), retry=True) from None
+    return [path for path, kind in entities if (kind, path.lower()) not in found]

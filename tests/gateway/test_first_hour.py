@@ -9,14 +9,19 @@ import logging
 import os
 import socket
 import sys
+import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
 import pytest
 from aiohttp import web
 
+from gateway.core import presence
+from gateway.core.entities import EntityRef
 from gateway.logs import ACCESS_LOGGER
 from gateway.web.handlers import EDGE
+from sblocal.testing import ControlClient
 from tests.conftest import GatewayFactory
 from tests.gateway.test_auth_http import ADMIN_KEY, ENV, token
 from tests.gateway.test_failover import FAILOVER
@@ -214,3 +219,109 @@ async def test_an_unreachable_secondary_is_one_line_and_ready_means_listening(
             assert "the s namespace's management endpoint cannot be reached" in errors[0]
             assert "Traceback" not in gw.output().decode()
             assert " INFO    gateway: gateway ready" in gw.output().decode()
+
+
+# -- a configured entity the primary lacks --------------------------------------------------
+
+
+async def test_an_entity_the_primary_lacks_is_said_parked_and_home_once_created(
+    gateway: GatewayFactory,
+    control: ControlClient,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One WARNING line naming it and what to do, `sbgate_entity_missing`, the reason in
+    `GET /admin/entities`; a send is parked in the backlog (202, never refused: the entity
+    may have been deleted); once it is created the line clears and the message comes home."""
+    monkeypatch.setattr(presence, "RECHECK_INTERVAL", 0.2)
+    caplog.set_level(logging.INFO, logger="gateway.core.presence")
+    name = f"payments-{uuid.uuid4().hex[:8]}"
+    env = {
+        **FAILOVER,
+        "SBGATE_PING_PRIMARY_INTERVAL": "0.5",
+        "SBGATE_ENABLE_SYPHON": "true",
+        "SBGATE_ENTITIES": f"queue:orders,topic:events,queue:{name}",
+    }
+    gw = await gateway(env)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "gateway.core.presence"]
+
+    await eventually(lambda: any(name in line for line in said()), what="the missing line")
+    [line] = [x for x in said() if name in x]
+    assert line.startswith(f"entity {name}: the queue does not exist at the primary namespace")
+    assert f'curl -X POST $CTRL/namespaces/primary/entities -d \'{{"path": "{name}"' in line
+    assert "parked in the backlog queues (202)" in line
+    metrics = await (await gw.get("/metrics")).text()
+    assert f'sbgate_entity_missing{{entity="{name}"}} 1.0' in metrics
+    assert 'sbgate_entity_missing{entity="orders"} 0.0' in metrics
+    rows = {r["entity"]: r for r in (await (await gw.get("/admin/entities")).json())["entities"]}
+    assert rows[name]["missing"] == line.split(": ", 1)[1] and rows["orders"]["missing"] is None
+
+    resp = await gw.post(f"/queues/{name}/messages", data=b"parked")
+    assert resp.status == 202 and (await resp.json())["route"] == "backlog"
+    await control.create_entity("primary", name, "queue")
+    await eventually(lambda: f"entity {name} now exists at the primary" in said())
+    assert len([x for x in said() if name in x and "does not exist" in x]) == 1  # said once
+    metrics = await (await gw.get("/metrics")).text()
+    assert f'sbgate_entity_missing{{entity="{name}"}} 0.0' in metrics
+
+    async def home() -> bool:
+        return (await control.entity("primary", name))["active"] == 1
+
+    await eventually(home, within=30, what="the parked message moved home")
+
+
+class _Check:
+    """A check whose answers the test sets (the port: no management API)."""
+
+    def __init__(self) -> None:
+        self.answer: dict[str, str] | presence.CheckUnavailable = {}
+
+    async def __call__(self, entities: Sequence[EntityRef]) -> dict[str, str]:
+        if isinstance(self.answer, presence.CheckUnavailable):
+            raise self.answer
+        return dict(self.answer)
+
+
+class _Gauge:
+    def __init__(self) -> None:
+        self.values: dict[str, bool] = {}
+
+    def entity_missing(self, entity: str, missing: bool) -> None:
+        self.values[entity] = missing
+
+
+@pytest.mark.unit
+async def test_each_change_is_one_line_and_a_check_it_may_not_run_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.core.presence")
+    entities = [EntityRef("orders", "queue", "default"), EntityRef("Pay", "queue", "default")]
+    check, gauge = _Check(), _Gauge()
+    p = presence.EntityPresence(entities, check, gauge)
+    for e in entities:
+        gauge.entity_missing(e.path, False)
+    check.answer = {"Pay": "the queue does not exist"}
+    await p.check_once()
+    await p.check_once()  # still missing: no second line
+    assert p.reason("pay") == "the queue does not exist" and gauge.values["Pay"] is True
+    check.answer = presence.CheckUnavailable("unreachable", retry=True)
+    await p.check_once()
+    assert p.unchecked == "unreachable" and p.reason("pay") is not None  # known facts stay
+    check.answer = {}
+    await p.check_once()
+    assert p.unchecked is None and p.reason("pay") is None and gauge.values["Pay"] is False
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert messages == [
+        ("WARNING", "entity Pay: the queue does not exist"),
+        ("WARNING", "cannot check that the configured entities exist: unreachable"),
+        ("INFO", "the configured entities can be checked again"),
+        ("INFO", "entity Pay now exists at the primary"),
+    ]
+    # No right to list: said once (INFO: a Send-only key is a normal set-up), never retried.
+    check.answer = presence.CheckUnavailable("no Manage right", retry=False)
+    p.start()
+    await asyncio.wait_for(p._task, 5)  # type: ignore[arg-type]  # it ends by itself
+    await p.close()
+    assert caplog.records[-1].levelname == "INFO" and p.unchecked == "no Manage right"
