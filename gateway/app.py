@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from aiohttp import web
+from aiohttp import web, web_response
 
 from gateway.config import ConfigError, NamespaceSettings, Settings
 from gateway.core import failover as failover_module
@@ -174,6 +174,7 @@ def create_app(
     on bad authorization rules, `ConfigError` when tracing is on without OpenTelemetry."""
     credential = credential or shared_credential(settings)
     tracer = tracer or create_tracer(settings.tracing)
+    _name_the_server()
     metrics = metrics or Metrics()
     # The server span's middleware (tracing on) goes first: it sees every answer.
     tracing_middleware = getattr(tracer, "middleware", None)
@@ -239,6 +240,14 @@ def create_app(
         ]
     )
     return app
+
+
+def _name_the_server() -> None:
+    """Every answer's ``Server`` header says ``sbgate``, not the Python and aiohttp versions
+    (aiohttp's default, ``Python/3.11 aiohttp/3.x``: of use to nobody but a scanner). aiohttp
+    reads the value from this module global when it prepares each answer's headers, so
+    setting it costs nothing per request."""
+    web_response.SERVER_SOFTWARE = "sbgate"  # type: ignore[attr-defined]
 
 
 def _add_routes(app: web.Application, mode: Mode) -> None:

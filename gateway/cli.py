@@ -124,7 +124,10 @@ def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = Fals
         )
         if tokens:
             lines.append(f'  curl -s {base}/admin/entities -H "Authorization: $ADMIN"')
-        lines.append("load test (every entity above; see loadtests/locustfile.py):")
+        lines.append(
+            "load test (every entity above; writes each acknowledgement to out/load/acks for "
+            "the audit, LOADTEST_ACKS_DIR; see loadtests/locustfile.py):"
+        )
         if tokens:
             lines.append(f"  export LOADTEST_AUTHORIZATION='{tokens[2]}'")
         spec = ",".join(f"{e.kind}:{e.path}" for e in settings.entities)
@@ -176,6 +179,18 @@ def _listen_error(settings: Settings, port: int, exc: OSError) -> str:
         return f"error: cannot listen on {where}: the address is in use; {hint}"
     reason = exc.strerror or str(exc)
     return f"error: cannot listen on {where}: {reason} (SBGATE_LISTEN_HOST, --host)"
+
+
+def _remove_banner(path: str, banner: str) -> None:
+    """At a clean stop: the banner file goes with the gateway that wrote it (its tokens and
+    ports are stale now), unless another instance has written its own since."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() != banner + "\n":
+                return
+        os.remove(path)
+    except OSError:
+        pass  # already gone, or never written
 
 
 def _write_banner(path: str, banner: str) -> None:
@@ -247,6 +262,8 @@ async def _serve(
             else:
                 print(f"sbgate syphon running; health on port {settings.listen_port}", flush=True)
             exit_code = await _until_stopped(app, settings, mode)
+            if mode == "serve" and banner_file:
+                _remove_banner(banner_file, banner)
         await runner.cleanup()
         log.info("stopped")
         return exit_code
@@ -472,6 +489,19 @@ def _audit_missing() -> str | None:
     return None
 
 
+# What `gateway serve --help` and `gateway syphon --help` say first: what runs.
+_DESCRIPTIONS = {
+    "serve": "Run the HTTP ingestion gateway: POST /{entity}/messages in the Service Bus REST "
+    "format, sent to the primary namespace, failed over to backlog queues in the secondary "
+    "one; the syphon too unless SBGATE_ENABLE_SYPHON=false. With no namespace configured, "
+    "starts the local broker pair (a development install). Settings: SBGATE_* variables or "
+    "--config (docs/configuration.md); options override them.",
+    "syphon": "Run only the syphon: move the messages of the backlog queues home to the "
+    "primary namespace (a deployment apart from the gateway's). Serves /healthz, /readyz "
+    "and /metrics on the listen port; exits 3 on a namespace fault when "
+    "SBGATE_EXIT_ON_FAULT=true. Settings as for gateway serve.",
+}
+
 DELEGATED = {
     "token": "mint a SAS token for the gateway",
     "drain": "receive everything from entities and write the delivered ids",
@@ -492,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         ("serve", "run the HTTP gateway"),
         ("syphon", "run only the syphon worker pool (health and metrics on the listen port)"),
     ):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=_DESCRIPTIONS[name])
         p.add_argument("--config", help="TOML configuration file (or SBGATE_CONFIG)")
         p.add_argument("--host", help="listen address (overrides SBGATE_LISTEN_HOST)")
         p.add_argument("--port", type=int, help="listen port (overrides SBGATE_LISTEN_PORT)")

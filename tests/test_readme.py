@@ -221,6 +221,7 @@ async def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert stop is not None, "the README no longer says how long Ctrl-C takes"
     assert took < float(stop[1]), f"Ctrl-C took {took:.1f} s"
     assert gw.process.returncode == 0, gw.err
+    assert not (tmp_path / "banner.txt").exists(), "a stopped gateway's banner is stale"
 
 
 def section(readme: str, heading: str) -> str:

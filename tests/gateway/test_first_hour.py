@@ -5,6 +5,7 @@ gets an access line too; the development profile shows client errors."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -20,6 +21,7 @@ from aiohttp import web
 from gateway.core import presence
 from gateway.core.entities import EntityRef
 from gateway.logs import ACCESS_LOGGER
+from gateway.web import rest
 from gateway.web.handlers import EDGE
 from sblocal.testing import ControlClient
 from tests.conftest import GatewayFactory
@@ -325,3 +327,49 @@ async def test_each_change_is_one_line_and_a_check_it_may_not_run_stops(
     await asyncio.wait_for(p._task, 5)  # type: ignore[arg-type]  # it ends by itself
     await p.close()
     assert caplog.records[-1].levelname == "INFO" and p.unchecked == "no Manage right"
+
+
+# -- the smaller surprises --------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_a_broker_property_in_the_wrong_case_is_said_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`messageId` is ignored (as Service Bus ignores it), so a retry would store a second
+    copy: one WARNING line says so, once per name."""
+    monkeypatch.setattr(rest, "_SAID_NAMES", set())
+    caplog.set_level(logging.WARNING, logger="gateway.web.rest")
+    for _ in range(3):
+        m = rest.parse_single(b"x", None, {}, '{"messageId": "m-1", "Label": "ok"}', None)
+        assert m.message_id != "m-1" and m.subject == "ok"
+    assert [r.getMessage() for r in caplog.records] == [
+        "BrokerProperties 'messageId' is ignored: names are case-sensitive, as in Service Bus; "
+        "did you mean 'MessageId'?"
+    ]
+    rest.parse_single(b"x", None, {}, '{"MessageId": "m-2", "Custom": 1}', None)
+    assert len(caplog.records) == 1  # right names and unknown ones: nothing to say
+
+
+@pytest.mark.unit
+def test_serve_and_syphon_help_say_what_each_runs_and_drain_shows_its_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gateway.cli import main
+
+    helps = []
+    for command in ("serve", "syphon"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        helps.append(capsys.readouterr().out)
+    assert "Run the HTTP ingestion gateway" in helps[0] and "Run only the syphon" in helps[1]
+    with contextlib.suppress(SystemExit):  # `gateway drain` returns its code
+        main(["drain", "--help"])
+    drain = " ".join(capsys.readouterr().out.split())
+    assert "(default: 2.0)" in drain and "(default: 100)" in drain and "(default: 8)" in drain
+
+
+async def test_answers_name_the_server_without_versions(gateway: GatewayFactory) -> None:
+    gw = await gateway()
+    for resp in (await gw.get("/healthz"), await gw.post("/orders/messages", data=b"x")):
+        assert resp.headers["Server"] == "sbgate"
