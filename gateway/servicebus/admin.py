@@ -174,12 +174,15 @@ async def missing_entities(
 ) -> list[str]:
     """Which of `entities` (path, ``queue`` or ``topic``) `ns` lacks, by listing its queues and
     topics (names compare case-insensitively, as Service Bus does); at most `deadline`
-    seconds. Raises `CheckUnavailable` when the namespace cannot be listed: without the
+    seconds per 100 entities looked for. Raises `CheckUnavailable` when the namespace cannot be listed: without the
     Manage right (not worth retrying), or unreachable (worth it)."""
     kinds = {kind for _, kind in entities}
     found: set[tuple[str, str]] = set()
+    # One deadline per page of the listing (100 entities each) a namespace of that many
+    # entities needs at least: thousands of entities are a long listing, not a dead endpoint.
+    within = deadline * (1 + len(entities) // 100)
     try:
-        async with asyncio.timeout(deadline), admin_client(ns, credential) as client:
+        async with asyncio.timeout(within), admin_client(ns, credential) as client:
             if "queue" in kinds:
                 found |= {("queue", q.name.lower()) async for q in client.list_queues()}
             if "topic" in kinds:
@@ -203,5 +206,5 @@ async def missing_entities(
             f"the {ns.name} namespace's management API answered {exc.status_code}", retry=True
         ) from None
     except (TimeoutError, ServiceRequestError, OSError, ValueError) as exc:
-        raise CheckUnavailable(_unreachable(ns, exc, deadline), retry=True) from None
+        raise CheckUnavailable(_unreachable(ns, exc, within), retry=True) from None
     return [path for path, kind in entities if (kind, path.lower()) not in found]
