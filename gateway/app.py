@@ -16,6 +16,8 @@ its own key. Once started, an app holds:
 * `DISPATCHER`, `PAIRS` (each pair's clients and usable backlog queues), `ROUTER`, and
   `FAILOVER` when failover runs;
 * `SYPHONS` — the syphon workers (none unless the syphon runs).
+* `PRESENCE` — whether the configured entities exist at their primaries (`gateway serve`,
+  with the real clients or a given `entity_check`).
 
 Only this module (and the CLI) knows the concrete adapters.
 """
@@ -195,12 +197,7 @@ def create_app(
         provision=provisioner or default_provisioner(settings, credential),
         backlog=backlog_factory or default_backlog_factory,
     )
-    # Whether the configured entities exist: with the real clients (or a given check); a
-    # test's or benchmark's fake namespaces have no management API to ask.
-    if entity_check is None and client_factory is None:
-        entity_check = default_entity_check(settings, credential, Plan.of(settings, mode))
-    if entity_check is not None and mode == "serve":
-        app[ENTITY_CHECK] = entity_check
+    _set_entity_check(app, entity_check, default=client_factory is None, credential=credential)
     authorizer = build_authorizer(settings)
     if authorizer is not None:
         app[AUTHORIZER] = authorizer
@@ -240,6 +237,18 @@ def create_app(
         ]
     )
     return app
+
+
+def _set_entity_check(
+    app: web.Application, check: Check | None, *, default: bool, credential: SharedCredential
+) -> None:
+    """`ENTITY_CHECK` for `gateway serve`: `check`, or with the real clients (`default`) the
+    management API's listing; a test's or benchmark's fake namespaces have none to ask."""
+    settings, plan = app[SETTINGS], app[PLAN]
+    if check is None and default:
+        check = default_entity_check(settings, credential, plan)
+    if check is not None and plan.mode == "serve":
+        app[ENTITY_CHECK] = check
 
 
 def _name_the_server() -> None:
