@@ -174,8 +174,8 @@ async def missing_entities(
 ) -> list[str]:
     """Which of `entities` (path, ``queue`` or ``topic``) `ns` lacks, by listing its queues and
     topics (names compare case-insensitively, as Service Bus does); at most `deadline`
-    seconds per 100 entities looked for. Raises `CheckUnavailable` when the namespace cannot be listed: without the
-    Manage right (not worth retrying), or unreachable (worth it)."""
+    seconds per 100 entities looked for. Raises `CheckUnavailable` when the namespace cannot
+    be listed: without the Manage right (not worth retrying), or unreachable (worth it)."""
     kinds = {kind for _, kind in entities}
     found: set[tuple[str, str]] = set()
     # One deadline per page of the listing (100 entities each) a namespace of that many
