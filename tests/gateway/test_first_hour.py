@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import sys
 import uuid
@@ -23,7 +24,7 @@ from gateway.core.entities import EntityRef
 from gateway.logs import ACCESS_LOGGER
 from gateway.web import rest
 from gateway.web.handlers import EDGE
-from sblocal.testing import ControlClient
+from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
 from tests.gateway.test_auth_http import ADMIN_KEY, ENV, token
 from tests.gateway.test_failover import FAILOVER
@@ -373,3 +374,25 @@ async def test_answers_name_the_server_without_versions(gateway: GatewayFactory)
     gw = await gateway()
     for resp in (await gw.get("/healthz"), await gw.post("/orders/messages", data=b"x")):
         assert resp.headers["Server"] == "sbgate"
+
+
+async def test_credentials_that_may_not_list_entities_are_said_once_and_not_retried(
+    gateway: GatewayFactory, broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key the management API refuses (a Send-only key in production): one INFO line that
+    the check cannot run, no alert series set to 1, `checkUnavailable` in the admin view."""
+    caplog.set_level(logging.INFO, logger="gateway.core.presence")
+    admin_cs = broker.management_connection_string("primary")
+    assert admin_cs is not None
+    wrong = re.sub(r"SharedAccessKey=[^;]+", "SharedAccessKey=d3Jvbmc=", admin_cs)
+    gw = await gateway({"SBGATE_PRIMARY_ADMIN_CONNECTION_STRING": wrong})
+
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "gateway.core.presence"]
+
+    await eventually(lambda: bool(said()), what="the cannot-check line")
+    [line] = said()
+    assert line.levelname == "INFO" and "may not list its entities" in line.getMessage()
+    rows = (await (await gw.get("/admin/entities")).json())["entities"]
+    assert all(r["missing"] is None and "Manage" in r["checkUnavailable"] for r in rows)
+    assert 'sbgate_entity_missing{entity="orders"} 0.0' in await (await gw.get("/metrics")).text()
