@@ -452,6 +452,9 @@ async def presence_ctx(app: web.Application) -> AsyncIterator[None]:
         return
     presence = EntityPresence(app[EDGE].catalog.all(), check, observer=app[EDGE].metrics)
     app[PRESENCE] = presence
+    failover = app.get(FAILOVER)
+    if failover is not None:  # a send that finds an entity missing asks for a check now
+        failover.on_entity_not_found = presence.recheck
     presence.start()
     try:
         yield

@@ -155,6 +155,9 @@ class Failover:
         # succeed or the entity recover: a failure of a send that began before is stale.
         self._fresh: dict[str, float] = {}
         self._closed = False
+        # Called when a send finds an entity missing at its primary (the app sets it: the
+        # entity check then looks at once; gateway.core.presence).
+        self.on_entity_not_found: Callable[[], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -198,6 +201,8 @@ class Failover:
             await self._dispatcher.send(Destination(pair.primary, entity.path), messages)
         except SendFailure as failure:
             _untangle(failure)
+            if failure.kind is FailureKind.ENTITY_NOT_FOUND and self.on_entity_not_found:
+                self.on_entity_not_found()
             if not failure.classification.counts_toward_failover:
                 raise
             if self._counts(key, failure):

@@ -8,12 +8,14 @@ lost. That must never be silent: `EntityPresence` checks the primary's entities 
 and what to do, sets `sbgate_entity_missing` (the chart alerts on it), and `GET
 /admin/entities` shows the reason. It checks again every `RECHECK_INTERVAL` while an entity
 is missing or the check could not run (the line and the gauge clear once it exists), and
-every `CHECK_INTERVAL` otherwise (an entity deleted meanwhile, a namespace that came back).
+every `CHECK_INTERVAL` otherwise (an entity deleted meanwhile, a namespace that came back),
+and at once when a send finds an entity missing (`recheck`, at most every `interval`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
@@ -66,6 +68,7 @@ class EntityPresence:
         self.unchecked: str | None = None  # why the last check could not run
         self.checks = 0  # checks that ran to an answer (tests wait on it)
         self._retry = True
+        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def reason(self, entity: str) -> str | None:
@@ -77,6 +80,11 @@ class EntityPresence:
             if self._observer is not None:
                 self._observer.entity_missing(e.path, False)
         self._task = asyncio.create_task(self._run(), name="entity presence check")
+
+    def recheck(self) -> None:
+        """A send found an entity missing: look now, not at the next interval (sync: the
+        failover router calls it; a burst of failures makes one check)."""
+        self._wake.set()
 
     async def close(self) -> None:
         """Cancel and await the loop: within `STOP_TIMEOUT + CANCEL_GRACE`."""
@@ -114,11 +122,17 @@ class EntityPresence:
 
     async def _run(self) -> None:
         """Check at once; then every `interval` while something is missing or unknown (and
-        worth retrying), every `quiet_interval` otherwise; never again when the credentials
-        may not list the entities."""
+        worth retrying), else every `quiet_interval` or, sooner, when `recheck` asks — never
+        more than once per `interval`, however many sends fail; never again when the
+        credentials may not list the entities."""
         while True:
+            self._wake.clear()  # a failure seen from now on asks for the next check
             await self.check_once()
             if self.unchecked is not None and not self._retry:
                 return
-            pending = bool(self.missing) or self.unchecked is not None
-            await asyncio.sleep(self._interval if pending else self._quiet_interval)
+            await asyncio.sleep(self._interval)
+            if self.missing or self.unchecked is not None:
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(self._quiet_interval - self._interval, 0.0)):
+                    await self._wake.wait()

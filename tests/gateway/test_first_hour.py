@@ -18,11 +18,13 @@ from pathlib import Path
 import orjson
 import pytest
 from aiohttp import web
+from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
 from gateway.core import presence
 from gateway.core.entities import EntityRef
 from gateway.logs import ACCESS_LOGGER
 from gateway.web import rest
+from gateway.web.admin import PRESENCE
 from gateway.web.handlers import EDGE
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
@@ -280,8 +282,10 @@ class _Check:
 
     def __init__(self) -> None:
         self.answer: dict[str, str] | presence.CheckUnavailable = {}
+        self.times: list[float] = []  # when each check ran (loop time)
 
     async def __call__(self, entities: Sequence[EntityRef]) -> dict[str, str]:
+        self.times.append(asyncio.get_running_loop().time())
         if isinstance(self.answer, presence.CheckUnavailable):
             raise self.answer
         return dict(self.answer)
@@ -396,3 +400,56 @@ async def test_credentials_that_may_not_list_entities_are_said_once_and_not_retr
     rows = (await (await gw.get("/admin/entities")).json())["entities"]
     assert all(r["missing"] is None and "Manage" in r["checkUnavailable"] for r in rows)
     assert 'sbgate_entity_missing{entity="orders"} 0.0' in await (await gw.get("/metrics")).text()
+
+
+async def test_an_entity_deleted_while_serving_is_said_at_the_first_send_that_finds_it(
+    gateway: GatewayFactory,
+    broker: BrokerProcess,
+    control: ControlClient,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Present at start-up, deleted later: the next check is minutes away, but the first
+    send that meets "entity not found" asks for one at once."""
+    monkeypatch.setattr(presence, "RECHECK_INTERVAL", 0.2)
+    monkeypatch.setattr(presence, "CHECK_INTERVAL", 600.0)
+    caplog.set_level(logging.INFO, logger="gateway.core.presence")
+    name = f"gone-{uuid.uuid4().hex[:8]}"
+    await control.create_entity("primary", name, "queue")
+    env = {**FAILOVER, "SBGATE_ENTITIES": f"queue:orders,queue:{name}"}
+    gw = await gateway(env)
+    found = gw.app[PRESENCE]
+    await eventually(lambda: found.checks >= 1, what="the start-up check")
+    assert found.reason(name) is None
+    cs = broker.management_connection_string("primary")
+    assert cs is not None
+    async with (
+        asyncio.timeout(10),
+        ServiceBusAdministrationClient.from_connection_string(
+            cs, connection_verify=broker.ca_cert
+        ) as admin,
+    ):
+        await admin.delete_queue(name)
+    assert (await gw.post(f"/queues/{name}/messages", data=b"x")).status == 202
+    await eventually(lambda: found.reason(name) is not None, what="the check the send asked for")
+    assert any(f"entity {name}: the queue does not exist" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.unit
+async def test_a_burst_of_rechecks_is_one_check_and_none_comes_sooner_than_the_interval() -> None:
+    check = _Check()
+    p = presence.EntityPresence(
+        [EntityRef("orders", "queue", "default")], check, interval=0.2, quiet_interval=600
+    )
+    p.start()
+    try:
+        await eventually(lambda: p.checks == 1, what="the first check")
+        for burst in (2, 3):
+            for _ in range(100):
+                p.recheck()
+            await eventually(lambda n=burst: p.checks == n, what=f"check {burst}")  # type: ignore[misc]
+        assert p.checks == 3  # each burst made one check
+        gaps = [b - a for a, b in zip(check.times, check.times[1:], strict=False)]
+        assert all(gap >= 0.2 for gap in gaps), gaps  # never sooner than the interval
+    finally:
+        await p.close()
