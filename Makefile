@@ -82,6 +82,14 @@ packaging: $(STAMP) sysdeps
 tools:
 	scripts/lint-packaging.sh --install-only
 
+## chart-render: print the chart's manifests for a values file, without a cluster
+## (VALUES=my-values.yaml; without it the chart's defaults, which name what is missing), by Helm's own library
+## (scripts/helm_render.py, the chart tests' renderer) for Kubernetes $(KUBE_VERSION)
+KUBE_VERSION ?= 1.31.0
+.PHONY: chart-render
+chart-render: tools
+	.venv-tools/bin/python scripts/helm_render.py template --kube-version $(KUBE_VERSION) $(if $(VALUES),--values $(VALUES))
+
 ## chart-readme: rewrite helm/sbgate/README.md's parameter tables from values.yaml's `## @param` lines
 chart-readme: tools
 	.tools/node_modules/.bin/readme-generator --values helm/sbgate/values.yaml --readme helm/sbgate/README.md

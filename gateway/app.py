@@ -18,6 +18,8 @@ its own key. Once started, an app holds:
 * `AMQP_SERVER` — the AMQP edge (gateway.amqp), when a listener is configured: drained
   before the router closes;
 * `SYPHONS` — the syphon workers (none unless the syphon runs).
+* `PRESENCE` — whether the configured entities exist at their primaries (`gateway serve`,
+  with the real clients or a given `entity_check`).
 
 Only this module (and the CLI) knows the concrete adapters.
 """
@@ -27,24 +29,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from aiohttp import web
+from aiohttp import web, web_response
 
 from gateway.amqp.server import CLOSE_GRACE as AMQP_CLOSE_GRACE
 from gateway.amqp.server import AmqpServer
 from gateway.amqp.server import drain_bound as amqp_drain_bound
 from gateway.config import ConfigError, NamespaceSettings, Settings
 from gateway.core import failover as failover_module
+from gateway.core import presence as presence_module
 from gateway.core.backlog import backlog_path
 from gateway.core.dispatcher import SENDER_CLOSE_TIMEOUT, Dispatcher
 from gateway.core.entities import EntityCatalog, EntityRef
 from gateway.core.failover import Failover, PairClients
 from gateway.core.looplag import LoopLag
 from gateway.core.ports import BacklogPort, NamespaceClient, Tracer
+from gateway.core.presence import Check, EntityPresence
 from gateway.core.router import PrimaryRouter
 from gateway.ingest import EdgeState, Lifecycle
 from gateway.ledger import LedgerSettings, create_ledger
@@ -57,7 +61,7 @@ from gateway.state.memory import LocalState
 from gateway.syphon.syphon import Syphon
 from gateway.tracing import close_tracer, create_tracer
 from gateway.web import handlers
-from gateway.web.admin import FAILOVER, add_admin_routes
+from gateway.web.admin import ENTITY_CHECK, FAILOVER, PRESENCE, add_admin_routes
 from gateway.web.auth import AUTHORIZER, build_authorizer
 from gateway.web.handlers import EDGE, ROUTER
 from gateway.web.hosts import host_check, is_loopback
@@ -142,6 +146,7 @@ def cleanup_bounds(settings: Settings) -> dict[str, float]:
         "syphon_ctx": syphon_grace + settings.timeouts.send_timeout + CLOSE_TIMEOUT,
         # the deliveries in flight, then the clients' closes
         "amqp_ctx": amqp_drain_bound(settings) + AMQP_CLOSE_GRACE + 3 * CANCEL_GRACE,
+        "presence_ctx": presence_module.STOP_TIMEOUT + CANCEL_GRACE,
         "router_ctx": failover_module.STOP_TIMEOUT + CANCEL_GRACE,
         "dispatcher_ctx": DISPATCHER_GRACE + 2 * SENDER_CLOSE_TIMEOUT + 2 * CANCEL_GRACE,
         "ledger_ctx": ledger_settings(settings).close_timeout,
@@ -167,6 +172,7 @@ def create_app(
     metrics: Metrics | None = None,
     credential: SharedCredential | None = None,
     tracer: Tracer | None = None,
+    entity_check: Check | None = None,
 ) -> web.Application:
     """Build the gateway's aiohttp application from validated `settings`.
 
@@ -179,6 +185,7 @@ def create_app(
     on bad authorization rules, `ConfigError` when tracing is on without OpenTelemetry."""
     credential = credential or shared_credential(settings)
     tracer = tracer or create_tracer(settings.tracing)
+    _name_the_server()
     metrics = metrics or Metrics()
     # The server span's middleware (tracing on) goes first: it sees every answer.
     tracing_middleware = getattr(tracer, "middleware", None)
@@ -199,6 +206,7 @@ def create_app(
         provision=provisioner or default_provisioner(settings, credential),
         backlog=backlog_factory or default_backlog_factory,
     )
+    _set_entity_check(app, entity_check, default=client_factory is None, credential=credential)
     authorizer = build_authorizer(settings)
     if authorizer is not None:
         app[AUTHORIZER] = authorizer
@@ -227,6 +235,26 @@ def _edge_state(settings: Settings, metrics: Metrics, tracer: Tracer, open_mode:
             else None
         ),
     )
+
+
+def _set_entity_check(
+    app: web.Application, check: Check | None, *, default: bool, credential: SharedCredential
+) -> None:
+    """`ENTITY_CHECK` for `gateway serve`: `check`, or with the real clients (`default`) the
+    management API's listing; a test's or benchmark's fake namespaces have none to ask."""
+    settings, plan = app[SETTINGS], app[PLAN]
+    if check is None and default:
+        check = default_entity_check(settings, credential, plan)
+    if check is not None and plan.mode == "serve":
+        app[ENTITY_CHECK] = check
+
+
+def _name_the_server() -> None:
+    """Every answer's ``Server`` header says ``sbgate``, not the Python and aiohttp versions
+    (aiohttp's default, ``Python/3.11 aiohttp/3.x``: of use to nobody but a scanner). aiohttp
+    reads the value from this module global when it prepares each answer's headers, so
+    setting it costs nothing per request."""
+    web_response.SERVER_SOFTWARE = "sbgate"  # type: ignore[attr-defined]
 
 
 def _add_routes(app: web.Application, mode: Mode) -> None:
@@ -430,13 +458,34 @@ async def syphon_ctx(app: web.Application) -> AsyncIterator[None]:
         await stop_after(closes, bound, "syphon")
 
 
+async def presence_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The check that every configured entity exists at its primary (`PRESENCE`), when the
+    app has one: started now (its first look runs in the background: start-up does not wait
+    on the management API), closed before the clients."""
+    check = app.get(ENTITY_CHECK)
+    if check is None:
+        yield
+        return
+    presence = EntityPresence(app[EDGE].catalog.all(), check, observer=app[METRICS])
+    app[PRESENCE] = presence
+    failover = app.get(FAILOVER)
+    if failover is not None:  # a send that finds an entity missing asks for a check now
+        failover.on_entity_not_found = presence.recheck
+    presence.start()
+    try:
+        yield
+    finally:
+        await presence.close()
+
+
 async def lifecycle_ctx(app: web.Application) -> AsyncIterator[None]:
     """Last: ready once everything above started; draining as soon as cleanup begins."""
     edge = app[EDGE]
     lifecycle = edge.lifecycle
     lifecycle.started = True
     app[METRICS].ready.set_function(lambda: 1.0 if lifecycle.ready else 0.0)
-    log.info("gateway ready", extra={"entities": [e.path for e in edge.catalog.all()]})
+    # `gateway ready` is the CLI's line, once its sockets listen; this is the app's.
+    log.debug("app started", extra={"entities": [e.path for e in edge.catalog.all()]})
     yield
     lifecycle.draining = True
 
@@ -486,6 +535,7 @@ RESOURCES: Final = (
     router_ctx,
     amqp_ctx,
     syphon_ctx,
+    presence_ctx,
     lifecycle_ctx,
 )
 
@@ -708,6 +758,52 @@ def default_provisioner(settings: Settings, credential: SharedCredential) -> Pro
         return result.usable
 
     return provision
+
+
+def default_entity_check(settings: Settings, credential: SharedCredential, plan: Plan) -> Check:
+    """Lists each pair's primary namespace (management API) for its configured entities."""
+
+    async def check(entities: Sequence[EntityRef]) -> dict[str, str]:
+        from gateway.servicebus.admin import missing_entities
+
+        out: dict[str, str] = {}
+        for pair in settings.pairs:
+            ns = pair.primary
+            mine = [(e.path, e.kind) for e in entities if e.pair == pair.name]
+            if not mine:
+                continue
+            token = credential.get() if ns.connection_string is None else None
+            missing = await missing_entities(
+                ns, mine, deadline=settings.timeouts.connect_timeout, credential=token
+            )
+            kinds = dict(mine)
+            for path in missing:
+                out[path] = _missing_reason(ns, path, kinds[path], plan.failover)
+        return out
+
+    return check
+
+
+def _missing_reason(ns: NamespaceSettings, path: str, kind: str, parked: bool) -> str:
+    """What the missing-entity line and `GET /admin/entities` say: what, where, what to do,
+    and what a send gets meanwhile (docs/failover.md#an-entity-the-primary-lacks)."""
+    local = ns.connection_string is not None and (
+        "usedevelopmentemulator=true" in ns.connection_string.get().lower()
+    )
+    create = "create it there, or correct SBGATE_ENTITIES"
+    if local:  # the local broker (make run): its control API creates entities
+        body = f'{{"path": "{path}", "kind": "{kind}"}}'
+        create = (
+            f"create it (local broker: curl -X POST $CTRL/namespaces/{ns.name}/entities "
+            f"-d '{body}'), or correct SBGATE_ENTITIES"
+        )
+    meanwhile = (
+        "until then its messages are parked in the backlog queues (202) and move home once "
+        "it exists"
+        if parked
+        else "until then sends to it are refused (503 upstream_entity_not_found)"
+    )
+    return f"the {kind} does not exist at the primary namespace {ns.name}: {create}; {meanwhile}"
 
 
 def default_backlog_factory(ns: NamespaceSettings, client: NamespaceClient) -> BacklogPort | None:

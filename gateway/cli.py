@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import importlib.util
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Coroutine
 from typing import Any, Literal
@@ -106,7 +108,7 @@ def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = Fals
         lines.append(
             "development profile (gateway serve --dev): a failed-over entity is pinged every "
             f"{settings.failover.ping_primary_interval:g} s (production default: 60 s), "
-            f"drain delay {settings.shutdown.drain_delay:g} s, access lines for failures only"
+            f"drain delay {settings.shutdown.drain_delay:g} s, {_dev_access_lines()}"
         )
     if info is not None:
         lines.append("local broker (embedded default):")
@@ -137,7 +139,10 @@ def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = Fals
         )
         if tokens:
             lines.append(f'  curl -s {base}/admin/entities -H "Authorization: $ADMIN"')
-        lines.append("load test (every entity above; see loadtests/locustfile.py):")
+        lines.append(
+            "load test (every entity above; writes each acknowledgement to out/load/acks for "
+            "the audit, LOADTEST_ACKS_DIR; see loadtests/locustfile.py):"
+        )
         if tokens:
             lines.append(f"  export LOADTEST_AUTHORIZATION='{tokens[2]}'")
         spec = ",".join(f"{e.kind}:{e.path}" for e in settings.entities)
@@ -146,6 +151,73 @@ def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = Fals
             f"--headless -u 8 -r 8 -t 30s --host {base}"
         )
     return "\n".join(lines)
+
+
+def _dev_access_lines() -> str:
+    """What the development profile's access lines show, and how to see more."""
+    if "SBGATE_LOG_LEVEL" in os.environ:
+        return f"log level {os.environ['SBGATE_LOG_LEVEL']} (SBGATE_LOG_LEVEL)"
+    return (
+        "access lines for failures and client errors only "
+        "(every request: SBGATE_LOG_LEVEL=INFO make run)"
+    )
+
+
+def _listeners(settings: Settings) -> list[tuple[str, int, str]]:
+    """Every address the gateway listens on, with the setting that moves it: HTTP, the probe
+    port, and the AMQP edge's plain and TLS listeners (a port of 0 is chosen by the kernel)."""
+    http = "SBGATE_LISTEN_PORT"
+    out = [(settings.listen_host, settings.listen_port, http)]
+    if settings.probe_port:
+        out.append((settings.listen_host, settings.probe_port, "SBGATE_PROBE_PORT"))
+    amqp = settings.amqp
+    if amqp.plain_port:
+        out.append((amqp.plain_host, amqp.plain_port, "SBGATE_AMQP_PLAIN_PORT"))
+    if amqp.tls_cert_file and amqp.tls_key_file and amqp.port:
+        out.append((amqp.host or settings.listen_host, amqp.port, "SBGATE_AMQP_PORT"))
+    return out
+
+
+def _cannot_listen(settings: Settings) -> str | None:
+    """Why the gateway could not listen on its ports (another process holds one, the address
+    is not this host's), as the one line to print; None when it can. A look before start-up
+    does its work, so a second `make run` says so at once, not after a traceback."""
+    for host, port, setting in _listeners(settings):
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+                probe.bind((host, port))
+        except OSError as exc:
+            return _listen_error(host, port, setting, exc)
+    return None
+
+
+def _listen_error(host: str, port: int, setting: str, exc: OSError) -> str:
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        if setting == "SBGATE_LISTEN_PORT":
+            hint = (
+                f"another process listens there (a gateway already running?): stop it, or "
+                f"choose another port: SBGATE_LISTEN_PORT={port + 1} (or --port {port + 1})"
+            )
+        else:
+            hint = f"another process listens there: set {setting} to another port"
+        return f"error: cannot listen on {where}: the address is in use; {hint}"
+    reason = exc.strerror or str(exc)
+    return f"error: cannot listen on {where}: {reason} (SBGATE_LISTEN_HOST, --host)"
+
+
+def _remove_banner(path: str, banner: str) -> None:
+    """At a clean stop: the banner file goes with the gateway that wrote it (its tokens and
+    ports are stale now), unless another instance has written its own since."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() != banner + "\n":
+                return
+        os.remove(path)
+    except OSError:
+        pass  # already gone, or never written
 
 
 def _write_banner(path: str, banner: str) -> None:
@@ -171,6 +243,9 @@ async def _serve(
     from gateway.web.listener import ShedSite
     from gateway.web.probes import serving_probes
 
+    if (problem := _cannot_listen(settings)) is not None:
+        print(problem, file=sys.stderr)  # before the broker starts and the clients connect
+        return 2
     embedded = None
     if settings.embedded:
         from gateway.embedded import EmbeddedBroker
@@ -179,6 +254,8 @@ async def _serve(
         settings = embedded.apply(settings)
     try:
         app = create_app(settings, mode=mode, tracer=tracer)
+        if dev:  # a developer's 401 or 404 is a failure worth a line (docs/configuration.md)
+            app[EDGE].access_log.client_errors = _DEV_ACCESS_LEVEL
         runner = edge_runner(
             app,
             settings,
@@ -193,10 +270,21 @@ async def _serve(
             print(f"configuration error: {exc}", file=sys.stderr)
             return 2
         site = ShedSite(runner, settings.listen_host, settings.listen_port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # taken since `_cannot_listen` looked: one line, no traceback
+            await runner.cleanup()  # stops what started (the syphon) before the broker goes
+            print(
+                _listen_error(
+                    settings.listen_host, settings.listen_port, "SBGATE_LISTEN_PORT", exc
+                ),
+                file=sys.stderr,
+            )
+            return 2
         app[EDGE].lifecycle.checks.append(site.not_listening_reason)
         # The probes' own port (when set): never closed by overload, closed after the drain.
         async with serving_probes(app, settings):
+            log.info("gateway ready", extra={"listen": site.name})  # once the sockets listen
             tune_gc()  # what start-up built (the probes' app too) is never collected
             if mode == "serve":
                 banner = _banner(settings, embedded.info if embedded else None, dev=dev)
@@ -206,6 +294,8 @@ async def _serve(
             else:
                 print(f"sbgate syphon running; health on port {settings.listen_port}", flush=True)
             exit_code = await _until_stopped(app, settings, mode)
+            if mode == "serve" and banner_file:
+                _remove_banner(banner_file, banner)
         await runner.cleanup()
         log.info("stopped")
         return exit_code
@@ -276,9 +366,9 @@ DEV_PROFILE = {
     # The AMQP edge, plain on loopback: an unmodified SDK app sends with the banner's string.
     "SBGATE_AMQP_PLAIN_PORT": "5672",
 }
-# In the development profile only failed requests get an access line (WARNING), unless
-# SBGATE_LOG_LEVEL is set: the banner and the failover transitions are not buried under one
-# line per request (a 15 s load test wrote 17k).
+# In the development profile only failed requests get an access line (WARNING: the broker's
+# failures, and client errors, 4xx), unless SBGATE_LOG_LEVEL is set: the banner and the
+# failover transitions are not buried under one line per request (a 15 s load test wrote 17k).
 _DEV_ACCESS_LEVEL = logging.WARNING
 
 
@@ -345,6 +435,9 @@ def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
             file=sys.stderr,
         )
         return 2
+    if (unreadable := _unreadable_file(settings)) is not None:
+        print(f"configuration error: {unreadable}", file=sys.stderr)
+        return 2
     if args.host:
         settings = _with(settings, listen_host=args.host)
     if args.port is not None:
@@ -378,7 +471,31 @@ def _start(args: argparse.Namespace, mode: Literal["serve", "syphon"]) -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    return _run(_serve(settings, mode, tracer, dev=args.dev, banner_file=args.banner_file))
+    try:
+        return _run(_serve(settings, mode, tracer, dev=args.dev, banner_file=args.banner_file))
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers (start-up): no traceback
+        print("interrupted during start-up", file=sys.stderr)
+        return 130
+
+
+def _unreadable_file(settings: Settings) -> str | None:
+    """The first configured certificate file that cannot be read, named with its setting:
+    found here in one line, not later as one failed connection after another."""
+    files = [("SBGATE_REDIS_CA_FILE (redis_ca_file)", settings.redis_ca_file)]
+    for pair in settings.pairs:
+        for role, ns in (("primary", pair.primary), ("secondary", pair.secondary)):
+            if ns is not None:
+                setting = f"[pairs.{pair.name}.{role}] admin_ca_cert"
+                files.append((f"SBGATE_{role.upper()}_ADMIN_CA_CERT ({setting})", ns.admin_ca_cert))
+    for name, path in files:
+        if path is None:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            return f"{name}: cannot read {path}: {exc.strerror or exc}"
+    return None
 
 
 def _with(settings: Settings, **changes: Any) -> Settings:
@@ -424,6 +541,19 @@ def _audit_missing() -> str | None:
     return None
 
 
+# What `gateway serve --help` and `gateway syphon --help` say first: what runs.
+_DESCRIPTIONS = {
+    "serve": "Run the HTTP ingestion gateway: POST /{entity}/messages in the Service Bus REST "
+    "format, sent to the primary namespace, failed over to backlog queues in the secondary "
+    "one; the syphon too unless SBGATE_ENABLE_SYPHON=false. With no namespace configured, "
+    "starts the local broker pair (a development install). Settings: SBGATE_* variables or "
+    "--config (docs/configuration.md); options override them.",
+    "syphon": "Run only the syphon: move the messages of the backlog queues home to the "
+    "primary namespace (a deployment apart from the gateway's). Serves /healthz, /readyz "
+    "and /metrics on the listen port; exits 3 on a namespace fault when "
+    "SBGATE_EXIT_ON_FAULT=true. Settings as for gateway serve.",
+}
+
 DELEGATED = {
     "token": "mint a SAS token for the gateway",
     "drain": "receive everything from entities and write the delivered ids",
@@ -444,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         ("serve", "run the HTTP gateway"),
         ("syphon", "run only the syphon worker pool (health and metrics on the listen port)"),
     ):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=_DESCRIPTIONS[name])
         p.add_argument("--config", help="TOML configuration file (or SBGATE_CONFIG)")
         p.add_argument("--host", help="listen address (overrides SBGATE_LISTEN_HOST)")
         p.add_argument("--port", type=int, help="listen port (overrides SBGATE_LISTEN_PORT)")
@@ -472,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
             "--dev",
             action="store_true",
             help="development profile (make run): pings every 5 s, no drain delay, text logs, "
-            "access lines only for failures, the demo rules; the environment still wins",
+            "access lines only for failures and client errors, the demo rules; the "
+            "environment still wins",
         )
         p.add_argument(
             "--banner-file", metavar="FILE", help="also write the start-up banner to FILE"

@@ -273,6 +273,8 @@ def log_outcome(
     level = logging.INFO
     if error is not None and isinstance(error, SendFailure | Saturated):
         level = logging.WARNING
+    elif 400 <= status < 500:
+        level = access_log.client_errors  # WARNING in the development profile
     if not access_log.enabled(level):
         return
     request_id = outcome.request_id

@@ -92,9 +92,22 @@ class AccessLog:
     so no line is lost at shutdown. *stream* defaults to ``sys.stderr`` as it is at each
     flush (where `logging` writes too; tests capturing stderr see the lines)."""
 
-    __slots__ = ("_fmt", "_logger", "_loop", "_parts", "_scheduled", "_size", "_stream", "_ts")
+    __slots__ = (
+        "_fmt",
+        "_logger",
+        "_loop",
+        "_parts",
+        "_scheduled",
+        "_size",
+        "_stream",
+        "_ts",
+        "client_errors",
+    )
 
     def __init__(self, fmt: str = "json", stream: IO[str] | None = None) -> None:
+        # The level of a client error's line (4xx): INFO, or WARNING in the development
+        # profile, whose access lines are failures only — a developer's 401 is one of them.
+        self.client_errors = logging.INFO
         self._fmt = fmt
         self._stream = stream
         self._logger = logging.getLogger(ACCESS_LOGGER)

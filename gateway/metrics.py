@@ -292,6 +292,13 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
             states=list(STATES),
             registry=r,
         )
+        self.entity_missing_gauge = Gauge(
+            "sbgate_entity_missing",
+            "1 while a configured entity does not exist at its primary namespace (checked at "
+            "start-up, then every 30 s while missing; GET /admin/entities says why), else 0.",
+            ["entity"],
+            registry=r,
+        )
         self.failover_transitions = Counter(
             "sbgate_failover_transitions_total",
             "Failover state changes applied on this replica, by entity and new state.",
@@ -489,6 +496,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self.failover_state.labels(entity).set(SEVERITY[status])
         self.failover_status.labels(entity).state(status)
         self.failover_transitions.labels(entity, status).inc()
+
+    def entity_missing(self, entity: str, missing: bool) -> None:
+        self.entity_missing_gauge.labels(entity).set(1 if missing else 0)
 
     def backlog_send(self, queue: str, ok: bool) -> None:
         self.backlog_sends.labels(queue, "ok" if ok else "failed").inc()

@@ -9,6 +9,8 @@ on stdin and writes JSON on stdout:
     lint                       values.yaml's replacement (null: as shipped) -> {"findings", "log"}
     validate --kube-version V  manifests -> {"errors", "skipped"} (Kubernetes V's own schemas)
     promql                     {name: PromQL} -> {name: metric names, or {"error": message}}
+    template [--values FILE]   no stdin: the manifests as YAML on stdout, as `helm template`
+                               would print them (`make chart-render VALUES=FILE`)
 
 `render` is `helm install` against a throw-away Kubernetes API stub on 127.0.0.1 (helm-sdkpy has
 no dry-run; HELM_DRIVER=memory keeps the release out of the stub): values.schema.json applies,
@@ -263,11 +265,35 @@ def promql(queries: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def template(values_file: str | None, kube_version: str) -> int:
+    """Print the manifests `values_file` renders (YAML documents), for a person to read: the
+    chart seen without a cluster. An error (the values schema, a template's `fail`) is one
+    message on stderr and exit code 1."""
+    values = None
+    if values_file:
+        try:
+            with open(values_file, encoding="utf-8") as f:
+                values = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"chart-render: cannot read {values_file}: {exc}", file=sys.stderr)
+            return 1
+    out = render(values, kube_version)
+    if "error" in out:
+        print(f"chart-render: {out['error']}", file=sys.stderr)
+        return 1
+    for doc in out["manifests"]:
+        sys.stdout.write("---\n" + yaml.safe_dump(doc, sort_keys=False))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["render", "lint", "validate", "promql"])
+    parser.add_argument("command", choices=["render", "lint", "validate", "promql", "template"])
     parser.add_argument("--kube-version", default=DEFAULT_KUBE_VERSION)
+    parser.add_argument("--values", help="template: a values file (default: the chart's)")
     args = parser.parse_args(argv)
+    if args.command == "template":
+        return template(args.values, args.kube_version)
     given = json.load(sys.stdin)
     if args.command == "render":
         out: Any = render(given, args.kube_version)

@@ -157,6 +157,37 @@ async def shell(script: str) -> tuple[int | None, str]:
     return proc.returncode, out.decode() + ("" if proc.returncode == 0 else err.decode())
 
 
+async def run_steps(gw: Gateway, steps: list[Block], first: int, export: str) -> int:
+    """Run `steps[first:]` as the module docstring says (each ``sh`` block after `export`);
+    how many ``sh`` blocks ran."""
+    ran = 0
+    for i, step in enumerate(steps[first:], start=first):
+        if step.kind == "log":
+            await gw.wait_for("err", step.body, within=10)
+        if step.kind != "sh":
+            continue
+        expected = steps[i + 1].body if i + 1 < len(steps) and steps[i + 1].kind == "text" else None
+        bound = _WITHIN.search(step.prose)
+        printed = [""]
+
+        async def as_shown(
+            body: str = step.body, want: str | None = expected, out: list[str] = printed
+        ) -> bool:
+            code, out[0] = await shell(f"{export}\n{body}")
+            return code == 0 and (want is None or matches(want, out[0]))
+
+        # Run once; where the README states a bound, again until it matches within it.
+        try:
+            await eventually(as_shown, within=float(bound[1]) if bound else 0, every=0.5)
+        except AssertionError:
+            raise AssertionError(
+                f"{step.body}\n--- printed:\n{printed[0]}\n--- the README shows:\n"
+                f"{expected}\n--- gateway:\n{gw.err}"
+            ) from None
+        ran += 1
+    return ran
+
+
 async def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     port = str(free_port())
     section = quick_start((ROOT / "README.md").read_text()).replace(README_PORT, port)
@@ -181,33 +212,7 @@ async def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
         await gw.wait_for("out", banner.body, within=60)  # a cold start imports the SDK
         assert (tmp_path / "banner.txt").read_text() == gw.out
         [export] = [line.strip() for line in gw.out.splitlines() if "export SEND=" in line]
-        ran = 1
-        for i, step in enumerate(steps[2:], start=2):
-            if step.kind == "log":
-                await gw.wait_for("err", step.body, within=10)
-            if step.kind != "sh":
-                continue
-            expected = (
-                steps[i + 1].body if i + 1 < len(steps) and steps[i + 1].kind == "text" else None
-            )
-            bound = _WITHIN.search(step.prose)
-            printed = [""]
-
-            async def as_shown(
-                body: str = step.body, want: str | None = expected, out: list[str] = printed
-            ) -> bool:
-                code, out[0] = await shell(f"{export}\n{body}")
-                return code == 0 and (want is None or matches(want, out[0]))
-
-            # Run once; where the README states a bound, again until it matches within it.
-            try:
-                await eventually(as_shown, within=float(bound[1]) if bound else 0, every=0.5)
-            except AssertionError:
-                raise AssertionError(
-                    f"{step.body}\n--- printed:\n{printed[0]}\n--- the README shows:\n"
-                    f"{expected}\n--- gateway:\n{gw.err}"
-                ) from None
-            ran += 1
+        ran = 1 + await run_steps(gw, steps, 2, export)
         assert ran == [b.kind for b in steps].count("sh")
         # No noise: nothing at ERROR (the embedded broker's included) during the demo.
         assert not [line for line in gw.err.splitlines() if " ERROR " in line], gw.err
@@ -216,4 +221,47 @@ async def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
     stop = re.search(r"Ctrl-C stops it within (\d+) s", section)
     assert stop is not None, "the README no longer says how long Ctrl-C takes"
     assert took < float(stop[1]), f"Ctrl-C took {took:.1f} s"
+    assert gw.process.returncode == 0, gw.err
+    assert not (tmp_path / "banner.txt").exists(), "a stopped gateway's banner is stale"
+
+
+def section(readme: str, heading: str) -> str:
+    start = readme.index(f"## {heading}\n")
+    return readme[start : readme.index("\n## ", start + 1)]
+
+
+async def test_when_something_is_wrong_runs_as_written(tmp_path: Path) -> None:
+    """The first incident (docs/troubleshooting.md, which the README sends to; issue #37),
+    against `make run` with an entity the local
+    broker lacks: the missing-entity line, parking and home, operator actions and client
+    errors in the log, the docs' 405 and 413 answers, a second gateway on the same port."""
+    port = str(free_port())
+    text = section((ROOT / "docs" / "troubleshooting.md").read_text() + "\n## end\n", "Try it")
+    steps = blocks(text.replace(README_PORT, port))
+    assert steps[0].kind == "sh" and steps[0].body.endswith(" make run"), steps[0].body
+    assignments = shlex.split(steps[0].body)[:-2]
+    env = dict(a.split("=", 1) for a in assignments)
+    assert env and all(k.startswith("SBGATE_") for k in env), env
+    command, *args = make_run_command(tmp_path / "banner.txt")
+    process = GatewayProcess(
+        "make-run-wrong",
+        {"PYTHONUNBUFFERED": "1", **env},
+        port=int(port),
+        log_dir=tmp_path,
+        command=command,
+        args=args,
+    )
+    process.spawn()
+    gw = Gateway(process)
+    try:
+        await gw.wait_for("out", "sbgate listening on ...\n...", within=60)
+        exports = [
+            line.strip() for line in gw.out.splitlines() if line.strip().startswith("export ")
+        ]
+        assert len(exports) == 2, gw.out  # the README says: paste the two export lines
+        ran = 1 + await run_steps(gw, steps, 1, "\n".join(exports))
+        assert ran == [b.kind for b in steps].count("sh")
+        assert not [line for line in gw.err.splitlines() if " ERROR " in line], gw.err
+    finally:
+        await gw.stop()
     assert gw.process.returncode == 0, gw.err

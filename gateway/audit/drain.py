@@ -408,15 +408,24 @@ def build_parser(prog: str = "gateway drain") -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="output file (JSON lines)")
     p.add_argument("--append", action="store_true", help="append to --out instead of replacing")
     p.add_argument("--no-dlq", action="store_true", help="do not drain each entity's DLQ")
-    p.add_argument("--idle-timeout", type=float, default=2.0, help="seconds idle = drained")
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=2.0,
+        help="seconds idle = drained (default: %(default)s)",
+    )
     p.add_argument("--backlog-prefix", help="paths starting with this are backlog queues")
     p.add_argument(
         "--receive-and-delete",
         action="store_true",
         help="faster than peek-lock + complete, but a crash loses what is in flight",
     )
-    p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--concurrency", type=int, default=8, help="paths drained at a time")
+    p.add_argument(
+        "--batch-size", type=int, default=100, help="messages per receive (default: %(default)s)"
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=8, help="paths drained at a time (default: %(default)s)"
+    )
     p.add_argument("--max-messages", type=int, help="stop a path after this many messages")
     return p
 

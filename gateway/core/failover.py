@@ -154,6 +154,9 @@ class Failover:
         # succeed or the entity recover: a failure of a send that began before is stale.
         self._fresh: dict[str, float] = {}
         self._closed = False
+        # Called when a send finds an entity missing at its primary (the app sets it: the
+        # entity check then looks at once; gateway.core.presence).
+        self.on_entity_not_found: Callable[[], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -196,6 +199,8 @@ class Failover:
             await self._dispatcher.send(Destination(pair.primary, entity.path), messages)
         except SendFailure as failure:
             _untangle(failure)
+            if failure.kind is FailureKind.ENTITY_NOT_FOUND and self.on_entity_not_found:
+                self.on_entity_not_found()
             if not failure.classification.counts_toward_failover:
                 raise
             if self._counts(key, failure):
@@ -261,14 +266,7 @@ class Failover:
         elif new is not None and st.status == "failed_over":
             self._ledger.emit("failover_end", entity=st.entity, reason=reason)
         if new is not None:
-            log.warning(
-                "entity %s: %s -> %s (%s)",
-                st.entity,
-                st.status,
-                status,
-                reason,
-                extra={"entity": st.entity, "from": st.status, "to": status, "epoch": new.epoch},
-            )
+            _log_transition(st, new, reason)
 
     async def _to_backlog(
         self,
@@ -367,24 +365,29 @@ class Failover:
 
     # -- operator actions ----------------------------------------------------------------
 
-    def mark_healthy(self, entity: EntityRef) -> EntityState:
-        """The old SDK's MarkPathHealthy: back to the primary at once, cluster-wide."""
+    def mark_healthy(self, entity: EntityRef, operator: str | None = None) -> EntityState:
+        """The old SDK's MarkPathHealthy: back to the primary at once, cluster-wide.
+        `operator` (the admin key's rule name; None in open mode) is named in the log line."""
         st = self._store.get(entity.path.lower())
         if st.status == "healthy":
             return st
         new = self._store.propose(st, "healthy", MARKED_HEALTHY)
         if new is not None and st.status == "failed_over":
             self._ledger.emit("failover_end", entity=st.entity, reason="operator")
+        if new is not None:
+            _log_transition(st, new, MARKED_HEALTHY, operator=operator or "open mode")
         return new or self._store.get(st.entity)
 
-    def force_failover(self, entity: EntityRef) -> EntityState:
-        """Send `entity`'s traffic to the backlog now (pings start), cluster-wide."""
+    def force_failover(self, entity: EntityRef, operator: str | None = None) -> EntityState:
+        """Send `entity`'s traffic to the backlog now (pings start), cluster-wide.
+        `operator`: as in `mark_healthy`."""
         st = self._store.get(entity.path.lower())
         if st.status == "failed_over":
             return st
         new = self._store.propose(st, "failed_over", FORCED)
         if new is not None:
             self._ledger.emit("failover_start", entity=st.entity, reason="operator")
+            _log_transition(st, new, FORCED, operator=operator or "open mode")
         return new or self._store.get(st.entity)
 
     async def describe(self) -> list[dict[str, Any]]:
@@ -554,6 +557,34 @@ class Failover:
             )
             return False
         return True
+
+
+def _log_transition(
+    old: EntityState, new: EntityState, reason: str, operator: str | None = None
+) -> None:
+    """The one line per state change this replica makes (docs/observability.md); an
+    operator's change names who made it (the admin key's rule name)."""
+    extra: dict[str, Any] = {
+        "entity": old.entity,
+        "from": old.status,
+        "to": new.status,
+        "epoch": new.epoch,
+    }
+    if operator is None:
+        log.warning(
+            "entity %s: %s -> %s (%s)", old.entity, old.status, new.status, reason, extra=extra
+        )
+        return
+    extra["operator"] = operator
+    log.warning(
+        "entity %s: %s -> %s (%s, by %s)",
+        old.entity,
+        old.status,
+        new.status,
+        reason,
+        operator,
+        extra=extra,
+    )
 
 
 def _untangle(failure: SendFailure) -> None:

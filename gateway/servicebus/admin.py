@@ -1,4 +1,5 @@
-"""Backlog queue provisioning with the management (ATOM/HTTPS) API.
+"""Backlog queue provisioning with the management (ATOM/HTTPS) API, and the check that the
+configured entities exist at the primary (`missing_entities`).
 
 At start-up each backlog queue ``<primary-ns>/x-servicebus-transfer/<i>`` is checked in the
 secondary namespace: it exists → used as it is (the owner's choice); missing → created with
@@ -20,11 +21,13 @@ from azure.core.exceptions import (
     HttpResponseError,
     ResourceExistsError,
     ResourceNotFoundError,
+    ServiceRequestError,
 )
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 
 from gateway.config import NamespaceSettings
 from gateway.core.backlog import BACKLOG_LOCK_DURATION
+from gateway.core.presence import CheckUnavailable
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
@@ -84,15 +87,17 @@ async def ensure_backlog_queues(
     result = ProvisionResult()
     client = admin_client(ns, credential)
     async with client:
-        for path in paths:
+        for i, path in enumerate(paths):
             try:
                 async with asyncio.timeout(deadline):
                     created = await _ensure_one(client, path, create)
             except asyncio.CancelledError:
                 raise
-            except TimeoutError:
-                result.errors[path] = f"no answer from the management API within {deadline:g}s"
-                continue
+            except (TimeoutError, ServiceRequestError, OSError) as exc:
+                # The namespace, not the queue: the others would wait as long to fail alike.
+                error = _unreachable(ns, exc, deadline)
+                result.errors.update(dict.fromkeys(paths[i:], error))
+                break
             except ResourceNotFoundError:
                 result.errors[path] = (
                     "missing, and create_backlog_queues is off (verify-only mode): create it "
@@ -118,13 +123,32 @@ async def ensure_backlog_queues(
             result.usable.append(path)
             if created:
                 result.created.append(path)
+    by_error: dict[str, list[str]] = {}
     for path, err in result.errors.items():
-        log.error("backlog queue %s unusable: %s", path, err, extra={"backlog": path})
+        by_error.setdefault(err, []).append(path)
+    for err, failed in by_error.items():  # one line per cause, not one per queue
+        what = f"backlog queue {failed[0]}"
+        if len(failed) > 1:
+            what = f"{len(failed)} backlog queues ({failed[0]} to {failed[-1]})"
+        log.error("%s unusable: %s", what, err, extra={"backlogs": failed})
     if result.created:
         log.info(
             "created backlog queues %s", result.created, extra={"backlogs_created": result.created}
         )
     return result
+
+
+def _unreachable(ns: NamespaceSettings, exc: BaseException, deadline: float) -> str:
+    """Why the management endpoint of `ns` cannot be used at all, in one line."""
+    if isinstance(exc, TimeoutError):
+        why = f"no answer within {deadline:g}s"
+    else:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = first
+    return (
+        f"the {ns.name} namespace's management endpoint cannot be reached ({why}): check its "
+        "connection string or name, the network, and (local broker) admin_ca_cert"
+    )
 
 
 async def _ensure_one(client: ServiceBusAdministrationClient, path: str, create: bool) -> bool:
@@ -139,3 +163,48 @@ async def _ensure_one(client: ServiceBusAdministrationClient, path: str, create:
     except ResourceExistsError:  # another replica created it first
         return False
     return True
+
+
+async def missing_entities(
+    ns: NamespaceSettings,
+    entities: Sequence[tuple[str, str]],
+    *,
+    deadline: float,
+    credential: AsyncTokenCredential | None = None,
+) -> list[str]:
+    """Which of `entities` (path, ``queue`` or ``topic``) `ns` lacks, by listing its queues and
+    topics (names compare case-insensitively, as Service Bus does); at most `deadline`
+    seconds per 100 entities looked for. Raises `CheckUnavailable` when the namespace cannot
+    be listed: without the Manage right (not worth retrying), or unreachable (worth it)."""
+    kinds = {kind for _, kind in entities}
+    found: set[tuple[str, str]] = set()
+    # One deadline per page of the listing (100 entities each) a namespace of that many
+    # entities needs at least: thousands of entities are a long listing, not a dead endpoint.
+    within = deadline * (1 + len(entities) // 100)
+    try:
+        async with asyncio.timeout(within), admin_client(ns, credential) as client:
+            if "queue" in kinds:
+                found |= {("queue", q.name.lower()) async for q in client.list_queues()}
+            if "topic" in kinds:
+                found |= {("topic", t.name.lower()) async for t in client.list_topics()}
+    except asyncio.CancelledError:
+        raise
+    except ClientAuthenticationError:
+        raise CheckUnavailable(
+            f"the {ns.name} namespace's credentials may not list its entities (the Manage "
+            "right): sends will say it when an entity is missing",
+            retry=False,
+        ) from None
+    except HttpResponseError as exc:
+        if exc.status_code in (401, 403):
+            raise CheckUnavailable(
+                f"the {ns.name} namespace's credentials may not list its entities (the Manage "
+                "right): sends will say it when an entity is missing",
+                retry=False,
+            ) from None
+        raise CheckUnavailable(
+            f"the {ns.name} namespace's management API answered {exc.status_code}", retry=True
+        ) from None
+    except (TimeoutError, ServiceRequestError, OSError, ValueError) as exc:
+        raise CheckUnavailable(_unreachable(ns, exc, within), retry=True) from None
+    return [path for path, kind in entities if (kind, path.lower()) not in found]

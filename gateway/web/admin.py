@@ -14,10 +14,11 @@ from aiohttp import web
 
 from gateway.auth import Right
 from gateway.core.failover import Failover
+from gateway.core.presence import Check, EntityPresence
 from gateway.entitypath import validate_entity_path
 from gateway.errors import GatewayError
 from gateway.state.base import EntityState
-from gateway.web.auth import authorize
+from gateway.web.auth import PRINCIPAL, authorize
 from gateway.web.handlers import EDGE, json_response
 
 
@@ -29,6 +30,10 @@ class FailoverNotConfigured(GatewayError):
 
 
 FAILOVER = web.AppKey("failover", Failover)
+# Whether the configured entities exist at the primary: the check (set by the app factory)
+# and, once started, its results.
+ENTITY_CHECK = web.AppKey[Check]("entity_check")
+PRESENCE = web.AppKey("presence", EntityPresence)
 
 
 def _failover(request: web.Request) -> Failover:
@@ -48,8 +53,19 @@ async def list_entities(request: web.Request) -> web.StreamResponse:
             {"entity": e.path, "kind": e.kind, "state": "healthy", "failover": False}
             for e in request.app[EDGE].catalog.all()
         ]
-        return json_response(200, {"entities": entities})
-    return json_response(200, {"entities": await failover.describe()})
+    else:
+        entities = await failover.describe()
+    _add_presence(entities, request.app.get(PRESENCE))
+    return json_response(200, {"entities": entities})
+
+
+def _add_presence(entities: list[dict[str, Any]], presence: EntityPresence | None) -> None:
+    """Each row's `missing`: why the entity does not exist at its primary, or null (it does,
+    or it could not be checked: then `checkUnavailable` says why)."""
+    for row in entities:
+        row["missing"] = presence.reason(row["entity"]) if presence is not None else None
+        if presence is not None and presence.unchecked is not None:
+            row["checkUnavailable"] = presence.unchecked
 
 
 def _entity_path(request: web.Request) -> str:
@@ -58,18 +74,24 @@ def _entity_path(request: web.Request) -> str:
     return path
 
 
+def _operator(request: web.Request) -> str | None:
+    """Who acts: the rule name of the key that authorized the request (None: open mode)."""
+    principal = request.get(PRINCIPAL)
+    return None if principal is None else principal.key_name
+
+
 async def mark_healthy(request: web.Request) -> web.StreamResponse:
     path = _entity_path(request)
     failover = _failover(request)
     entity = request.app[EDGE].catalog.resolve(path)
-    return json_response(200, _answer(failover.mark_healthy(entity)))
+    return json_response(200, _answer(failover.mark_healthy(entity, _operator(request))))
 
 
 async def force_failover(request: web.Request) -> web.StreamResponse:
     path = _entity_path(request)
     failover = _failover(request)
     entity = request.app[EDGE].catalog.resolve(path)
-    return json_response(200, _answer(failover.force_failover(entity)))
+    return json_response(200, _answer(failover.force_failover(entity, _operator(request))))
 
 
 def _answer(st: EntityState) -> dict[str, Any]:

@@ -7,7 +7,9 @@ Nothing here knows the Service Bus SDK: handlers parse the REST format into
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -28,9 +30,10 @@ from gateway.errors import (
     UnsupportedMediaType,
 )
 from gateway.ingest import EdgeState, Lifecycle, Outcome, ingest
+from gateway.logs import AccessLog
 from gateway.tracing import request_properties
 from gateway.web import rest
-from gateway.web.auth import authorize
+from gateway.web.auth import PRINCIPAL, authorize
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -85,10 +88,13 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """
     request_id = _assign_request_id(request)
     edge = request.app[EDGE]
+    started = time.perf_counter()
+    logged = False  # a send request writes its own access line (gateway.ingest)
     try:
         _raw_path_ok(request.raw_path)
         if edge.host_check is not None:
             edge.host_check(request)
+        logged = request.match_info.handler is post_messages
         response = await handler(request)
     except GatewayError as err:
         response = error_response(err)
@@ -107,7 +113,44 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
             headers["X-Request-Id"] = request_id
         if edge.lifecycle.draining:
             response.force_close()  # aiohttp then writes "Connection: close"
+    if not logged:
+        _log_other(edge.access_log, request, response.status, request_id, started)
     return response
+
+
+# Answered often and by machines (kubelet, Prometheus): no access line when they succeed.
+_QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def _log_other(
+    access_log: AccessLog, request: web.Request, status: int, request_id: str, started: float
+) -> None:
+    """The access line of a request that is no send: admin requests (with the rule name of
+    the key that made them), refusals at the edge (400, 401, 405, 421, ...), the OpenAPI
+    document; not a probe's or a scrape's success. INFO; a client error at
+    `AccessLog.client_errors`; a 5xx at WARNING."""
+    if status < 400 and request.path in _QUIET_PATHS:
+        return
+    level = logging.INFO
+    if status >= 500:
+        level = logging.WARNING
+    elif status >= 400:
+        level = access_log.client_errors
+    if not access_log.enabled(level):
+        return
+    fields: dict[str, object] = {
+        "request_id": request_id,
+        "method": request.method,
+        "path": request.path[:200],
+        "status": status,
+        "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+    }
+    principal = request.get(PRINCIPAL)
+    if principal is not None:
+        fields["key_name"] = principal.key_name
+    access_log.write(
+        level, f"request {request_id} {request.method} {fields['path']} -> {status}", fields
+    )
 
 
 def _raw_path_ok(raw_path: str) -> None:
@@ -125,7 +168,9 @@ def _raw_path_ok(raw_path: str) -> None:
 async def _read_body(request: web.Request, limit: int) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
-        raise PayloadTooLarge(f"the request body is {length} bytes; the limit is {limit}")
+        raise PayloadTooLarge(
+            f"the request body is {length} bytes; the limit is {limit}", size=length, limit=limit
+        )
     content = request.content
     try:
         # A body that came whole with its head (the common case for a message) is taken as
@@ -135,7 +180,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     except web.HTTPRequestEntityTooLarge:
         body = None
     if body is None or len(body) > limit:  # chunked: no Content-Length to check first
-        raise PayloadTooLarge(f"the request body is larger than {limit} bytes")
+        # The reader stops at the limit, so the body's whole size is not known.
+        raise PayloadTooLarge(f"the request body is larger than {limit} bytes", limit=limit)
     return body
 
 
@@ -295,16 +341,32 @@ async def not_ingestion(request: web.Request) -> web.StreamResponse:
     else:
         operation = _ENTITY_OPERATIONS.get(method, "unsupported")
     allow = await _allowed_methods(request)
+    message = (
+        "this gateway only ingests messages: send them with POST "
+        "/{entity}/messages; receive, peek-lock, lock and management operations go to "
+        "the Service Bus namespace itself"
+    )
+    if segments[0] in _OWN_PATHS:
+        operation, message = "unsupported", _own_path_message(request.method, allow)
     return json_response(
         405,
-        {
-            "error": "method_not_allowed",
-            "operation": operation,
-            "message": "this gateway only ingests messages: send them with POST "
-            "/{entity}/messages; receive, peek-lock, lock and management operations go to "
-            "the Service Bus namespace itself",
-        },
+        {"error": "method_not_allowed", "operation": operation, "message": message},
         {"Allow": allow},
+    )
+
+
+# The gateway's own paths (and `/`): a wrong method there is no Service Bus operation, and
+# the answer must not read as if the gateway forwarded its admin API to the namespace.
+_OWN_PATHS = frozenset({"", "admin", "healthz", "readyz", "metrics", "openapi.json"})
+
+
+def _own_path_message(method: str, allow: str) -> str:
+    where = f"only {allow} here" if allow else "no method here"
+    return (
+        f"{method} is not served on this path of the gateway ({where}); this gateway only "
+        "ingests messages (POST /{entity}/messages) and serves its own admin API "
+        "(GET /admin/entities, POST /admin/entities/{entity}/healthy or /failover); "
+        "GET /openapi.json lists every route"
     )
 
 

@@ -14,6 +14,7 @@ import binascii
 import datetime as dt
 import email.utils
 import json
+import logging
 import math
 import os
 import re
@@ -25,6 +26,8 @@ import orjson
 from gateway.core.backlog import REWRITE_KEYS
 from gateway.core.message import AppValue, OutboundMessage
 from gateway.errors import PayloadTooLarge, RequestError
+
+log = logging.getLogger(__name__)
 
 BATCH_CONTENT_TYPE = "application/vnd.microsoft.servicebus.json"
 MAX_ID_LENGTH = 128
@@ -130,6 +133,12 @@ _STRING_PROPS = {
     "ContentType": "content_type",
 }
 
+# Every BrokerProperties name read here, by its lower case: a name that matches one only in
+# another letter case (`messageId`) is ignored, as Service Bus ignores it — and a mistyped
+# MessageId silently defeats duplicate detection, so it is said once (`_unread_names`).
+_READ_NAMES = {n.lower(): n for n in (*_STRING_PROPS, "TimeToLive", "ScheduledEnqueueTimeUtc")}
+_SAID_NAMES: set[str] = set()
+_SAID_MAX = 100  # a bound on what is remembered, whatever clients send
 
 # The backlog rewrite's property names (gateway.core.backlog), in any letter case: a client's
 # value would be read back by the syphon as the gateway's own (its destination, its TTL), so
@@ -278,10 +287,18 @@ def _check_app_properties(props: Mapping[str, AppValue], where: str) -> None:
         elif isinstance(value, bytes):
             size += len(value)
         if size > MAX_PROPERTY_BYTES:
-            raise PayloadTooLarge(f"{where}: property {key!r} is larger than 32 KB")
+            raise PayloadTooLarge(
+                f"{where}: property {key!r} is larger than 32 KB",
+                size=size,
+                limit=MAX_PROPERTY_BYTES,
+            )
         total += size
     if total > MAX_ALL_PROPERTIES_BYTES:
-        raise PayloadTooLarge(f"{where}: properties together are larger than 64 KB")
+        raise PayloadTooLarge(
+            f"{where}: properties together are larger than 64 KB",
+            size=total,
+            limit=MAX_ALL_PROPERTIES_BYTES,
+        )
 
 
 def build_message(
@@ -300,6 +317,7 @@ def build_message(
     `app_properties` where the client did not set the same name itself."""
     fields: dict[str, Any] = {}
     if props:  # most requests set no broker property at all
+        _unread_names(props)
         for rest_name, attr in _STRING_PROPS.items():
             if rest_name in props and props[rest_name] is not None:
                 limit = MAX_ID_LENGTH if rest_name in _ID_PROPS else None
@@ -331,6 +349,25 @@ def build_message(
     return OutboundMessage(
         body=body, content_type=ct, application_properties=app_properties, **fields
     )
+
+
+def _unread_names(props: Mapping[str, Any]) -> None:
+    """One WARNING line per BrokerProperties name that is a known one in the wrong letter
+    case (per process, for the first `_SAID_MAX` such names): Service Bus ignores it too,
+    so the message goes on, without it."""
+    for name in props:
+        known = _READ_NAMES.get(name.lower())
+        if known is None or known == name or name in _SAID_NAMES:
+            continue
+        if len(_SAID_NAMES) < _SAID_MAX:
+            _SAID_NAMES.add(name)
+            log.warning(
+                "BrokerProperties %r is ignored: names are case-sensitive, as in Service Bus; "
+                "did you mean %r?",
+                name,
+                known,
+                extra={"property": name},
+            )
 
 
 def parse_single(
@@ -407,7 +444,9 @@ def parse_batch(
         raise RequestError("a batch must contain at least one message")
     if len(items) > max_messages:
         raise PayloadTooLarge(
-            f"a batch may contain at most {max_messages} messages; this one has {len(items)}"
+            f"a batch may contain at most {max_messages} messages; this one has {len(items)}",
+            size=len(items),
+            limit=max_messages,
         )
     key = _idempotency(idempotency_key)
     if key is not None and len(f"{key}:{len(items) - 1}") > MAX_ID_LENGTH:
@@ -463,7 +502,8 @@ def _prescan(raw: bytes, max_messages: int) -> None:
         count += 1
         if count > max_messages:
             raise PayloadTooLarge(
-                f"a batch may contain at most {max_messages} messages; this one has more"
+                f"a batch may contain at most {max_messages} messages; this one has more",
+                limit=max_messages,
             )
         pos = _space(raw, m.end())
         if raw[pos : pos + 1] != b",":

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from gateway.lifetimes import Backoff
 from gateway.state import BacklogState, EntityState, RedisStateStore, StateStore
@@ -568,9 +568,18 @@ def _all_agree(stores: list[RedisStateStore]) -> bool:
 
 
 async def _resynced(raw: Redis, stores: list[RedisStateStore]) -> None:
-    """Cut every replica's subscriber connection: each reconnects and resyncs; wait for it."""
+    """Cut every replica's subscriber connection: each reconnects and resyncs; wait for it.
+
+    On a cluster the kill goes to every node: a cluster client sends CLIENT KILL to its
+    default node, the first primary of the slot map it read, which is not always the node
+    serving the state's slot (the order of that map changes once a node has restarted, as
+    earlier tests of the session do): the kill then reached no subscriber, and the wait
+    timed out — on a loaded machine or not, depending on which tests ran before."""
     before = [s.stats.resyncs for s in stores]
-    await raw.client_kill_filter(_type="pubsub")
+    if isinstance(raw, RedisCluster):
+        await raw.client_kill_filter(_type="pubsub", target_nodes=RedisCluster.ALL_NODES)
+    else:
+        await raw.client_kill_filter(_type="pubsub")
     await eventually(
         lambda: all(
             s.stats.resyncs > b and s.connected for s, b in zip(stores, before, strict=True)
@@ -720,6 +729,22 @@ async def test_a_key_deleted_after_a_bad_value_does_not_break_the_next_resync(
         await _resynced(raw, stores)
         assert _all_agree(stores)
         assert all(s.stats.reconnects == 2 for s in stores)
+
+
+async def test_a_forced_resync_reaches_the_subscribers_whatever_the_default_node(
+    redis_server: RedisServer, raw: Client
+) -> None:
+    """`_resynced`'s kill reaches the node serving the state's slot even when the cluster
+    client's default node is another one (as after a node restart): it failed before."""
+    if not isinstance(raw, RedisCluster):
+        pytest.skip("a cluster client's default node")
+    await raw.initialize()
+    owner = raw.get_node_from_key("{sbgate}:events")
+    assert owner is not None
+    raw.set_default_node(next(n for n in raw.get_primaries() if n.name != owner.name))
+    async with replicas(redis_server.url, n=2) as (stores, _):
+        await _resynced(raw, stores)  # type: ignore[arg-type]
+        assert _all_agree(stores)
 
 
 _JUNK_VALUES = st.sampled_from(

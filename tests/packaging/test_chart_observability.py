@@ -226,6 +226,7 @@ def test_alerts_dashboard_and_ingress_are_sound(name: str) -> None:
 
 ALERTS = {
     "SbgateEntityFailedOver",
+    "SbgateEntityMissing",
     "SbgateBacklogGrowing",
     "SbgateBacklogMessageTooOld",
     "SbgateLedgerEventsDropped",
@@ -545,6 +546,16 @@ ALERT_CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
                 "SbgateEntityFailedOver",
                 {"entity": "orders", "severity": "warning"},
             ),
+        ],
+    ),
+    "a configured entity missing at the primary for 5 minutes": (
+        [
+            series("sbgate_entity_missing", 'pod="a", entity="payments"', "1x20"),
+            series("sbgate_entity_missing", 'pod="a", entity="orders"', "0x20"),
+        ],
+        [
+            expect("3m", "SbgateEntityMissing"),
+            expect("7m", "SbgateEntityMissing", {"entity": "payments", "severity": "warning"}),
         ],
     ),
     "messages enter the backlog and none leave (no moved series yet)": (

@@ -39,7 +39,10 @@ async def nothing_sent(control: ControlClient) -> None:
         ("GET", "/queues/orders/messages", "unsupported", "POST"),
         ("PUT", "/topics/events/messages", "unsupported", "POST"),
         ("POST", "/metrics", "unsupported", "GET, HEAD"),
-        ("GET", "/admin/entities/orders/healthy", "get-entity", "POST"),
+        ("GET", "/admin/entities/orders/healthy", "unsupported", "POST"),
+        ("GET", "/admin/entities/orders/failover", "unsupported", "POST"),
+        ("GET", "/", "unsupported", ""),
+        ("DELETE", "/admin/entities", "unsupported", "GET, HEAD"),
     ],
 )
 async def test_other_rest_operations_get_405_with_allow_and_a_json_reason(
@@ -52,6 +55,9 @@ async def test_other_rest_operations_get_405_with_allow_and_a_json_reason(
     body = await resp.json()
     assert body["error"] == "method_not_allowed" and body["operation"] == operation
     assert "only ingests" in body["message"]
+    if path == "/" or path.startswith("/admin/"):
+        # The gateway's own paths: no Service Bus operation, and nothing reads as forwarded.
+        assert "Service Bus" not in body["message"] and "/openapi.json" in body["message"]
     await nothing_sent(control)
 
 
@@ -284,6 +290,19 @@ async def test_a_chunked_body_over_the_limit_is_413_and_sends_nothing(
     status, headers, answer = await exchange(gw.server.port, raw)
     assert status == 413, answer
     assert orjson.loads(answer)["error"] == "payload_too_large" and headers["x-request-id"]
+    # Chunked: the limit is known, the body's whole size is not (reading stops at the limit).
+    assert orjson.loads(answer)["limit"] == 1024 and "size" not in orjson.loads(answer)
+    await nothing_sent(control)
+
+
+async def test_a_body_over_the_limit_by_its_length_is_413_with_size_and_limit(
+    gateway: GatewayFactory, control: ControlClient
+):
+    gw = await gateway({"SBGATE_MAX_BODY_BYTES": "1024"})
+    resp = await gw.post("/orders/messages", data=b"x" * 2000)
+    assert resp.status == 413
+    body = await resp.json()
+    assert (body["error"], body["size"], body["limit"]) == ("payload_too_large", 2000, 1024)
     await nothing_sent(control)
 
 

@@ -82,11 +82,15 @@ def rss_bytes(pid: int | None) -> int | None:
 
 def broker_wiring(broker: BrokerProcess) -> dict[str, str]:
     """The ``SBGATE_*`` settings that point a gateway at the local broker's ``primary`` and
-    ``secondary`` namespaces (the backlog's admin endpoint and CA on the secondary), and
-    nothing else: every other setting at its default."""
+    ``secondary`` namespaces (each with its admin endpoint and CA: the backlog's on the
+    secondary, the entity check's on the primary), and nothing else: every other setting at
+    its default."""
     env = {
         "SBGATE_PRIMARY_CONNECTION_STRING": broker.connection_string("primary"),
         "SBGATE_PRIMARY_NAME": "primary",
+        "SBGATE_PRIMARY_ADMIN_CONNECTION_STRING": broker.management_connection_string("primary")
+        or "",
+        "SBGATE_PRIMARY_ADMIN_CA_CERT": broker.ca_cert or "",
         "SBGATE_SECONDARY_CONNECTION_STRING": broker.connection_string("secondary"),
         "SBGATE_SECONDARY_NAME": "secondary",
         "SBGATE_SECONDARY_ADMIN_CONNECTION_STRING": broker.management_connection_string("secondary")
@@ -143,6 +147,10 @@ class GatewayProcess:
         full_env.update(env)
         if port is not None:
             full_env["SBGATE_LISTEN_PORT"] = str(port)
+        if "--dev" in args:
+            # The development profile listens for AMQP on 5672 too: a free port instead, so
+            # that tests (and a developer's own `make run`) share the machine.
+            full_env.setdefault("SBGATE_AMQP_PLAIN_PORT", str(free_port()))
         full_env["PYTHONPATH"] = str(ROOT) + (
             os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else ""
         )
