@@ -395,6 +395,7 @@ def _emit_ledger(
             backlog=backlog,
             size=m.size,
             latency_ms=latency_ms,
+            session_id=m.session_id,  # the audit checks per-session order (docs/pipeline.md)
         )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from gateway.ledger import LEDGER_VERSION
 from tests.conftest import GatewayFactory
 from tests.support.waiting import eventually
 
@@ -62,7 +63,9 @@ async def test_the_gateway_writes_every_event_kind(
 
     await eventually(written, within=10, every=0.1)
     events = read_events(tmp_path)
-    assert all(e["v"] == 1 and e["replica"] == "gw-test" and e["event_id"] for e in events)
+    assert all(
+        e["v"] == LEDGER_VERSION and e["replica"] == "gw-test" and e["event_id"] for e in events
+    )
     accepted = {e["message_id"]: e for e in events if e["event"] == "accepted"}
     assert accepted["led-1"]["route"] == "primary" and accepted["led-2"]["route"] == "backlog"
     assert accepted["led-2"]["backlog"].startswith("primary/x-servicebus-transfer/")
