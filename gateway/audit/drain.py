@@ -11,7 +11,8 @@ writing one JSON line per message::
 
     {"message_id": "m-1", "entity": "orders", "source": "backlog",
      "queue": "contoso/x-servicebus-transfer/3", "enqueued_time": "2025-01-31T12:00:00.123000Z",
-     "dead_letter_reason": null, "delivery_count": 1}
+     "dead_letter_reason": null, "delivery_count": 1, "sequence_number": 42,
+     "session_id": null}
 
 ``entity`` is the entity the message was sent to: the topic for a subscription, and for a
 message found in a backlog queue its ``x-ms-path`` application property. In peek-lock mode
@@ -185,6 +186,10 @@ def delivered_record(
         "enqueued_time": _iso(msg.enqueued_time_utc),
         "dead_letter_reason": _text(msg.dead_letter_reason),
         "delivery_count": msg.delivery_count,
+        # Where it stands in its queue (the order a session receiver gets it in), and its
+        # session: the audit checks a strict entity's per-session order with them.
+        "sequence_number": msg.sequence_number,
+        "session_id": _text(msg.session_id),
     }
 
 

@@ -46,6 +46,8 @@ CONTRACT_KEYS = [
     "enqueued_time",
     "dead_letter_reason",
     "delivery_count",
+    "sequence_number",
+    "session_id",
 ]
 FAST = {"retry_total": 0, "retry_backoff_factor": 0.01}
 
@@ -187,6 +189,10 @@ async def test_drain_writes_every_delivery(broker: LocalBroker, tmp_path: Path) 
             ("b-nopath", BACKLOG, "backlog", BACKLOG, None),
         ]
     )
+    orders = sorted(
+        (r["message_id"], r["sequence_number"]) for r in lines if r["queue"] == "orders"
+    )
+    assert orders[0][1] < orders[1][1]  # o-0 was stored before o-1
     for r in lines:
         enqueued = dt.datetime.fromisoformat(r["enqueued_time"])
         assert enqueued.tzinfo is not None and r["enqueued_time"].endswith("Z")
@@ -263,11 +269,14 @@ def test_delivered_record_decodes_bytes_properties() -> None:
         enqueued_time_utc = dt.datetime(2025, 1, 2, 3, 4, 5, 600_000, tzinfo=dt.UTC)
         dead_letter_reason = None
         delivery_count = 1
+        sequence_number = 42
+        session_id = b"customer-7"
 
     [target] = plan_targets(["c/x-servicebus-transfer/1"], include_dlq=False)
     record = delivered_record(Msg(), target)  # type: ignore[arg-type]
     assert record["entity"] == "events" and record["source"] == "backlog"
     assert record["enqueued_time"] == "2025-01-02T03:04:05.600000Z"
+    assert (record["sequence_number"], record["session_id"]) == (42, "customer-7")
 
 
 async def test_gateway_drain_writes_no_sdk_info_lines(broker: LocalBroker, tmp_path: Path) -> None:
