@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import gzip
 import io
 import re
@@ -158,6 +159,25 @@ async def test_session_id_and_seq_order_a_replicas_acknowledgements() -> None:
         ("d", None, t0_us + 1_250_000),
     ]
     assert records[3]["ts"] == "2025-03-04T06:00:00.750000Z"  # seq is ts, in microseconds
+
+
+async def test_seq_is_ts_in_microseconds_while_the_clock_moves_forward() -> None:
+    """The audit reads a v1 line's ``ts`` in microseconds where a v2 line has ``seq``: the two
+    must be the same number."""
+    sink = FlakySink()
+    sink.failing = False
+    clock = StepClock(T0)
+    ledger = Ledger(sink, replica="gw", clock=clock)
+    async with ledger:
+        for epoch in (T0, T0 + 0.000011, T0 + 0.5000019, T0 + 0.999999, T0 + 3601.1234567):
+            clock.now = epoch
+            ledger.emit("accepted", message_id=str(epoch))
+    for chunk in sink.lines:
+        for line in chunk.splitlines():
+            record = orjson.loads(line)
+            when = dt.datetime.fromisoformat(str(record["ts"]))
+            micros = (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+            assert record["seq"] == micros, record
 
 
 async def test_event_ids_are_unique_uuid4_and_ts_has_microseconds(tmp_path: Path) -> None:
