@@ -162,7 +162,9 @@ def build_parser(prog: str = "pipeline", *, local: bool = False) -> argparse.Arg
         "acknowledged message was lost, 2 on bad input.",
     )
     paths = "file, directory (searched recursively for *.jsonl[.gz]) or glob; repeatable"
-    p.add_argument("--ledger", action="extend", nargs="+", default=[], help=f"ledger v1 {paths}")
+    p.add_argument(
+        "--ledger", action="extend", nargs="+", default=[], help=f"ledger (v1 or v2) {paths}"
+    )
     p.add_argument(
         "--acks", action="extend", nargs="+", default=[], help=f"client acknowledgements {paths}"
     )
@@ -661,6 +663,8 @@ def _session_order(audit: _Audit, reconciled: _Reconciled) -> _SessionOrder:
     checked, inversions = sessions.session_order(
         loaded.ledger, loaded.delivered, keys, reconciled.names
     )
+    if keys:  # counted and searched for inversions: the join is computed once
+        checked = audit.keep(checked)
     inversions = audit.keep(inversions)
     audit.write(inversions, "session_order", small=True)
     order = _SessionOrder(keys, inversions)
