@@ -56,7 +56,10 @@ def config() -> BrokerConfig:
     primary = NamespaceConfig(
         name="primary",
         management_port=None,
-        queues=(QueueConfig("orders", QueueProperties(dead_lettering_on_message_expiration=True)),),
+        queues=(
+            QueueConfig("orders", QueueProperties(dead_lettering_on_message_expiration=True)),
+            QueueConfig("payments", QueueProperties(requires_session=True)),
+        ),
         topics=(
             TopicConfig(
                 "events",
@@ -306,3 +309,50 @@ async def test_gateway_drain_writes_no_sdk_info_lines(broker: LocalBroker, tmp_p
     sdk_lines = [line for line in err.decode().splitlines() if " azure." in line]
     assert sdk_lines == []
     assert orjson.loads(out.decode().splitlines()[-1])["total"] == 0
+
+
+async def test_drain_receives_a_session_entity_one_session_at_a_time(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    """A queue that requires sessions refuses a plain receiver; with ``sessions`` every
+    session is drained in turn, each in its stored order (what the session audit reads)."""
+    async with ServiceBusClient.from_connection_string(
+        broker.connection_string("primary"), **FAST
+    ) as client:
+        async with client.get_queue_sender("payments") as sender:
+            async with asyncio.timeout(10):
+                for k in range(3):
+                    await sender.send_messages(
+                        [
+                            ServiceBusMessage(b"x", message_id=f"s{s}-m{k}", session_id=f"s{s}")
+                            for s in range(3)
+                        ]
+                    )
+    plain = await drain(
+        broker.connection_string("primary"),
+        ["payments"],
+        tmp_path / "plain.jsonl",
+        idle_timeout=0.5,
+        include_dlq=False,
+        client_kwargs=FAST,
+    )
+    assert plain.total == 0 and "payments" in plain.errors  # needs a session receiver
+    out = tmp_path / "sessions.jsonl"
+    summary = await drain(
+        broker.connection_string("primary"),
+        ["payments"],
+        out,
+        idle_timeout=0.5,
+        sessions=True,
+        client_kwargs=FAST,
+    )
+    assert not summary.errors and summary.received == {
+        "payments": 9,
+        "payments/$DeadLetterQueue": 0,
+    }
+    lines = read(out)
+    for s in range(3):
+        session = [r for r in lines if r["session_id"] == f"s{s}"]
+        assert [r["message_id"] for r in session] == [f"s{s}-m{k}" for k in range(3)]
+        numbers = [r["sequence_number"] for r in session]
+        assert numbers == sorted(numbers)
