@@ -159,7 +159,8 @@ def build_parser(prog: str = "pipeline", *, local: bool = False) -> argparse.Arg
         prog=prog,
         description="Reconcile the gateway's ledger, client acknowledgements and delivered "
         "ids; write Parquet tables, report.md, report.json and charts. Exit code 3 when an "
-        "acknowledged message was lost, 2 on bad input.",
+        "acknowledged message was lost or a strict entity's session order was inverted, 2 on "
+        "bad input.",
     )
     paths = "file, directory (searched recursively for *.jsonl[.gz]) or glob; repeatable"
     p.add_argument(
@@ -438,10 +439,10 @@ def run(spark: SparkSession, opts: JobOptions) -> int:
 def _run(
     spark: SparkSession, opts: JobOptions, loaded: _Loaded, started: float, staging: Path
 ) -> int:
-    """The audit after loading, in stages: reconcile the messages, then failover windows,
-    anomalies, throughput, latency, backlog and billing — each writes its table to
-    ``opts.out`` and returns its section of the report — then the charts, and the report,
-    staged locally and published. Returns the exit code."""
+    """The audit after loading, in stages: reconcile the messages, then the session order of
+    strict entities, failover windows, anomalies, throughput, latency, backlog and billing —
+    each writes its table to ``opts.out`` and returns its section of the report — then the
+    charts, and the report, staged locally and published. Returns the exit code."""
     audit = _Audit(spark, opts, loaded, staging)
     reconciled = _reconcile(audit)
     order = _session_order(audit, reconciled)
