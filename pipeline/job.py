@@ -163,9 +163,7 @@ def build_parser(prog: str = "pipeline", *, local: bool = False) -> argparse.Arg
         "bad input.",
     )
     paths = "file, directory (searched recursively for *.jsonl[.gz]) or glob; repeatable"
-    p.add_argument(
-        "--ledger", action="extend", nargs="+", default=[], help=f"ledger (v1 or v2) {paths}"
-    )
+    p.add_argument("--ledger", action="extend", nargs="+", default=[], help=f"ledger v1/v2 {paths}")
     p.add_argument(
         "--acks", action="extend", nargs="+", default=[], help=f"client acknowledgements {paths}"
     )
