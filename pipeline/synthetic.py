@@ -581,8 +581,10 @@ def _sessions(w: _Writer, plan: SessionPlan) -> None:
             fenced = i >= plan.inverted and i % 4 == 1 and k >= 1  # the fence: all to backlog
             route = "backlog" if inverted or fenced else "primary"
             stored = t + dt.timedelta(milliseconds=1)
-            if route == "backlog":
-                stored = t + dt.timedelta(seconds=20 + (k * plan.sessions + i) * 0.01)
+            if fenced:  # syphoned in order, after the fence: 20 s later
+                stored = t + dt.timedelta(seconds=20)
+            elif inverted:  # syphoned after the session's next message went home
+                stored = t + plan.sessions * step + dt.timedelta(seconds=1)
             copies = [stored]
             if i == plan.inverted and k == 0:  # a duplicate, stored again later
                 copies.append(t + dt.timedelta(seconds=30))
