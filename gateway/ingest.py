@@ -252,6 +252,7 @@ def _emit_ledger(
             entity=entity,
             route=result.route,
             backlog=backlog,
+            session_id=m.session_id,  # the audit checks per-session order (docs/pipeline.md)
             size=m.size,
             latency_ms=latency_ms,
         )

@@ -1,8 +1,9 @@
 """``python -m pipeline`` / ``gateway audit``: the audit job on a local, offline-safe Spark.
 
 Same arguments as ``spark-submit pipeline/job.py`` plus ``--master`` (default ``local[*]``)
-and ``--driver-memory``. Exit codes: 0 nothing lost, 3 an acknowledged message was lost,
-2 bad input (or usage), 1 when Spark cannot start (e.g. no Java 17+).
+and ``--driver-memory``. Exit codes: 0 nothing lost, 3 an acknowledged message was lost (or,
+with ``--strict-sessions``, a session's order inverted), 2 bad input (or usage), 1 when Spark
+cannot start (e.g. no Java 17+).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from pipeline.schemas import (
     CORRUPT,
     DELIVERY_SOURCES,
     LEDGER_EVENTS,
-    LEDGER_VERSION,
+    LEDGER_VERSIONS,
 )
 
 _SUFFIXES: Final = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
@@ -122,14 +122,15 @@ VALID: Final = "_valid"
 def parse_ledger(raw: DataFrame) -> DataFrame:
     """Ledger rows with ``ts`` as a timestamp, ``ekey``, and ``_valid``.
 
-    A line is valid when it is ledger v1 with an event id, a known event and a parsable
-    timestamp; other lines (other JSON logs sharing stdout, a newer version, junk) are
-    counted by the caller and left out.
+    A line is valid when it is ledger v1 or v2 with an event id, a known event and a
+    parsable timestamp; other lines (other JSON logs sharing stdout, a newer version, junk)
+    are counted by the caller and left out. A v1 line has no ``session_id`` and no ``seq``
+    (null).
     """
     ts = _ts("ts")
     valid = (
         F.col(CORRUPT).isNull()
-        & (F.col("v") == LEDGER_VERSION)
+        & F.col("v").isin(*LEDGER_VERSIONS)
         & F.col("event_id").isNotNull()
         & F.col("event").isin(*LEDGER_EVENTS)
         & ts.isNotNull()
@@ -146,6 +147,8 @@ def parse_ledger(raw: DataFrame) -> DataFrame:
         "backlog",
         "size",
         "latency_ms",
+        "session_id",
+        "seq",
         F.coalesce(valid, F.lit(False)).alias(VALID),
     )
 
@@ -205,6 +208,8 @@ def parse_delivered(raw: DataFrame, backlog_pattern: str) -> DataFrame:
         _ts("enqueued_time").alias("enqueued_time"),
         "dead_letter_reason",
         "delivery_count",
+        "sequence_number",
+        "session_id",
         F.when(in_backlog, F.lit(None).cast("string"))
         .otherwise(F.lower(queue_base))
         .alias("endpoint"),

@@ -9,7 +9,7 @@ the ``--py-files`` archive the cluster's driver and executors import ``pipeline`
 
 or locally through ``python -m pipeline`` / ``gateway audit`` (``pipeline.cli``), which builds
 an offline-safe ``local[*]`` session. Exit codes: 0 no acknowledged message lost, 3 at least
-one lost, 2 bad input.
+one lost or (``--strict-sessions``) a session's order inverted, 2 bad input.
 
 Where things go:
 
@@ -51,7 +51,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipeline import charts, report
+from pipeline import charts, report, sessions
 from pipeline.inputs import (
     VALID,
     InputError,
@@ -91,6 +91,9 @@ log = logging.getLogger("pipeline")
 EXIT_OK: Final = 0
 EXIT_BAD_INPUT: Final = 2
 EXIT_LOST: Final = 3
+# A strict entity's session delivered out of acknowledgement order breaks the promise as a
+# loss does: the same exit code, the verdict line says which.
+EXIT_INVERTED: Final = EXIT_LOST
 
 TABLES: Final = (
     "messages",
@@ -101,6 +104,7 @@ TABLES: Final = (
     "backlog_dwell",
     "backlog_depth",
     "billed_ops",
+    "session_order",
 )
 ANOMALY_SCHEMA: Final = StructType(
     [
@@ -125,6 +129,8 @@ TABLE_DAY: Final[Mapping[str, tuple[str, ...]]] = {
     "backlog_dwell": ("backlog_ts",),
     "backlog_depth": ("minute",),
     "billed_ops": ("day",),
+    # Not "session_order": its rows are inversions, normally none, and an unpartitioned empty
+    # table still has a Parquet file with its columns (a partitioned one has no file at all).
 }
 DEFAULT_REPORT_DIR: Final = "audit-report"
 _SCHEME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -153,10 +159,11 @@ def build_parser(prog: str = "pipeline", *, local: bool = False) -> argparse.Arg
         prog=prog,
         description="Reconcile the gateway's ledger, client acknowledgements and delivered "
         "ids; write Parquet tables, report.md, report.json and charts. Exit code 3 when an "
-        "acknowledged message was lost, 2 on bad input.",
+        "acknowledged message was lost or a strict entity's session order was inverted, 2 on "
+        "bad input.",
     )
     paths = "file, directory (searched recursively for *.jsonl[.gz]) or glob; repeatable"
-    p.add_argument("--ledger", action="extend", nargs="+", default=[], help=f"ledger v1 {paths}")
+    p.add_argument("--ledger", action="extend", nargs="+", default=[], help=f"ledger v1/v2 {paths}")
     p.add_argument(
         "--acks", action="extend", nargs="+", default=[], help=f"client acknowledgements {paths}"
     )
@@ -211,6 +218,15 @@ def build_parser(prog: str = "pipeline", *, local: bool = False) -> argparse.Arg
         help="a 5xx after a send was tried may have stored the message (broker timeout): "
         "a delivered 5xx is then an allowed 'unexpected', not 'failed-but-delivered'",
     )
+    p.add_argument(
+        "--strict-sessions",
+        action="append",
+        default=[],
+        metavar="ENTITY[,ENTITY…]",
+        help="entities whose sessions must keep their order (the gateway's session_order = "
+        "strict); '*' for every entity; repeatable. Any message of a session stored before "
+        "the one acknowledged just before it is an inversion: exit code 3",
+    )
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     if local:
         p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
@@ -245,6 +261,7 @@ def options_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
             billing_chunk_kib=args.billing_chunk_kib,
             backlog_pattern=args.backlog_pattern,
             failed_may_be_stored=args.failed_may_be_stored,
+            strict_sessions=sessions.strict_keys(args.strict_sessions),
         ),
         charts=not args.no_charts,
     )
@@ -420,19 +437,20 @@ def run(spark: SparkSession, opts: JobOptions) -> int:
 def _run(
     spark: SparkSession, opts: JobOptions, loaded: _Loaded, started: float, staging: Path
 ) -> int:
-    """The audit after loading, in stages: reconcile the messages, then failover windows,
-    anomalies, throughput, latency, backlog and billing — each writes its table to
-    ``opts.out`` and returns its section of the report — then the charts, and the report,
-    staged locally and published. Returns the exit code."""
+    """The audit after loading, in stages: reconcile the messages, then the session order of
+    strict entities, failover windows, anomalies, throughput, latency, backlog and billing —
+    each writes its table to ``opts.out`` and returns its section of the report — then the
+    charts, and the report, staged locally and published. Returns the exit code."""
     audit = _Audit(spark, opts, loaded, staging)
     reconciled = _reconcile(audit)
+    order = _session_order(audit, reconciled)
     windows = _failover(audit)
-    _anomalies(audit, reconciled, windows)
+    _anomalies(audit, reconciled, windows, order)
     activity = _throughput(audit, reconciled.names)
     latency_ms = _latency(audit)
     backlog, depth = _backlog(audit, reconciled.messages)
     billing = _billing(audit)
-    exit_code = EXIT_LOST if reconciled.lost else EXIT_OK
+    exit_code = EXIT_LOST if reconciled.lost else EXIT_INVERTED if order.inversions else EXIT_OK
     chart_files = _charts(audit, windows, activity, depth, latency_ms) if opts.charts else []
     summary: dict[str, Any] = {
         "version": 1,
@@ -443,12 +461,14 @@ def _run(
             pending=reconciled.by_class.get("pending", 0),
             promised=reconciled.promised,
             grace_seconds=opts.audit.grace_seconds,
+            order=order.verdict(),
         ),
         "time_range": {"start": loaded.start, "end": loaded.end},
         "grace_seconds": opts.audit.grace_seconds,
         "cutoff": audit.cutoff,
         "inputs": loaded.stats,
         **reconciled.report(),
+        "session_order": order.report(),
         **_failover_report(windows),
         "backlog": backlog,
         "latency_ms": latency_ms,
@@ -599,14 +619,94 @@ def _failover_report(windows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _anomalies(audit: _Audit, reconciled: _Reconciled, windows: list[dict[str, Any]]) -> None:
-    """The anomalies table: the message-level ones from the classification, plus the
-    data-level ones, which are also counted into ``reconciled.by_kind``."""
+@dataclass(slots=True)
+class _SessionOrder:
+    """The session order stage's result (``--strict-sessions``): what was compared, and the
+    inversions found (their DataFrame feeds the anomalies table)."""
+
+    entities: tuple[str, ...]
+    inversions_df: DataFrame
+    sessions: int = 0
+    messages: int = 0
+    inversions: int = 0
+    by_entity: dict[str, int] = field(default_factory=dict)
+    sample: list[dict[str, Any]] = field(default_factory=list)
+
+    def verdict(self) -> str | None:
+        """The verdict line's session part (None when no entity is strict)."""
+        if not self.entities:
+            return None
+        if self.inversions:
+            return f"{self.inversions} session order INVERSION(S) in strict entities"
+        return (
+            f"session order kept ({self.messages} message(s) in {self.sessions} "
+            "session(s) of strict entities checked)"
+        )
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "strict_entities": list(self.entities),
+            "sessions_checked": self.sessions,
+            "messages_checked": self.messages,
+            "inversions": self.inversions,
+            "inversions_by_entity": self.by_entity,
+            "inversion_sample": self.sample,
+        }
+
+
+def _session_order(audit: _Audit, reconciled: _Reconciled) -> _SessionOrder:
+    """The session_order table (inversions in strict entities), written; the counts for the
+    report. Nothing to compute (and an empty table) without ``--strict-sessions``."""
+    keys = audit.opts.audit.strict_sessions
+    loaded = audit.loaded
+    checked, inversions = sessions.session_order(
+        loaded.ledger, loaded.delivered, keys, reconciled.names
+    )
+    if keys:  # counted and searched for inversions: the join is computed once
+        checked = audit.keep(checked)
+    inversions = audit.keep(inversions)
+    audit.write(inversions, "session_order", small=True)
+    order = _SessionOrder(keys, inversions)
+    if not keys:
+        return order
+    counts = checked.agg(
+        F.count(F.lit(1)).alias("messages"),
+        F.count_distinct("ekey", "session_id").alias("sessions"),
+    ).first()
+    assert counts is not None
+    order.messages, order.sessions = counts["messages"], counts["sessions"]
+    for r in inversions.groupBy("entity").count().collect():
+        order.by_entity[r["entity"]] = r["count"]
+    order.inversions = sum(order.by_entity.values())
+    if order.inversions:
+        kind = reconciled.by_kind.setdefault(
+            sessions.INVERSION_KIND, {"severity": "error", "count": 0}
+        )
+        kind["count"] += order.inversions
+        order.sample = _as_dicts(
+            inversions.orderBy("later_ack_ts", "entity", "session_id", "destination")
+            .limit(audit.opts.lost_sample)
+            .collect()
+        )
+    return order
+
+
+def _anomalies(
+    audit: _Audit,
+    reconciled: _Reconciled,
+    windows: list[dict[str, Any]],
+    order: _SessionOrder,
+) -> None:
+    """The anomalies table: the message-level ones from the classification and the session
+    order inversions, plus the data-level ones, which are also counted into
+    ``reconciled.by_kind``."""
     extra = _data_anomalies(audit.loaded.stats, windows)
     for kind, severity, *_ in extra:
         reconciled.by_kind.setdefault(kind, {"severity": severity, "count": 0})["count"] += 1
-    anomalies = message_anomalies(reconciled.messages).unionByName(
-        audit.spark.createDataFrame(extra, ANOMALY_SCHEMA)
+    anomalies = (
+        message_anomalies(reconciled.messages)
+        .unionByName(sessions.inversion_anomalies(order.inversions_df))
+        .unionByName(audit.spark.createDataFrame(extra, ANOMALY_SCHEMA))
     )
     audit.write(anomalies, "anomalies", small=True)
 

@@ -37,6 +37,9 @@ class AuditOptions:
     # tried may have stored the message (a broker timeout), so a delivered 5xx is an allowed
     # "unexpected", like a timeout.
     failed_may_be_stored: bool = False
+    # Entity keys whose sessions must keep their order (``--strict-sessions``; "*" is every
+    # entity): their per-session inversions fail the audit (pipeline.ordering).
+    strict_sessions: tuple[str, ...] = ()
 
     def price(self, stage: str) -> float:
         return self.stage_prices.get(stage, self.price_per_million_ops)

@@ -42,9 +42,17 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], digits: int
     return "\n".join(lines)
 
 
-def verdict(*, lost: int, pending: int, promised: int, grace_seconds: float) -> str:
+def verdict(
+    *, lost: int, pending: int, promised: int, grace_seconds: float, order: str | None = None
+) -> str:
     """The one line the audit ends with. It names the pending messages and the grace window:
-    a run shorter than the window is all pending, and "nothing lost" would prove nothing."""
+    a run shorter than the window is all pending, and "nothing lost" would prove nothing.
+    ``order`` (with ``--strict-sessions``) is the session order's part, appended."""
+    line = _loss_verdict(lost=lost, pending=pending, promised=promised, grace_seconds=grace_seconds)
+    return f"{line}; {order}" if order else line
+
+
+def _loss_verdict(*, lost: int, pending: int, promised: int, grace_seconds: float) -> str:
     window = f"acknowledged in the last {grace_seconds:g} s of the data, not delivered yet"
     if lost:
         more = f"; {pending} more pending ({window}: not judged)" if pending else ""
@@ -71,6 +79,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     )
 
     out += _messages_md(report)
+    out += _session_order_md(report)
     out += _anomalies_md(report)
     out += _failover_md(report)
     out += _backlog_md(report)
@@ -104,6 +113,39 @@ def _messages_md(report: Mapping[str, Any]) -> list[str]:
                 [
                     [r["entity"], r["message_id"], r["promise_ts"], r["promised_by"]]
                     for r in report["lost_sample"]
+                ],
+            )
+        )
+        out.append("")
+    return out
+
+
+def _session_order_md(report: Mapping[str, Any]) -> list[str]:
+    """Per-session order in the strict entities, and the first inversions."""
+    o = report.get("session_order")
+    if not o or not o["strict_entities"]:
+        return []
+    out = ["## Session order\n"]
+    out.append(
+        f"Strict entities: {', '.join(f'`{e}`' for e in o['strict_entities'])}. "
+        f"{_fmt(o['messages_checked'])} message(s) in {_fmt(o['sessions_checked'])} session(s) "
+        f"compared (acknowledgement order against stored order): {_fmt(o['inversions'])} "
+        "inversion(s).\n"
+    )
+    if o["inversion_sample"]:
+        out.append("Inversions (first ones; every one is in the `session_order` table):\n")
+        out.append(
+            _table(
+                ["entity", "session", "destination", "acknowledged first", "stored first"],
+                [
+                    [
+                        r["entity"],
+                        r["session_id"],
+                        r["destination"],
+                        f"{r['earlier_message_id']} (seq {r['earlier_position']})",
+                        f"{r['later_message_id']} (seq {r['later_position']})",
+                    ]
+                    for r in o["inversion_sample"]
                 ],
             )
         )

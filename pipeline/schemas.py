@@ -21,8 +21,10 @@ from pyspark.sql.types import (
 
 CORRUPT: Final = "_corrupt_record"
 
-# 1. Ledger v1 — written by gateway.ledger (see gateway/ledger/events.py).
-LEDGER_VERSION: Final = 1
+# 1. Ledger v2 — written by gateway.ledger (see gateway/ledger/events.py). Version 1 lines
+# (without session_id and seq) are still read: their keys are a subset.
+LEDGER_VERSION: Final = 2
+LEDGER_VERSIONS: Final = (1, 2)
 LEDGER_EVENTS: Final = (
     "accepted",
     "syphoned",
@@ -47,6 +49,8 @@ LEDGER_SCHEMA: Final = StructType(
         StructField("backlog", StringType()),
         StructField("size", LongType()),
         StructField("latency_ms", DoubleType()),
+        StructField("session_id", StringType()),
+        StructField("seq", LongType()),
         StructField(CORRUPT, StringType()),
     ]
 )
@@ -77,6 +81,8 @@ DELIVERED_SCHEMA: Final = StructType(
         StructField("enqueued_time", StringType()),
         StructField("dead_letter_reason", StringType()),
         StructField("delivery_count", LongType()),
+        StructField("sequence_number", LongType()),  # absent from older drain files: null
+        StructField("session_id", StringType()),
         StructField(CORRUPT, StringType()),
     ]
 )

@@ -5,6 +5,13 @@ one replica plain and one gzipped, with duplicated lines and junk lines), client
 acknowledgements and delivered ids for N messages over two entities (a queue and a topic
 with two subscriptions), with failover windows, backlog routing, syphoning and pings, and
 plants one or more messages of every classification. It returns what the audit must find.
+
+``generate(out, sessions=SessionPlan(...))`` adds session traffic for the strict-order check
+(``--strict-sessions``): sequential senders on a session queue and on the topic, ledger v2
+lines (``session_id``, ``seq``; some sessions in v1 lines, without them), delivered lines with
+sequence numbers, sessions kept in order through a backlog (the fence working), a duplicate
+(not an inversion), and ``inverted`` sessions whose message waited in a backlog while the
+next one went straight home: an inversion.
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ from typing import IO, cast
 
 import orjson
 
+from pipeline import ordering
+
 START = dt.datetime(2025, 3, 4, 10, 0, 0, tzinfo=dt.UTC)
 BACKLOG_PREFIX = "contoso/x-servicebus-transfer/"
 QUEUE = "orders"
 TOPIC = "events"
 SUBSCRIPTIONS = ("events/subscriptions/audit", "events/subscriptions/billing")
+SESSION_QUEUE = "payments"  # a queue whose messages all carry sessions
 BIG_SIZE = 100 * 1024  # 2 billed operations per stage with 64 KiB chunks
 
 Key = tuple[str, str]  # (entity, message_id)
@@ -40,6 +50,20 @@ class FailoverPlan:
     entity: str
     start_s: float
     end_s: float | None  # None: still open at the end of the data
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPlan:
+    """Session traffic: ``sessions`` sessions (alternately on SESSION_QUEUE and TOPIC) of
+    ``per_session`` messages each; the first ``inverted`` ones get one inversion each."""
+
+    sessions: int = 12
+    per_session: int = 5
+    inverted: int = 0
+
+
+# One inversion as the audit reports it: (entity, session, destination, earlier, later).
+InversionKey = tuple[str, str, str, str, str]
 
 
 @dataclass(slots=True)
@@ -60,6 +84,10 @@ class Expected:
     pings: int = 0
     syphoned: int = 0
     waiting_in_backlog: int = 0
+    inversions: list[InversionKey] = field(default_factory=list)  # from pipeline.ordering
+    planted_inversions: set[InversionKey] = field(default_factory=set)
+    session_messages: int = 0  # (destination, message) pairs the order check compares
+    sessions: int = 0  # (entity, session) pairs with a message compared
 
     def keys(self, classification: str) -> set[Key]:
         return {k for k, c in self.classification.items() if c == classification}
@@ -155,24 +183,28 @@ class _Writer:
         size: int | None = None,
         latency_ms: float | None = None,
         replica: str | None = None,
+        session_id: str | None = None,
+        seq: int | None = None,
     ) -> None:
+        """One ledger line: v1 (the regular traffic), or v2 when given a ``seq``."""
         replica = replica or self.rng.choice(("gw-0", "gw-1"))
         ts = iso(t)
-        line = orjson.dumps(
-            {
-                "v": 1,
-                "event_id": self.event_id(),
-                "ts": ts,
-                "replica": replica,
-                "message_id": message_id,
-                "entity": entity,
-                "event": event,
-                "route": route,
-                "backlog": backlog,
-                "size": size,
-                "latency_ms": latency_ms,
-            }
-        )
+        record: dict[str, object] = {
+            "v": 1,
+            "event_id": self.event_id(),
+            "ts": ts,
+            "replica": replica,
+            "message_id": message_id,
+            "entity": entity,
+            "event": event,
+            "route": route,
+            "backlog": backlog,
+            "size": size,
+            "latency_ms": latency_ms,
+        }
+        if seq is not None:
+            record.update(v=2, session_id=session_id, seq=seq)
+        line = orjson.dumps(record)
         self.write_ledger_line(replica, ts, line)
         if len(self._first_ledger_lines) < 5 and self.expected.ledger_lines % 97 == 1:
             self._first_ledger_lines.append((replica, line))
@@ -230,27 +262,29 @@ class _Writer:
         source: str = "primary",
         queue: str | None = None,
         reason: str | None = None,
+        sequence_numbers: dict[str, int] | None = None,
+        session_id: str | None = None,
     ) -> None:
+        """Delivered lines, one per destination; with ``sequence_numbers`` (per destination)
+        and the session, as ``gateway drain`` writes them today."""
         queues = [queue] if queue else (list(SUBSCRIPTIONS) if key[0] == TOPIC else [key[0]])
         if t is not None:
             self._max_evidence = max(self._max_evidence, iso(t))
             self._max_any = max(self._max_any, iso(t))
         for q in queues:
             self.expected.delivered_lines += 1
-            self._delivered.write(
-                orjson.dumps(
-                    {
-                        "message_id": key[1],
-                        "entity": key[0],
-                        "source": source,
-                        "queue": q,
-                        "enqueued_time": iso(t) if t else None,
-                        "dead_letter_reason": reason,
-                        "delivery_count": 1 if source != "backlog" else 0,
-                    },
-                    option=orjson.OPT_APPEND_NEWLINE,
-                )
-            )
+            record: dict[str, object] = {
+                "message_id": key[1],
+                "entity": key[0],
+                "source": source,
+                "queue": q,
+                "enqueued_time": iso(t) if t else None,
+                "dead_letter_reason": reason,
+                "delivery_count": 1 if source != "backlog" else 0,
+            }
+            if sequence_numbers is not None:
+                record.update(sequence_number=sequence_numbers[q], session_id=session_id)
+            self._delivered.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
 
 
 def generate(
@@ -263,6 +297,7 @@ def generate(
     failovers: Iterable[FailoverPlan] | None = None,
     plant: bool = True,
     track: bool = True,
+    sessions: SessionPlan | None = None,
 ) -> Expected:
     """Write ``out/ledger/``, ``out/acks/acks.jsonl``, ``out/delivered/delivered.jsonl``.
 
@@ -308,6 +343,8 @@ def generate(
 
     if plant:
         _plant(w, end, grace_s)
+    if sessions is not None:
+        _sessions(w, sessions)
 
     # A few ledger lines duplicated by an at-least-once shipper.
     w.close()
@@ -513,3 +550,107 @@ def _plant_unexpected_and_answered(w: _Writer) -> None:
     w.ack(_at(33), key, "rejected", status=413)
     w.deliver(_at(33), key)
     exp.classification[key] = "rejected-but-delivered"
+
+
+_SESSIONS_AT = START + dt.timedelta(seconds=100)  # before any failover window
+
+
+def _micros(t: dt.datetime) -> int:
+    return int((t - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
+
+
+@dataclass(slots=True)
+class _SessionMessage:
+    key: Key
+    session: str
+    acked: dt.datetime
+    stored: list[dt.datetime]  # when each copy reached home (a duplicate has two)
+
+
+def _sessions(w: _Writer, plan: SessionPlan) -> None:
+    """Sequential senders, one per session, interleaved 50 ms apart; see `SessionPlan`."""
+    sent: list[_SessionMessage] = []
+    step = dt.timedelta(milliseconds=50)
+    for k in range(plan.per_session):
+        for i in range(plan.sessions):
+            entity = SESSION_QUEUE if i % 2 == 0 else TOPIC
+            session = f"s-{i:03d}"
+            key = (entity, f"{session}-m{k}")
+            t = _SESSIONS_AT + (k * plan.sessions + i) * step
+            inverted = i < plan.inverted and k == 1  # waits in a backlog, the next goes home
+            fenced = i >= plan.inverted and i % 4 == 1 and k >= 1  # the fence: all to backlog
+            route = "backlog" if inverted or fenced else "primary"
+            stored = t + dt.timedelta(milliseconds=1)
+            if fenced:  # syphoned in order, after the fence: 20 s later
+                stored = t + dt.timedelta(seconds=20)
+            elif inverted:  # syphoned after the session's next message went home
+                stored = t + plan.sessions * step + dt.timedelta(seconds=1)
+            copies = [stored]
+            if i == plan.inverted and k == 0:  # a duplicate, stored again later
+                copies.append(t + dt.timedelta(seconds=30))
+            sent.append(_SessionMessage(key, session, t, copies))
+            if inverted and plan.per_session > 2:  # m2 goes home straight: stored before m1
+                for q in list(SUBSCRIPTIONS) if entity == TOPIC else [entity]:
+                    planted = (entity, session, q, key[1], f"{session}-m2")
+                    w.expected.planted_inversions.add(planted)
+            _session_ledger(w, sent[-1], route, v1=i % 5 == 3)
+            w.expected.classification[key] = "duplicated" if len(copies) > 1 else "delivered"
+    _session_deliveries(w, sent)
+
+
+def _session_ledger(w: _Writer, m: _SessionMessage, route: str, *, v1: bool) -> None:
+    """The accepted event (v2 with the session and seq, or v1 without), the client's
+    acknowledgement, and the syphoned event of a message that went through a backlog."""
+    entity, message_id = m.key
+    backlog = f"{BACKLOG_PREFIX}0" if route == "backlog" else None
+    w.ledger_event(
+        m.acked,
+        "accepted",
+        message_id=message_id,
+        entity=entity,
+        route=route,
+        backlog=backlog,
+        size=300,
+        latency_ms=3.0,
+        session_id=None if v1 else m.session,
+        seq=None if v1 else _micros(m.acked),
+    )
+    w.ack(m.acked + dt.timedelta(milliseconds=3), m.key, "acked", route=route, latency_ms=4.0)
+    if backlog is not None:
+        at = m.stored[0] - dt.timedelta(milliseconds=1)
+        w.ledger_event(
+            at,
+            "syphoned",
+            message_id=message_id,
+            entity=entity,
+            backlog=backlog,
+            size=300,
+            replica="gw-0",
+            seq=_micros(at),
+        )
+        w.expected.syphoned += 1
+
+
+def _session_deliveries(w: _Writer, sent: list[_SessionMessage]) -> None:
+    """Sequence numbers per destination in the order copies reached home; the delivered
+    lines; and the inversions `pipeline.ordering` finds in them (what the audit must find)."""
+    copies = sorted((t, n, m) for n, m in enumerate(sent) for t in m.stored)
+    next_seq: dict[str, int] = defaultdict(lambda: 1)
+    positions: dict[tuple[str, str, str], list[tuple[str, int]]] = defaultdict(list)
+    for t, _, m in copies:
+        queues = list(SUBSCRIPTIONS) if m.key[0] == TOPIC else [m.key[0]]
+        numbers = {}
+        for q in queues:
+            numbers[q] = next_seq[q]
+            next_seq[q] += 1
+            positions[(m.key[0], m.session, q)].append((m.key[1], numbers[q]))
+        w.deliver(t, m.key, sequence_numbers=numbers, session_id=m.session)
+    acked = {m.key: _micros(m.acked) for m in sent}
+    exp = w.expected
+    exp.sessions = len({(m.key[0], m.session) for m in sent})
+    for (entity, session, q), stored in sorted(positions.items()):
+        first = ordering.first_stored(stored)
+        exp.session_messages += len(first)
+        acks = {mid: acked[(entity, mid)] for mid in first}
+        for inv in ordering.inversions(acks, first):
+            exp.inversions.append((entity, session, q, inv.earlier, inv.later))

@@ -11,13 +11,16 @@ writing one JSON line per message::
 
     {"message_id": "m-1", "entity": "orders", "source": "backlog",
      "queue": "contoso/x-servicebus-transfer/3", "enqueued_time": "2025-01-31T12:00:00.123000Z",
-     "dead_letter_reason": null, "delivery_count": 1}
+     "dead_letter_reason": null, "delivery_count": 1, "sequence_number": 42,
+     "session_id": null}
 
 ``entity`` is the entity the message was sent to: the topic for a subscription, and for a
 message found in a backlog queue its ``x-ms-path`` application property. In peek-lock mode
 (the default) a line is written before its message is completed, so a crash can repeat a line
 but never lose a message; receive-and-delete is faster and loses what is in flight on a crash.
-Messages are removed from the entities: drain only what you mean to audit.
+Messages are removed from the entities: drain only what you mean to audit. An entity that
+requires sessions refuses a plain receiver: with ``sessions`` (``--sessions``) its messages are
+received one session at a time, the next available one, until none is left.
 """
 
 from __future__ import annotations
@@ -35,9 +38,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import orjson
-from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiveMode,
+    ServiceBusSubQueue,
+)
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
 
 from gateway.core.backlog import PATH as X_MS_PATH
 from gateway.core.backlog import is_backlog_path
@@ -185,6 +193,10 @@ def delivered_record(
         "enqueued_time": _iso(msg.enqueued_time_utc),
         "dead_letter_reason": _text(msg.dead_letter_reason),
         "delivery_count": msg.delivery_count,
+        # Where it stands in its queue (the order a session receiver gets it in), and its
+        # session: the audit checks a strict entity's per-session order with them.
+        "sequence_number": msg.sequence_number,
+        "session_id": _text(msg.session_id),
     }
 
 
@@ -210,8 +222,14 @@ class _Output:
 
 
 def _receiver(
-    client: ServiceBusClient, target: DrainTarget, mode: ReceiveMode, prefetch: int
+    client: ServiceBusClient,
+    target: DrainTarget,
+    mode: ReceiveMode,
+    prefetch: int,
+    session_wait: float | None = None,
 ) -> ServiceBusReceiver:
+    """A receiver of ``target``; with ``session_wait``, of its next available session, given up
+    (``OperationTimeoutError``) when none is available within that many seconds."""
     kwargs: dict[str, Any] = {
         "receive_mode": ServiceBusReceiveMode.RECEIVE_AND_DELETE
         if mode == "receive_and_delete"
@@ -221,6 +239,8 @@ def _receiver(
     }
     if target.dead_letter:
         kwargs["sub_queue"] = ServiceBusSubQueue.DEAD_LETTER
+    if session_wait is not None:
+        kwargs.update(session_id=NEXT_AVAILABLE_SESSION, max_wait_time=session_wait)
     if target.topic is not None and target.subscription is not None:
         return client.get_subscription_receiver(target.topic, target.subscription, **kwargs)
     return client.get_queue_receiver(target.entity_path, **kwargs)
@@ -235,6 +255,7 @@ class _PathOptions:
     batch_size: int
     op_timeout: float
     max_messages: int | None
+    sessions: bool = False  # the entities require sessions (their DLQs and backlogs do not)
 
 
 def _client(
@@ -264,12 +285,33 @@ async def _drain_or_report(
     ``summary.errors`` so that the other paths go on."""
     async with sem:
         try:
-            await _drain_one(client, target, output, summary, options)
+            if options.sessions and target.source == "primary":
+                await _drain_sessions(client, target, output, summary, options)
+            else:
+                await _drain_one(client, target, output, summary, options)
         except asyncio.CancelledError:
             raise
         except (ServiceBusError, TimeoutError, OSError) as exc:
             summary.errors[target.queue] = f"{type(exc).__name__}: {exc}"
             log.warning("draining %s failed: %r", target.queue, exc)
+
+
+async def _drain_sessions(
+    client: ServiceBusClient,
+    target: DrainTarget,
+    output: _Output,
+    summary: DrainSummary,
+    options: _PathOptions,
+) -> None:
+    """Drain a session-required entity one session at a time: the next available session
+    until none is left (none offered within ``idle_timeout``). A drained session's lock is
+    released when its receiver closes, and an empty session is not offered again."""
+    summary.received.setdefault(target.queue, 0)
+    while options.max_messages is None or summary.received[target.queue] < options.max_messages:
+        try:
+            await _drain_one(client, target, output, summary, options, session=True)
+        except OperationTimeoutError:
+            return
 
 
 async def _drain_one(
@@ -278,13 +320,18 @@ async def _drain_one(
     output: _Output,
     summary: DrainSummary,
     options: _PathOptions,
+    *,
+    session: bool = False,
 ) -> None:
+    """Drain one path (with ``session``: its next available session) until it is idle."""
     mode, idle_timeout, op_timeout = options.mode, options.idle_timeout, options.op_timeout
     batch_size, max_messages = options.batch_size, options.max_messages
     summary.received.setdefault(target.queue, 0)
-    receiver = _receiver(client, target, mode, prefetch=batch_size)
+    wait = idle_timeout if session else None
+    receiver = _receiver(client, target, mode, prefetch=batch_size, session_wait=wait)
     try:
-        async with asyncio.timeout(op_timeout):
+        # Waiting for a session to be offered takes up to idle_timeout on top of the call.
+        async with asyncio.timeout(op_timeout + (wait or 0.0)):
             await receiver.__aenter__()
         while max_messages is None or summary.received[target.queue] < max_messages:
             want = batch_size
@@ -327,6 +374,7 @@ async def drain(
     op_timeout: float = 30.0,
     max_messages: int | None = None,
     append: bool = False,
+    sessions: bool = False,
     client_kwargs: Mapping[str, Any] | None = None,
     fully_qualified_namespace: str | None = None,
     credential: AsyncTokenCredential | None = None,
@@ -341,7 +389,8 @@ async def drain(
     most ``concurrency`` paths at a time. Every SDK call has a deadline of ``op_timeout``
     seconds (plus the idle wait for receives). A path that fails (entity not found, broken
     connection) is reported in ``summary.errors`` and the others go on; cancelling ``drain``
-    cancels and awaits every receiver and closes the output file.
+    cancels and awaits every receiver and closes the output file. With ``sessions`` the
+    entities require sessions: each is drained one session at a time (`_drain_sessions`).
     """
     if idle_timeout <= 0 or batch_size < 1 or concurrency < 1 or op_timeout <= 0:
         raise DrainError("idle_timeout and op_timeout must be > 0, batch_size/concurrency >= 1")
@@ -352,7 +401,9 @@ async def drain(
     started = time.monotonic()
     output = _Output(out, append)
     sem = asyncio.Semaphore(concurrency)
-    options = _PathOptions(receive_mode, idle_timeout, batch_size, op_timeout, max_messages)
+    options = _PathOptions(
+        receive_mode, idle_timeout, batch_size, op_timeout, max_messages, sessions
+    )
     try:
         client = _client(connection_string, fully_qualified_namespace, credential, client_kwargs)
         async with client:
@@ -421,6 +472,12 @@ def build_parser(prog: str = "gateway drain") -> argparse.ArgumentParser:
         help="faster than peek-lock + complete, but a crash loses what is in flight",
     )
     p.add_argument(
+        "--sessions",
+        action="store_true",
+        help="the entities require sessions: receive each one session at a time (the next "
+        "available one) until none is left; their DLQs and backlog queues as usual",
+    )
+    p.add_argument(
         "--batch-size", type=int, default=100, help="messages per receive (default: %(default)s)"
     )
     p.add_argument(
@@ -467,6 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 concurrency=args.concurrency,
                 max_messages=args.max_messages,
                 append=args.append,
+                sessions=args.sessions,
                 fully_qualified_namespace=args.namespace,
                 credential=shared.get() if shared is not None else None,
             )

@@ -1,8 +1,9 @@
-"""The gateway's event log (ledger v1): one JSON line per message event, written off the hot path.
+"""The gateway's event log (ledger v2): one JSON line per message event, written off the hot path.
 
 Use ``create_ledger(LedgerSettings(...), replica=...)`` and own it with ``async with``; call
-``ledger.emit("accepted", message_id=..., entity=..., route="primary", size=..., latency_ms=...)``
-from handlers. The contract is in ``gateway.ledger.events`` and ``docs/pipeline.md``.
+``ledger.emit("accepted", message_id=..., entity=..., route="primary", size=..., latency_ms=...,
+session_id=...)`` from handlers. The contract is in ``gateway.ledger.events`` and
+``docs/pipeline.md``.
 """
 
 from gateway.ledger.events import LEDGER_EVENTS, LEDGER_VERSION, LedgerEvent, Route

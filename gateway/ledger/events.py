@@ -1,14 +1,21 @@
-"""Ledger v1: the gateway's event-log contract (one JSON object per line).
+"""Ledger v2: the gateway's event-log contract (one JSON object per line).
 
 Every line has all of these keys (``null`` when not applicable); extra keys may follow and are
 ignored by readers::
 
-    {"v": 1, "event_id": "<uuid4 hex>", "ts": "2025-01-31T12:00:00.123456Z",
+    {"v": 2, "event_id": "<uuid4 hex>", "ts": "2025-01-31T12:00:00.123456Z",
      "replica": "gw-0", "message_id": "m-1", "entity": "orders", "event": "accepted",
-     "route": "primary", "backlog": null, "size": 1024, "latency_ms": 3.2}
+     "route": "primary", "backlog": null, "size": 1024, "latency_ms": 3.2,
+     "session_id": "customer-7", "seq": 1738324800123456}
 
 ``event_id`` is unique per line so that lines duplicated by an at-least-once log shipper can be
-dropped by the reader. ``pipeline.schemas.LEDGER_SCHEMA`` is the same contract for Spark.
+dropped by the reader. ``session_id`` is the message's SessionId (null without one). ``seq``
+orders one replica's events: the event's time in microseconds since the epoch, raised to one
+more than the previous event's when the clock did not move forward (the same microsecond, or
+a clock stepped back), so it strictly increases in the order events were emitted — the order
+in which a replica acknowledged its requests — and, on synchronised clocks, compares across
+replicas as a time. Version 1 lines (without the last two keys) are still read by the audit.
+``pipeline.schemas.LEDGER_SCHEMA`` is the same contract for Spark.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import os
 import time
 from typing import Final, Literal
 
-LEDGER_VERSION: Final = 1
+LEDGER_VERSION: Final = 2
 
 LedgerEvent = Literal[
     "accepted",  # the gateway answered 2xx: the message is stored (route says where)
@@ -32,6 +39,13 @@ LedgerEvent = Literal[
 LEDGER_EVENTS: Final[frozenset[str]] = frozenset(LedgerEvent.__args__)  # type: ignore[attr-defined]
 
 Route = Literal["primary", "backlog"]
+
+
+def next_seq(epoch: float, previous: int) -> int:
+    """The ``seq`` of an event emitted at ``epoch`` after one stamped ``previous``: its time in
+    microseconds (as ``ts`` shows it), or ``previous + 1`` when that would not move forward."""
+    seconds = int(epoch)
+    return max(seconds * 1_000_000 + int((epoch - seconds) * 1_000_000), previous + 1)
 
 
 def format_ts(epoch: float) -> str:

@@ -18,16 +18,33 @@ from typing import Any, Final, Protocol, Self
 
 import orjson
 
-from gateway.ledger.events import LEDGER_VERSION, LedgerEvent, Route, format_ts, new_event_ids
+from gateway.ledger.events import (
+    LEDGER_VERSION,
+    LedgerEvent,
+    Route,
+    format_ts,
+    new_event_ids,
+    next_seq,
+)
 from gateway.ledger.sinks import EncodedLine, LedgerSink
 from gateway.lifetimes import TaskObserver, stop_after, supervised
 
 log = logging.getLogger(__name__)
 
 # One buffered event: (epoch seconds, event, message_id, entity, route, backlog, size,
-# latency_ms, extra fields). A tuple, because building it is the cheapest thing emit can do.
+# latency_ms, session_id, extra fields). A tuple, because building it is the cheapest thing
+# emit can do.
 _Item = tuple[
-    float, str, str | None, str | None, str | None, str | None, int | None, float | None, Any
+    float,
+    str,
+    str | None,
+    str | None,
+    str | None,
+    str | None,
+    int | None,
+    float | None,
+    str | None,
+    Any,
 ]
 
 _ORJSON_OPTS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
@@ -67,6 +84,7 @@ class EventLedger(Protocol):
         backlog: str | None = None,
         size: int | None = None,
         latency_ms: float | None = None,
+        session_id: str | None = None,
         **extra: object,
     ) -> None:
         """Record one event; never blocks, never raises (drops and counts when full)."""
@@ -135,6 +153,9 @@ class Ledger:
         # Encoding cache, touched only by the writer thread.
         self._ts_second = -1
         self._ts_prefix = ""
+        # The last `seq` stamped: batches are encoded one after another in emit order, so
+        # stamping here (off the hot path) gives the order events were emitted in.
+        self._seq = 0
         self.emitted = 0
         self.written = 0
         self.dropped = 0
@@ -160,6 +181,7 @@ class Ledger:
         backlog: str | None = None,
         size: int | None = None,
         latency_ms: float | None = None,
+        session_id: str | None = None,
         **extra: object,
     ) -> None:
         """Buffer one event stamped with the current time. Never awaits, never raises."""
@@ -178,6 +200,7 @@ class Ledger:
                 backlog,
                 size,
                 latency_ms,
+                session_id,
                 extra or None,
             )
         )
@@ -354,9 +377,10 @@ class Ledger:
         run: list[dict[str, object]] = []
         run_hour = -1
         replica = self._replica
-        for event_id, (ts, event, mid, entity, route, backlog, size, latency, extra) in zip(
+        for event_id, (ts, event, mid, entity, route, backlog, size, latency, sid, extra) in zip(
             new_event_ids(len(batch)), batch, strict=True
         ):
+            self._seq = seq = next_seq(ts, self._seq)
             second = int(ts)
             if run and (extra or second // 3600 != run_hour):
                 failures += _encode_run(run, run_hour * 3600, chunks)
@@ -373,6 +397,8 @@ class Ledger:
                 "backlog": backlog,
                 "size": size,
                 "latency_ms": latency,
+                "session_id": sid,
+                "seq": seq,
             }
             if extra:
                 for key, value in extra.items():
@@ -439,6 +465,7 @@ class NullLedger:
         backlog: str | None = None,
         size: int | None = None,
         latency_ms: float | None = None,
+        session_id: str | None = None,
         **extra: object,
     ) -> None:
         return None

@@ -46,6 +46,8 @@ CONTRACT_KEYS = [
     "enqueued_time",
     "dead_letter_reason",
     "delivery_count",
+    "sequence_number",
+    "session_id",
 ]
 FAST = {"retry_total": 0, "retry_backoff_factor": 0.01}
 
@@ -54,7 +56,10 @@ def config() -> BrokerConfig:
     primary = NamespaceConfig(
         name="primary",
         management_port=None,
-        queues=(QueueConfig("orders", QueueProperties(dead_lettering_on_message_expiration=True)),),
+        queues=(
+            QueueConfig("orders", QueueProperties(dead_lettering_on_message_expiration=True)),
+            QueueConfig("payments", QueueProperties(requires_session=True)),
+        ),
         topics=(
             TopicConfig(
                 "events",
@@ -187,6 +192,10 @@ async def test_drain_writes_every_delivery(broker: LocalBroker, tmp_path: Path) 
             ("b-nopath", BACKLOG, "backlog", BACKLOG, None),
         ]
     )
+    orders = sorted(
+        (r["message_id"], r["sequence_number"]) for r in lines if r["queue"] == "orders"
+    )
+    assert orders[0][1] < orders[1][1]  # o-0 was stored before o-1
     for r in lines:
         enqueued = dt.datetime.fromisoformat(r["enqueued_time"])
         assert enqueued.tzinfo is not None and r["enqueued_time"].endswith("Z")
@@ -263,11 +272,14 @@ def test_delivered_record_decodes_bytes_properties() -> None:
         enqueued_time_utc = dt.datetime(2025, 1, 2, 3, 4, 5, 600_000, tzinfo=dt.UTC)
         dead_letter_reason = None
         delivery_count = 1
+        sequence_number = 42
+        session_id = b"customer-7"
 
     [target] = plan_targets(["c/x-servicebus-transfer/1"], include_dlq=False)
     record = delivered_record(Msg(), target)  # type: ignore[arg-type]
     assert record["entity"] == "events" and record["source"] == "backlog"
     assert record["enqueued_time"] == "2025-01-02T03:04:05.600000Z"
+    assert (record["sequence_number"], record["session_id"]) == (42, "customer-7")
 
 
 async def test_gateway_drain_writes_no_sdk_info_lines(broker: LocalBroker, tmp_path: Path) -> None:
@@ -297,3 +309,50 @@ async def test_gateway_drain_writes_no_sdk_info_lines(broker: LocalBroker, tmp_p
     sdk_lines = [line for line in err.decode().splitlines() if " azure." in line]
     assert sdk_lines == []
     assert orjson.loads(out.decode().splitlines()[-1])["total"] == 0
+
+
+async def test_drain_receives_a_session_entity_one_session_at_a_time(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    """A queue that requires sessions refuses a plain receiver; with ``sessions`` every
+    session is drained in turn, each in its stored order (what the session audit reads)."""
+    async with ServiceBusClient.from_connection_string(
+        broker.connection_string("primary"), **FAST
+    ) as client:
+        async with client.get_queue_sender("payments") as sender:
+            async with asyncio.timeout(10):
+                for k in range(3):
+                    await sender.send_messages(
+                        [
+                            ServiceBusMessage(b"x", message_id=f"s{s}-m{k}", session_id=f"s{s}")
+                            for s in range(3)
+                        ]
+                    )
+    plain = await drain(
+        broker.connection_string("primary"),
+        ["payments"],
+        tmp_path / "plain.jsonl",
+        idle_timeout=0.5,
+        include_dlq=False,
+        client_kwargs=FAST,
+    )
+    assert plain.total == 0 and "payments" in plain.errors  # needs a session receiver
+    out = tmp_path / "sessions.jsonl"
+    summary = await drain(
+        broker.connection_string("primary"),
+        ["payments"],
+        out,
+        idle_timeout=0.5,
+        sessions=True,
+        client_kwargs=FAST,
+    )
+    assert not summary.errors and summary.received == {
+        "payments": 9,
+        "payments/$DeadLetterQueue": 0,
+    }
+    lines = read(out)
+    for s in range(3):
+        session = [r for r in lines if r["session_id"] == f"s{s}"]
+        assert [r["message_id"] for r in session] == [f"s{s}-m{k}" for k in range(3)]
+        numbers = [r["sequence_number"] for r in session]
+        assert numbers == sorted(numbers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import gzip
 import io
 import re
@@ -16,6 +17,7 @@ import pytest
 
 from gateway.ledger import (
     LEDGER_EVENTS,
+    LEDGER_VERSION,
     DirectorySink,
     EncodedLine,
     EventLedger,
@@ -40,6 +42,8 @@ CONTRACT_KEYS = [
     "backlog",
     "size",
     "latency_ms",
+    "session_id",
+    "seq",
 ]
 # 2025-03-04T05:59:59.5Z and one second later: two different hours.
 T0 = 1741067999.5
@@ -123,12 +127,57 @@ async def test_directory_sink_partitions_by_event_hour(tmp_path: Path) -> None:
     [rec1] = read_lines(first)
     assert list(rec1) == CONTRACT_KEYS
     assert rec1["ts"] == "2025-03-04T05:59:59.500000Z"
-    assert rec1["v"] == 1 and rec1["replica"] == "gw-0" and rec1["event"] == "accepted"
+    assert rec1["v"] == LEDGER_VERSION == 2
+    assert rec1["replica"] == "gw-0" and rec1["event"] == "accepted"
     assert (rec1["size"], rec1["latency_ms"], rec1["backlog"]) == (10, 1.5, None)
     rec2, rec3 = read_lines(second)
     assert rec2["ts"] == "2025-03-04T06:00:00.500000Z"
     assert (rec2["route"], rec2["backlog"]) == ("backlog", "b/0")
     assert rec3["event"] == "failover_start" and rec3["message_id"] is None
+
+
+async def test_session_id_and_seq_order_a_replicas_acknowledgements() -> None:
+    """``seq`` is the event's time in microseconds, and still grows when the clock does not:
+    the same microsecond (a batch's messages) or a clock stepped back by NTP."""
+    sink = FlakySink()
+    sink.failing = False
+    clock = StepClock(T0)
+    ledger = Ledger(sink, replica="gw", clock=clock)
+    async with ledger:
+        ledger.emit("accepted", message_id="a", entity="orders", session_id="s-1")
+        ledger.emit("accepted", message_id="b", entity="orders", session_id="s-1")
+        clock.now = T0 - 5  # stepped back
+        ledger.emit("accepted", message_id="c", entity="orders", session_id="s-1")
+        clock.now = T0 + 1.25
+        ledger.emit("accepted", message_id="d", entity="orders")
+    records = [orjson.loads(line) for chunk in sink.lines for line in chunk.splitlines()]
+    t0_us = int(T0 * 1_000_000)
+    assert [(r["message_id"], r["session_id"], r["seq"]) for r in records] == [
+        ("a", "s-1", t0_us),
+        ("b", "s-1", t0_us + 1),
+        ("c", "s-1", t0_us + 2),
+        ("d", None, t0_us + 1_250_000),
+    ]
+    assert records[3]["ts"] == "2025-03-04T06:00:00.750000Z"  # seq is ts, in microseconds
+
+
+async def test_seq_is_ts_in_microseconds_while_the_clock_moves_forward() -> None:
+    """The audit reads a v1 line's ``ts`` in microseconds where a v2 line has ``seq``: the two
+    must be the same number."""
+    sink = FlakySink()
+    sink.failing = False
+    clock = StepClock(T0)
+    ledger = Ledger(sink, replica="gw", clock=clock)
+    async with ledger:
+        for epoch in (T0, T0 + 0.000011, T0 + 0.5000019, T0 + 0.999999, T0 + 3601.1234567):
+            clock.now = epoch
+            ledger.emit("accepted", message_id=str(epoch))
+    for chunk in sink.lines:
+        for line in chunk.splitlines():
+            record = orjson.loads(line)
+            when = dt.datetime.fromisoformat(str(record["ts"]))
+            micros = (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+            assert record["seq"] == micros, record
 
 
 async def test_event_ids_are_unique_uuid4_and_ts_has_microseconds(tmp_path: Path) -> None:
@@ -220,7 +269,9 @@ async def test_unencodable_event_is_dropped_alone() -> None:
     first, second = (orjson.loads(line) for line in sink.lines)
     assert first["message_id"] == "ok1" and first["tags"] == {"1": "x"}
     assert str(first["when"]).startswith("<object object")
-    assert second["v"] == 1 and second["region"] == "weu"  # extras never override the contract
+    assert (
+        second["v"] == LEDGER_VERSION and second["region"] == "weu"
+    )  # extras never override the contract
 
 
 async def test_clean_shutdown_flushes_without_waiting_for_the_interval(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from gateway.ledger import LEDGER_VERSION
 from tests.conftest import GatewayFactory
 from tests.support.waiting import eventually
 
@@ -36,7 +37,11 @@ async def test_the_gateway_writes_every_event_kind(
     }
     gw = await gateway(env)
     assert (
-        await gw.post("/orders/messages", data=b"a", headers={"Idempotency-Key": "led-1"})
+        await gw.post(
+            "/orders/messages",
+            data=b"a",
+            headers={"Idempotency-Key": "led-1", "BrokerProperties": '{"SessionId": "s-1"}'},
+        )
     ).status == 201
     assert (
         await gw.post(
@@ -62,9 +67,14 @@ async def test_the_gateway_writes_every_event_kind(
 
     await eventually(written, within=10, every=0.1)
     events = read_events(tmp_path)
-    assert all(e["v"] == 1 and e["replica"] == "gw-test" and e["event_id"] for e in events)
+    assert all(
+        e["v"] == LEDGER_VERSION and e["replica"] == "gw-test" and e["event_id"] for e in events
+    )
     accepted = {e["message_id"]: e for e in events if e["event"] == "accepted"}
     assert accepted["led-1"]["route"] == "primary" and accepted["led-2"]["route"] == "backlog"
+    # The audit's per-session order check reads these two (docs/pipeline.md).
+    assert (accepted["led-1"]["session_id"], accepted["led-2"]["session_id"]) == ("s-1", None)
+    assert accepted["led-1"]["seq"] < accepted["led-2"]["seq"]
     assert accepted["led-2"]["backlog"].startswith("primary/x-servicebus-transfer/")
     assert [e["message_id"] for e in events if e["event"] == "syphoned"] == ["led-2"]
     assert len({e["event_id"] for e in events}) == len(events)

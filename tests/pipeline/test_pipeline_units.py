@@ -176,11 +176,13 @@ def test_billed_operations_arithmetic(spark: Any, tmp_path: Path) -> None:
     }
 
 
-def test_ledger_parsing_keeps_only_ledger_v1(spark: Any, tmp_path: Path) -> None:
+def test_ledger_parsing_keeps_only_ledger_v1_and_v2(spark: Any, tmp_path: Path) -> None:
     good = ledger_line(1, 1, "accepted", message_id="m", entity="q", route="primary")
+    v2 = {**good, "event_id": "6" * 32, "v": 2, "session_id": "s-1", "seq": 1741082400000001}
     rows: list[Any] = [
         good,
-        {**good, "event_id": "2" * 32, "v": 2},  # a future version
+        v2,
+        {**good, "event_id": "2" * 32, "v": 3},  # a future version
         {**good, "event_id": "3" * 32, "event": "teleported"},
         {**good, "event_id": "4" * 32, "ts": "yesterday"},
         {**good, "event_id": None},
@@ -198,9 +200,12 @@ def test_ledger_parsing_keeps_only_ledger_v1(spark: Any, tmp_path: Path) -> None
     parsed = parse_ledger(read_jsonl(spark, r, LEDGER_SCHEMA)).collect()
     assert len(parsed) == len(rows)
     valid = sorted(p["event_id"] for p in parsed if p[VALID])
-    assert valid == ["0" * 31 + "1", "5" * 32]
+    assert valid == ["0" * 31 + "1", "5" * 32, "6" * 32]
     [second] = [p for p in parsed if p["event_id"] == "5" * 32]
     assert second["ts"] == naive(2) and second["ekey"] == "q"
+    assert (second["session_id"], second["seq"]) == (None, None)  # v1: neither
+    [newer] = [p for p in parsed if p["event_id"] == "6" * 32]
+    assert (newer["session_id"], newer["seq"]) == ("s-1", 1741082400000001)
 
 
 def test_delivered_endpoints_and_entity_fallback(spark: Any, tmp_path: Path) -> None:
