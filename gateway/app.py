@@ -326,9 +326,11 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
     else:
         if hasattr(store, "task_observer"):  # a store with loops of its own (Redis)
             store.task_observer = metrics
+        fences = getattr(store, "fences", None)
+        if fences is not None:  # before start: a resync tells of the fences it finds
+            fences.subscribe_fences(metrics.fence_changed)
         await store.start()
         app[STORE] = store
-        fences = getattr(store, "fences", None)
         if fences is not None:
             app[FENCES] = fences
         metrics.redis_connected.set_function(lambda: 1.0 if store.connected else 0.0)

@@ -84,11 +84,11 @@ async def backlog_total(control: ControlClient) -> int:
 
 async def failback_race(
     gateway: GatewayFactory, control: ControlClient, order: str, sessions: list[str]
-) -> tuple[Any, dict[str, list[int]]]:
+) -> tuple[Any, Any, dict[str, list[int]]]:
     """Messages 0-2 of each session go to the backlog during a failover; the entity is
     marked healthy while the backlog still holds them (no syphon yet); messages 3-5 follow
     at once; then a syphon replica starts and moves the backlog home. Returns the serving
-    gateway and each session's answers."""
+    gateway, the syphon replica and each session's answers."""
     await session_queue(control)
     store = MemoryStateStore("replicas")
     env = {**BASE, "SBGATE_SESSION_ORDER": order}
@@ -106,7 +106,7 @@ async def failback_race(
             answers[s].append(await post(gw, s, n))
     # A failed move on the way: the syphon must not send a session's later messages first.
     await control.add_fault("primary", "amqp:internal-error", operation="send", count=1)
-    await gateway(
+    sy = await gateway(
         {**env, "SBGATE_ENABLE_SYPHON": "true"}, mode="syphon", store_factory=lambda _: store
     )
 
@@ -114,14 +114,14 @@ async def failback_race(
         return await backlog_total(control) == 0
 
     await eventually(drained, within=DEADLINE, every=0.2)
-    return gw, answers
+    return gw, sy, answers
 
 
 async def test_strict_a_session_keeps_its_order_through_a_failback(
     gateway: GatewayFactory, control: ControlClient, broker: BrokerProcess
 ):
     sessions = [f"strict-{i}" for i in range(6)]
-    gw, answers = await failback_race(gateway, control, "strict", sessions)
+    gw, sy, answers = await failback_race(gateway, control, "strict", sessions)
     for s in sessions:
         assert answers[s] == [202] * 6, "fenced: after the failback too, until moved home"
         assert await receive_session(broker, s) == [f"{s}-{n}" for n in range(6)]
@@ -132,6 +132,15 @@ async def test_strict_a_session_keeps_its_order_through_a_failback(
     # Once everything of a session is home, its fence is gone: the primary again.
     await eventually(lifted, within=DEADLINE, every=0.2)
     assert await post(gw, sessions[0], 6) == 201
+    metrics = await (await gw.get("/metrics")).text()
+    assert f'sbgate_session_fences{{entity="{ENTITY}"}} 0.0' in metrics
+    assert f"sbgate_session_fence_seconds_count {float(len(sessions))}" in metrics
+    moved = await (await sy.get("/metrics")).text()
+    assert 'sbgate_syphon_session_moves_total{outcome="moved"}' in moved
+    assert 'sbgate_syphon_session_moves_total{outcome="failed"} 1.0' in moved
+    assert 'sbgate_syphon_billed_operations_total{kind="complete"} 36.0' in moved
+    assert "sbgate_syphon_management_reads_total" in moved
+    assert 'sbgate_syphon_billed_operations_total{kind="depth_check"}' not in moved
     assert await receive_session(broker, sessions[0]) == [f"{sessions[0]}-6"]
 
 
@@ -140,7 +149,7 @@ async def test_availability_the_primary_takes_new_messages_first(
 ):
     """The same race without the fence: order is lost (so the strict test can fail)."""
     sessions = [f"avail-{i}" for i in range(3)]
-    _, answers = await failback_race(gateway, control, "availability", sessions)
+    _, _, answers = await failback_race(gateway, control, "availability", sessions)
     for s in sessions:
         assert answers[s] == [202] * 3 + [201] * 3
         got = await receive_session(broker, s)
