@@ -24,7 +24,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 from azure.servicebus.aio import ServiceBusClient
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -47,7 +47,7 @@ BACKLOGS = [f"primary/x-servicebus-transfer/{i}" for i in range(3)]
 DEADLINE = 20.0
 
 
-def env(redis_url: str) -> dict[str, str]:
+def env(redis_url: str, order: str) -> dict[str, str]:
     return {
         "SBGATE_ENTITIES": "queue:orders,topic:events," + ",".join(f"queue:{e}" for e in ENTITIES),
         "SBGATE_REDIS_URL": redis_url,
@@ -62,25 +62,31 @@ def env(redis_url: str) -> dict[str, str]:
         "SBGATE_RECEIVE_WAIT": "0.5",
         "SBGATE_IDLE_CHECK_INTERVAL": "3600",
         "SBGATE_MAX_HEAD_WAIT": "0",
-        "SBGATE_SESSION_ORDER": "strict",
+        "SBGATE_SESSION_ORDER": order,
     }
 
 
 class SessionOrderMachine(RuleBasedStateMachine):
     broker: ClassVar[BrokerProcess]
     redis: ClassVar[RedisServer]
+    order: ClassVar[str] = "strict"
     checked: ClassVar[list[int]] = []  # acknowledged messages checked, per example
 
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.env = broker_env(self.broker, **env(self.redis.url))
+        self.env = broker_env(self.broker, **env(self.redis.url, self.order))
         self.replicas: list[TestClient[Any, Any]] = [self.run(self._start(i)) for i in (0, 1)]
         self.faults: dict[str, int] = {}
         self.serial = {s: 0 for s in SESSIONS}
         self.entity_of = {s: ENTITIES[i % 2] for i, s in enumerate(SESSIONS)}
         self.acked: dict[str, list[str]] = {s: [] for s in SESSIONS}
         self.sent: dict[str, list[str]] = {s: [] for s in SESSIONS}
+        self.backlogged: set[str] = set()  # sessions answered 202 at least once
+        # Sessions that may have had messages in the backlog when Redis lost its fences:
+        # their fence comes back unknown, which keeps no order among those messages
+        # (docs/failover.md#sessions-keep-their-order); only their loss is checked.
+        self.exposed: set[str] = set()
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -107,13 +113,29 @@ class SessionOrderMachine(RuleBasedStateMachine):
             await r.read()
         if r.status in {201, 202}:
             self.acked[session].append(mid)
+            if r.status == 202:
+                self.backlogged.add(session)
         else:
             assert r.status == 503, (r.status, await r.text())
 
     @initialize()
-    def every_session_sends(self) -> None:
-        """Every session starts with one message, on the primary (nothing has failed)."""
+    def a_failback_race_first(self) -> None:
+        """Every session sends one message (primary); then one entity fails, its sessions
+        send one more each (backlog), it is marked healthy and they send again at once,
+        while their backlog waits for a syphon: the race the fence is for."""
         self.send(0, SESSIONS, 1)
+        entity = ENTITIES[0]
+        racing = [s for s in SESSIONS if self.entity_of[s] == entity][:6]
+        self.fail_primary(entity)
+        self.send(0, racing, 1)
+        self.heal_primary(entity)
+
+        async def failback() -> None:
+            async with asyncio.timeout(DEADLINE):
+                await self.replicas[0].post(f"/admin/entities/{entity}/healthy")
+
+        self.run(failback())
+        self.send(0, racing, 1)
 
     @rule(
         replica=st.integers(0, 1),
@@ -161,6 +183,7 @@ class SessionOrderMachine(RuleBasedStateMachine):
 
     @rule()
     def restart_redis(self) -> None:
+        self.exposed |= self.backlogged
         self.redis.restart(empty=True)
 
     def teardown(self) -> None:
@@ -200,13 +223,13 @@ class SessionOrderMachine(RuleBasedStateMachine):
         for s in SESSIONS:
             if self.sent[s]:
                 got = await receive_session(self.broker, self.entity_of[s], s)
-                check_order(s, self.acked[s], got)
+                check_order(s, self.acked[s], got, ordered=s not in self.exposed)
         self.checked.append(sum(len(a) for a in self.acked.values()))
 
 
-def check_order(session: str, acked: list[str], got: list[str]) -> None:
-    """Every acknowledged message arrived, and the acknowledged ones in acknowledgement
-    order; copies (same MessageId) count once, at their first arrival."""
+def check_order(session: str, acked: list[str], got: list[str], ordered: bool = True) -> None:
+    """Every acknowledged message arrived, and (`ordered`) the acknowledged ones in
+    acknowledgement order; copies (same MessageId) count once, at their first arrival."""
     first: list[str] = []
     for mid in got:
         if mid not in first:
@@ -214,6 +237,8 @@ def check_order(session: str, acked: list[str], got: list[str]) -> None:
     missing = set(acked) - set(first)
     assert not missing, f"session {session}: acknowledged messages lost: {sorted(missing)}"
     in_order = [m for m in first if m in set(acked)]
+    if not ordered:
+        return
     assert in_order == acked, f"session {session}: {in_order} != acknowledged order {acked}"
 
 
@@ -233,9 +258,7 @@ async def receive_session(broker: BrokerProcess, entity: str, session: str) -> l
     return out
 
 
-def test_strict_sessions_keep_their_order_through_failovers(
-    broker: BrokerProcess, redis_server: RedisServer
-) -> None:
+def session_queues(broker: BrokerProcess) -> None:
     async def queues() -> None:
         for e in ENTITIES:
             with contextlib.suppress(ControlError):
@@ -244,15 +267,44 @@ def test_strict_sessions_keep_their_order_through_failovers(
                 )
 
     asyncio.run(queues())
+
+
+def test_strict_sessions_keep_their_order_through_failovers(
+    broker: BrokerProcess, redis_server: RedisServer
+) -> None:
+    session_queues(broker)
     SessionOrderMachine.broker = broker
     SessionOrderMachine.redis = redis_server
+    SessionOrderMachine.order = "strict"
+    SessionOrderMachine.checked = []
     run_state_machine_as_test(
         SessionOrderMachine,
         settings=settings(
             max_examples=2,
-            stateful_step_count=10,
+            stateful_step_count=8,
             deadline=None,
             suppress_health_check=list(HealthCheck),
         ),
     )
     assert sum(SessionOrderMachine.checked) > 0, SessionOrderMachine.checked
+
+
+def test_availability_the_same_property_fails(
+    broker: BrokerProcess, redis_server: RedisServer
+) -> None:
+    """Without the fence the first race already inverts a session: the property can fail."""
+    session_queues(broker)
+    SessionOrderMachine.broker = broker
+    SessionOrderMachine.redis = redis_server
+    SessionOrderMachine.order = "availability"
+    with pytest.raises(AssertionError, match="acknowledged order"):
+        run_state_machine_as_test(
+            SessionOrderMachine,
+            settings=settings(
+                max_examples=1,
+                stateful_step_count=1,
+                deadline=None,
+                phases=(Phase.generate,),
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
