@@ -17,6 +17,8 @@ from gateway.state.connect import RedisTarget
 from gateway.state.fence import FenceUnavailable
 from gateway.state.redis.fences import fence_from_hash
 from tests.support.processes import RedisServer
+from tests.support.redis import RedisClusterServers
+from tests.support.redis import redis_cluster as redis_cluster  # the fixture
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -27,8 +29,11 @@ E, S = "orders", "s1"
 
 
 @asynccontextmanager
-async def two(server: RedisServer) -> AsyncIterator[tuple[RedisStateStore, RedisStateStore]]:
-    stores = [RedisStateStore(RedisTarget(server.client_url), f"r{i}", **FAST) for i in (0, 1)]  # type: ignore[arg-type]
+async def two(
+    server: RedisServer, target: RedisTarget | None = None
+) -> AsyncIterator[tuple[RedisStateStore, RedisStateStore]]:
+    where = target or RedisTarget(server.client_url)
+    stores = [RedisStateStore(where, f"r{i}", **FAST) for i in (0, 1)]  # type: ignore[arg-type]
     await asyncio.gather(*(s.start() for s in stores))
     await eventually(lambda: all(s.connected for s in stores), what="both connected")
     try:
@@ -126,3 +131,13 @@ def test_hostile_fence_values_hold_the_fence():
 def test_a_replica_that_never_reached_redis_takes_every_session_to_be_fenced():
     store = RedisStateStore(RedisTarget("redis://127.0.0.1:1"), "cold", **FAST)  # type: ignore[arg-type]
     assert store.fences.fenced(E, "any session"), "fail closed until the first resync"
+
+
+async def test_fences_work_on_a_redis_cluster(redis_cluster: RedisClusterServers) -> None:
+    """One slot (the hash tag), sharded pub/sub: set on one replica, lifted on the other."""
+    target = RedisTarget(redis_cluster.url, mode="cluster")
+    async with two(redis_cluster.nodes[0], target) as (a, b):
+        await write(a, "w1", ["t1"])
+        await eventually(lambda: b.fences.fenced(E, S), what="b learns the fence")
+        await b.fences.moved(E, S, ["t1"])
+        await eventually(lambda: not a.fences.fenced(E, S), what="a learns the lift")
