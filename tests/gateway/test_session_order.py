@@ -12,10 +12,12 @@ from typing import Any
 import orjson
 import pytest
 from azure.servicebus.aio import ServiceBusClient
+from redis.asyncio import Redis
 
 from gateway.state.memory import MemoryStateStore
 from sblocal.testing import BrokerProcess, ControlClient, ControlError
 from tests.conftest import GatewayFactory
+from tests.support.processes import RedisServer
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -177,3 +179,29 @@ async def test_a_session_stays_in_one_backlog_queue(
     assert len({q for qs in where.values() for q in qs}) > 1, "sessions spread over queues"
     shown = await fenced(gw)
     assert shown["count"] == len(sessions) and set(shown["sample"]) == set(sessions)
+
+
+async def test_the_healthy_path_of_a_session_makes_no_redis_call(
+    gateway: GatewayFactory, control: ControlClient, redis_server: RedisServer
+):
+    """Fences live in Redis, but a healthy session's send reads them from memory only."""
+    await session_queue(control)
+    gw = await gateway({**BASE, "SBGATE_REDIS_URL": redis_server.url})
+
+    async def commands() -> dict[str, int]:
+        async with Redis.from_url(redis_server.url, decode_responses=True) as r:
+            async with asyncio.timeout(DEADLINE):
+                stats = await r.info("commandstats")
+        # Not counted: the subscriber's health pings, this client's own connection set-up.
+        own = ("ping", "hello", "client")
+        return {k: int(v["calls"]) for k, v in stats.items() if not any(o in k for o in own)}
+
+    assert await post(gw, "warm", 0) == 201  # senders open, the replica synced
+    before = await commands()
+    for n in range(30):
+        assert await post(gw, f"healthy-{n % 5}", n) == 201
+    after = await commands()
+    # The only new calls are this test's own INFO.
+    assert {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)} == {
+        "cmdstat_info": 1
+    }
