@@ -57,6 +57,7 @@ from gateway.logs import AccessLog
 from gateway.metrics import Metrics
 from gateway.servicebus.identity import SharedCredential
 from gateway.state.base import StateStore
+from gateway.state.fence import FenceStore
 from gateway.state.memory import LocalState
 from gateway.syphon.syphon import Syphon
 from gateway.tracing import close_tracer, create_tracer
@@ -120,6 +121,8 @@ ADAPTERS = web.AppKey("adapters", Adapters)
 CREDENTIAL = web.AppKey("credential", SharedCredential)
 CLIENTS = web.AppKey[Mapping[str, NamespaceClient]]("clients")
 STORE = web.AppKey[StateStore]("store")
+# Session fences (docs/failover.md#sessions-keep-their-order), kept by the state store.
+FENCES = web.AppKey[FenceStore]("fences")
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 PAIRS = web.AppKey[Mapping[str, PairClients]]("pairs")
 SYPHONS = web.AppKey[list[Syphon]]("syphons")
@@ -360,8 +363,13 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
     else:
         if hasattr(store, "task_observer"):  # a store with loops of its own (Redis)
             store.task_observer = metrics
+        fences = getattr(store, "fences", None)
+        if fences is not None:  # before start: a resync tells of the fences it finds
+            fences.subscribe_fences(metrics.fence_changed)
         await store.start()
         app[STORE] = store
+        if fences is not None:
+            app[FENCES] = fences
         metrics.redis_connected.set_function(lambda: 1.0 if store.connected else 0.0)
         if isinstance(store, LocalState):
             metrics.bind_state(store.stats.invalid_values)
@@ -424,6 +432,7 @@ async def router_ctx(app: web.Application) -> AsyncIterator[None]:
             ledger=edge.ledger,
             loop_lag=app[LOOP_LAG],
             timeouts=settings.timeouts,
+            fences=app.get(FENCES),
         )
         app[ROUTER] = app[FAILOVER] = failover
         failover.start(edge.catalog.all())
@@ -603,6 +612,7 @@ def _start_syphons(app: web.Application) -> list[Syphon]:
             observer=app[METRICS],
             ledger=edge.ledger,
             tracer=edge.tracer,
+            fences=app.get(FENCES),
         )
         syphon.start()
         syphons.append(syphon)

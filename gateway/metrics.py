@@ -74,11 +74,13 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self._links(self.registry)
         self._failover(self.registry)
         self._syphon(self.registry)
+        self._sessions(self.registry)
         self._health(self.registry)
         # Labelled children of the per-request metrics, looked up once per label set (the
         # sets are bounded: declared entities and "_unknown" x status codes x routes).
         self._answered: dict[tuple[str, int, str, str], tuple[Counter, Histogram]] = {}
         self._accepted: dict[tuple[str, str], Counter] = {}
+        self._fenced: dict[str, set[str]] = {}  # entity -> fenced sessions (the gauge)
 
     def _requests(self, r: CollectorRegistry) -> None:
         """Build information, and what each message request was answered."""
@@ -377,6 +379,42 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
             registry=r,
         )
 
+    def _sessions(self, r: CollectorRegistry) -> None:
+        """What the syphon costs (billed or not), and the session fences."""
+        self.billed_operations = Counter(
+            "sbgate_syphon_billed_operations_total",
+            "Messaging operations Service Bus bills, made by the syphon and the pinger, by "
+            "kind (receive, send, complete, abandon, dead_letter, renew_lock, ping).",
+            ["kind"],
+            registry=r,
+        )
+        self.management_reads = Counter(
+            "sbgate_syphon_management_reads_total",
+            "Management reads made by the syphon (depth checks: one for every backlog "
+            "queue), not billed as messaging operations.",
+            registry=r,
+        )
+        self.session_moves = Counter(
+            "sbgate_syphon_session_moves_total",
+            "One session's messages of one receive, moved home in order (moved), held back "
+            "by the session's fence (waited), or stopped by a failed move (failed).",
+            ["outcome"],
+            registry=r,
+        )
+        self.session_fences = Gauge(
+            "sbgate_session_fences",
+            "Sessions fenced now (their new messages take the backlog path until their "
+            "backlogged ones are home), by entity.",
+            ["entity"],
+            registry=r,
+        )
+        self.session_fence_seconds = Histogram(
+            "sbgate_session_fence_seconds",
+            "How long a session fence stood, observed when it lifts.",
+            buckets=_DWELL_BUCKETS,
+            registry=r,
+        )
+
     def _health(self, r: CollectorRegistry) -> None:
         """The shared state backend and this replica's event loop."""
         self.redis_connected = Gauge(
@@ -508,6 +546,19 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
 
     def ping(self, entity: str, ok: bool) -> None:
         self.pings.labels(entity, "ok" if ok else "failed").inc()
+        self.billed_operations.labels("ping").inc()
+
+    def fence_changed(self, key: tuple[str, str], on: bool, age: float) -> None:
+        """A session fence was set or lifted (`gateway.state.fence.FenceListener`)."""
+        entity, session = key
+        fenced = self._fenced.setdefault(entity, set())
+        if on:
+            fenced.add(session)
+        elif session in fenced:
+            fenced.discard(session)
+            if age > 0:
+                self.session_fence_seconds.observe(age)
+        self.session_fences.labels(entity).set(len(fenced))
 
     # SyphonObserver
     def moved(self, entity: str, n: int) -> None:
@@ -524,6 +575,13 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
 
     def operation(self, kind: str) -> None:
         self.syphon_operations.labels(kind).inc()
+        if kind == "depth_check":
+            self.management_reads.inc()
+        else:
+            self.billed_operations.labels(kind).inc()
+
+    def session_move(self, outcome: str) -> None:
+        self.session_moves.labels(outcome).inc()
 
     def dwell(self, entity: str, seconds: float) -> None:
         self.backlog_dwell.labels(entity).observe(seconds)

@@ -25,6 +25,7 @@ from gateway.config.settings import (
     EntitySettings,
     NamespaceSettings,
     PairSettings,
+    SessionOrder,
     Settings,
 )
 from gateway.config.values import ConfigError, choice, sdk_connection_string, text
@@ -289,7 +290,15 @@ def _entity(where: str, raw: Mapping[str, Any]) -> EntitySettings:
         validate_entity_path(path)  # the one rule, as clients' requests are held to it
     except InvalidEntityPath as exc:
         raise ConfigError(f"{where}.path: {path!r} is not a valid entity path: {exc}") from None
-    return EntitySettings(path=path, kind=kind, pair=pair)  # type: ignore[arg-type]
+    order = raw.get("session_order")
+    if order is not None:
+        order = choice(f"{where}.session_order", order, get_args(SessionOrder))
+    return EntitySettings(
+        path=path,
+        kind=kind,  # type: ignore[arg-type]
+        pair=pair,
+        session_order=order,  # type: ignore[arg-type]
+    )
 
 
 def _cross_check(s: Settings) -> None:

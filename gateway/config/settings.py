@@ -30,6 +30,7 @@ LogFormat = Literal["json", "text"]
 CredentialKind = Literal["workload", "managed", "default"]
 RedisMode = Literal["standalone", "cluster", "sentinel"]
 RedisCredential = Literal["none", "workload", "managed", "default"]
+SessionOrder = Literal["strict", "availability"]
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -83,6 +84,8 @@ class EntitySettings:
     path: str
     kind: EntityKind
     pair: str = "default"
+    # `[failover] session_order` for this entity only (None: that setting).
+    session_order: SessionOrder | None = None
 
 
 _MiB = 1024 * 1024
@@ -215,6 +218,13 @@ class FailoverSettings:
     )
     create_backlog_queues: bool = setting(
         True, parse=_Bool(), doc="`false`: verify-only (no Manage right)"
+    )
+    session_order: SessionOrder = setting(
+        "strict",
+        parse=_Choice(get_args(SessionOrder)),
+        doc="messages with a SessionId: `strict` keeps each session's order through a "
+        "failover (a fence per session), `availability` does not "
+        "(docs/failover.md#sessions-keep-their-order)",
     )
     backlog_reprobe_interval: float = setting(
         30.0,

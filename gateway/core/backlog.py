@@ -23,6 +23,8 @@ PartitionKey                  ``x-ms-partitionkey``
                               properties of an AMQP type the syphon's receive would
                               not give back (`Typed`: a uint, a timestamp, binary...);
                               only when there are some
+(a fenced session's message)  ``x-ms-fencetoken``: what the session's fence counts
+                              (docs/failover.md#sessions-keep-their-order)
 ============================  =====================================================
 
 MessageId, CorrelationId, ContentType, Subject (Label), ReplyTo, ReplyToSessionId, To and
@@ -32,10 +34,12 @@ every application property are kept untouched.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import math
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -57,7 +61,17 @@ SCHEDULED = "x-ms-scheduledenqueuetimeutc"
 PARTITION_KEY = "x-ms-partitionkey"
 ACCEPTED = "x-ms-acceptedtimeutc"
 TYPES = "x-ms-types"
-REWRITE_KEYS = (PATH, SESSION_ID, TIME_TO_LIVE, SCHEDULED, PARTITION_KEY, ACCEPTED, TYPES)
+FENCE_TOKEN = "x-ms-fencetoken"  # noqa: S105  # nosec B105  # a property name, not a secret
+REWRITE_KEYS = (
+    PATH,
+    SESSION_ID,
+    TIME_TO_LIVE,
+    SCHEDULED,
+    PARTITION_KEY,
+    ACCEPTED,
+    TYPES,
+    FENCE_TOKEN,
+)
 _REWRITE_NAMES = frozenset(REWRITE_KEYS)
 PING_CONTENT_TYPE = "application/vnd.ms-servicebus-ping"
 # The lock duration backlog queues are created with: a message locked by a receiver that
@@ -103,7 +117,21 @@ def _seconds(value: object) -> float | None:
     return None
 
 
-def rewrite(m: OutboundMessage, entity_path: str, accepted_at: float) -> OutboundMessage:
+def session_ranking(entity_key: str, session_id: str, queues: Sequence[str]) -> list[str]:
+    """`queues` in session (`entity_key`, `session_id`)'s order of preference: rendezvous
+    hashing, so every replica ranks them alike and a queue leaving rotation moves only the
+    sessions that preferred it. Not a security boundary (anyone may pick a SessionId)."""
+
+    def score(queue: str) -> bytes:
+        data = "\0".join((entity_key, session_id, queue)).encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(data, digest_size=8).digest()
+
+    return sorted(queues, key=score, reverse=True)
+
+
+def rewrite(
+    m: OutboundMessage, entity_path: str, accepted_at: float, fence_token: str | None = None
+) -> OutboundMessage:
     """`m` as it is stored in a backlog queue (see the module table). A property of `m`
     named like a rewrite key, in any letter case, is dropped: the edge refuses them, and what
     the syphon reads back must be the gateway's own."""
@@ -123,6 +151,8 @@ def rewrite(m: OutboundMessage, entity_path: str, accepted_at: float) -> Outboun
         props[SCHEDULED] = m.scheduled_enqueue_time_utc
     if m.partition_key is not None:
         props[PARTITION_KEY] = m.partition_key
+    if fence_token is not None:
+        props[FENCE_TOKEN] = fence_token
     return replace(
         m,
         session_id=None,
@@ -138,9 +168,20 @@ def accepted_at(m: OutboundMessage) -> float | None:
     return _seconds(m.application_properties.get(ACCEPTED))
 
 
+# A fence token as `new_fence_token` makes one: the size of any, for `rewritten_size`.
+_TOKEN_SHAPE: Final = "0" * 32
+
+
+def new_fence_token() -> str:
+    """A fresh fence token (random, 32 hex digits)."""
+    return uuid.uuid4().hex
+
+
 def rewritten_size(m: OutboundMessage, entity_path: str) -> int:
-    """The size `m` will have in a backlog queue (the rewrite adds bytes)."""
-    return rewrite(m, entity_path, 0.0).size
+    """The size `m` will have in a backlog queue (the rewrite adds bytes; a session's
+    message is counted with a fence token, whatever the policy)."""
+    token = _TOKEN_SHAPE if m.session_id is not None else None
+    return rewrite(m, entity_path, 0.0, token).size
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +192,7 @@ class Restored:
     message: OutboundMessage
     expired: bool  # its original TTL ran out while it waited in the backlog
     accepted_at: float | None = None  # unix time the gateway accepted it (answered 202)
+    fence_token: str | None = None  # what its session's fence counts it by
 
 
 def restore(m: OutboundMessage, now: float) -> Restored | None:
@@ -176,6 +218,7 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
     ttl_ms = props.pop(TIME_TO_LIVE, None)
     scheduled_at = _timestamp(props, SCHEDULED)
     partition_key = _identifier(props, PARTITION_KEY)
+    fence_token = _identifier(props, FENCE_TOKEN)
     _retype(props)
     for name, value in props.items():
         if not isinstance(value, _CARRIED):  # an untyped uuid, a list: not the gateway's
@@ -213,7 +256,13 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
         ),
         application_properties=props,
     )
-    return Restored(entity_path=path, message=original, expired=expired, accepted_at=accepted)
+    return Restored(
+        entity_path=path,
+        message=original,
+        expired=expired,
+        accepted_at=accepted,
+        fence_token=fence_token,
+    )
 
 
 def _timestamp(props: dict[str, AppValue], key: str) -> float | None:
@@ -295,6 +344,7 @@ __all__ = [
     "BACKLOG_LOCK_DURATION",
     "BACKLOG_PATH_PATTERN",
     "BACKLOG_SEGMENT",
+    "FENCE_TOKEN",
     "PATH",
     "PING_CONTENT_TYPE",
     "REWRITE_KEYS",
@@ -304,8 +354,10 @@ __all__ = [
     "backlog_path",
     "estimate_size",
     "is_backlog_path",
+    "new_fence_token",
     "ping_message",
     "restore",
     "rewrite",
     "rewritten_size",
+    "session_ranking",
 ]

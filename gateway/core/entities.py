@@ -26,6 +26,7 @@ class EntityRef:
     path: str
     kind: EntityKind
     pair: str
+    session_order: str | None = None  # its own `session_order`, if it has one
 
 
 class EntityCatalog:
@@ -36,7 +37,9 @@ class EntityCatalog:
 
     def __init__(self, entities: Iterable[EntitySettings]) -> None:
         self._by_key = {
-            validate_entity_path(e.path).lower(): EntityRef(path=e.path, kind=e.kind, pair=e.pair)
+            validate_entity_path(e.path).lower(): EntityRef(
+                path=e.path, kind=e.kind, pair=e.pair, session_order=e.session_order
+            )
             for e in entities
         }
 

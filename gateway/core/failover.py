@@ -48,7 +48,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import FailoverSettings, LimitSettings, TimeoutSettings
-from gateway.core.backlog import ping_message, rewrite, rewritten_size
+from gateway.core.backlog import (
+    new_fence_token,
+    ping_message,
+    rewrite,
+    rewritten_size,
+    session_ranking,
+)
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.entities import EntityRef
 from gateway.core.looplag import LoopLag
@@ -65,10 +71,15 @@ from gateway.errors import (
 from gateway.ledger import EventLedger, NullLedger
 from gateway.lifetimes import TaskSet, supervised
 from gateway.state.base import BacklogState, EntityState, StateStore, Status
+from gateway.state.fence import FenceStore, FenceUnavailable
 
 log = logging.getLogger(__name__)
 
 MAX_BACKLOG_ATTEMPTS = 3
+FENCED_SAMPLE = 20  # fenced SessionIds `GET /admin/entities` lists per entity, at most
+# A fenced backlog write still pending this long after its request's budget ran out is one
+# whose replica died: it no longer holds its session's fence.
+FENCE_WRITE_MARGIN = 5.0
 # How long a cancelled pinger gets to release its lease (one store call, itself bounded).
 STOP_TIMEOUT = 5.0
 # Why an entity's state changed, as `GET /admin/entities` shows it ("reason").
@@ -127,8 +138,12 @@ class Failover:
         ledger: EventLedger | None = None,
         loop_lag: LoopLag | None = None,
         timeouts: TimeoutSettings | None = None,
+        fences: FenceStore | None = None,
     ) -> None:
         self._dispatcher = dispatcher
+        # Session fences (docs/failover.md#sessions-keep-their-order); None: no entity is
+        # `strict` (every session message is routed as any other).
+        self._fences = fences
         self._budget = request_budget(limits, timeouts or TimeoutSettings())
         self._loop_lag = loop_lag
         self._pairs = pairs
@@ -195,6 +210,10 @@ class Failover:
         deadline = asyncio.get_running_loop().time() + self._budget
         if state.status == "failed_over" and pair.backlog_queues:
             return await self._to_backlog(entity, pair, messages, None, deadline)
+        if pair.backlog_queues and self._fenced(entity, key, messages):
+            # A fenced session's older messages wait in the backlog: this one goes after
+            # them, before any primary attempt, whatever the entity's state.
+            return await self._to_backlog(entity, pair, messages, None, deadline)
         try:
             await self._dispatcher.send(Destination(pair.primary, entity.path), messages)
         except SendFailure as failure:
@@ -214,6 +233,21 @@ class Failover:
             return await self._to_backlog(entity, pair, messages, failure, deadline)
         self._record_success(key)
         return Delivery("primary", entity.path)
+
+    def _strict(self, entity: EntityRef) -> bool:
+        """Does `entity` keep its sessions' order (`session_order = strict`)?"""
+        order = entity.session_order or self._settings.session_order
+        return self._fences is not None and order == "strict"
+
+    def _fenced(self, entity: EntityRef, key: str, messages: Sequence[OutboundMessage]) -> bool:
+        """Is a session of `messages` fenced (memory only: the hot path)?"""
+        fences = self._fences
+        if fences is None:
+            return False
+        sessions = [m.session_id for m in messages if m.session_id is not None]
+        if not sessions or not self._strict(entity):
+            return False
+        return any(fences.fenced(key, s) for s in sessions)
 
     def _counts(self, key: str, failure: SendFailure) -> bool:
         """Whether a failure the error table counts is the broker's (the module docstring):
@@ -281,25 +315,21 @@ class Failover:
         budget ran out, which says little about the queue), but its write may still complete
         (it may have been handed to a sender), so it is announced as any write is."""
         assert pair.secondary is not None
-        for m in messages:
-            size = rewritten_size(m, entity.path)
-            if size > self._limits.max_message_bytes:
-                raise PayloadTooLarge(
-                    f"message {m.message_id!r} fits the primary entity but not a backlog "
-                    f"queue: with the failover properties it is {size} bytes, over the "
-                    f"{self._limits.max_message_bytes}-byte limit, and the primary is "
-                    "unavailable; retry later or send a smaller message",
-                    messageId=m.message_id,
-                    size=size,
-                    limit=self._limits.max_message_bytes,
-                )
+        self._check_sizes(entity, messages)
         now = self._clock()
-        rewritten = [rewrite(m, entity.path, now) for m in messages]
         key = entity.path.lower()
+        fenced = self._strict(entity) and any(m.session_id for m in messages)
+        tokens = [new_fence_token() if fenced and m.session_id else None for m in messages]
+        rewritten = [rewrite(m, entity.path, now, t) for m, t in zip(messages, tokens, strict=True)]
         tried: set[str] = set()
         last: SendFailure | None = cause
         for _ in range(MAX_BACKLOG_ATTEMPTS):
-            queue = self._pick_backlog(key, pair, tried)
+            write: _FencedWrite | None = None
+            if fenced:
+                write = await self._begin_fenced(key, pair, messages, tokens, tried, deadline)
+            queue = write.queue if write is not None else None
+            if not fenced:
+                queue = self._pick_backlog(key, pair, tried)
             if queue is None:
                 break
             tried.add(queue)
@@ -307,6 +337,8 @@ class Failover:
                 async with asyncio.timeout_at(deadline) as within:
                     await self._dispatcher.send(Destination(pair.secondary, queue), rewritten)
             except TimeoutError:
+                if write is not None:  # outcome unknown: answered 503, never counted
+                    await self._end_fenced(key, write, ok=False)
                 if not within.expired():
                     raise
                 self._written(key, queue)
@@ -315,7 +347,12 @@ class Failover:
                     f"the message within the request's {self._budget:g}s deadline",
                     entity=entity.path,
                 ) from None
-            except SendFailure as failure:
+            except BaseException as exc:
+                if write is not None:
+                    await self._end_fenced(key, write, ok=False)
+                if not isinstance(exc, SendFailure):
+                    raise
+                failure = exc
                 _untangle(failure)
                 last = failure
                 self._observer.backlog_send(queue, False)
@@ -333,6 +370,8 @@ class Failover:
                     extra={"backlog": queue, "entity": entity.path},
                 )
                 continue
+            if write is not None:
+                await self._end_fenced(key, write, ok=True)
             self._observer.backlog_send(queue, True)
             self._written(key, queue)
             return Delivery("backlog", queue)
@@ -342,6 +381,80 @@ class Failover:
             f"the message{detail}",
             entity=entity.path,
         )
+
+    def _check_sizes(self, entity: EntityRef, messages: Sequence[OutboundMessage]) -> None:
+        """413 for a message that fits the primary but not a backlog queue."""
+        for m in messages:
+            size = rewritten_size(m, entity.path)
+            if size > self._limits.max_message_bytes:
+                raise PayloadTooLarge(
+                    f"message {m.message_id!r} fits the primary entity but not a backlog "
+                    f"queue: with the failover properties it is {size} bytes, over the "
+                    f"{self._limits.max_message_bytes}-byte limit, and the primary is "
+                    "unavailable; retry later or send a smaller message",
+                    messageId=m.message_id,
+                    size=size,
+                    limit=self._limits.max_message_bytes,
+                )
+
+    async def _begin_fenced(
+        self,
+        key: str,
+        pair: PairClients,
+        messages: Sequence[OutboundMessage],
+        tokens: Sequence[str | None],
+        tried: set[str],
+        deadline: float,
+    ) -> _FencedWrite | None:
+        """Record a fenced write of `messages`' sessions before it starts, in every
+        session's fence: the first session's fence chooses the queue (its current one, or
+        the first in its ranking in rotation), the others follow it to that queue (a new
+        generation where it differs). None: no queue left. Raises `NoBacklogAvailable`
+        when the fence store is unreachable (fail closed)."""
+        fences = self._fences
+        assert fences is not None
+        disabled = self._store.backlogs_disabled(self._clock()) | tried
+        write_id = uuid.uuid4().hex
+        until = self._clock() + (deadline - asyncio.get_running_loop().time())
+        until += FENCE_WRITE_MARGIN
+        by_session: dict[str, list[str]] = {}
+        for m, t in zip(messages, tokens, strict=True):
+            if m.session_id is not None and t is not None:
+                by_session.setdefault(m.session_id, []).append(t)
+        write = _FencedWrite(write_id, "", by_session, [])
+        try:
+            for session in by_session:
+                if not write.queue:
+                    ranked = session_ranking(key, session, pair.backlog_queues)
+                    avoid: frozenset[str] | set[str] = disabled
+                else:
+                    ranked = [write.queue]
+                    avoid = set(pair.backlog_queues) - {write.queue}
+                got = await fences.begin_write(key, session, write_id, ranked, avoid, until)
+                if got is None:
+                    break
+                write.begun.append(session)
+                write.queue = write.queue or got[0]
+                if got[0] != write.queue:  # cannot happen: `avoid` leaves one queue
+                    raise FenceUnavailable(f"session {session!r} was fenced to {got[0]}")
+        except FenceUnavailable as exc:
+            await self._end_fenced(key, write, ok=False)
+            raise NoBacklogAvailable(
+                "the primary is not taking this session's messages now and the session "
+                f"fence cannot be recorded ({exc}); retry later",
+                entity=key,
+            ) from None
+        if len(write.begun) < len(by_session):
+            await self._end_fenced(key, write, ok=False)
+            return None
+        return write
+
+    async def _end_fenced(self, key: str, write: _FencedWrite, ok: bool) -> None:
+        fences = self._fences
+        assert fences is not None
+        for session in write.begun:
+            tokens = write.tokens[session]
+            await fences.end_write(key, session, write.write_id, tokens, ok)
 
     def _written(self, key: str, queue: str) -> None:
         """A backlog write completed: announce it now if the entity is healthy here (the
@@ -416,9 +529,16 @@ class Failover:
                     ],
                     "pinger": pinger,
                     "nextPing": self._next_ping.get(key) if st.status == "failed_over" else None,
+                    "sessionOrder": ref.session_order or self._settings.session_order,
+                    "fencedSessions": self._fenced_sessions(key),
                 }
             )
         return out
+
+    def _fenced_sessions(self, key: str) -> dict[str, Any]:
+        """How many sessions of entity `key` are fenced, and a bounded sample of them."""
+        fenced = self._fences.sessions(key) if self._fences is not None else []
+        return {"count": len(fenced), "sample": fenced[:FENCED_SAMPLE]}
 
     # -- reacting to state changes (local or from other replicas) ------------------------
 
@@ -585,6 +705,16 @@ def _log_transition(
         operator,
         extra=extra,
     )
+
+
+@dataclass(slots=True)
+class _FencedWrite:
+    """A backlog write recorded in its sessions' fences (`Failover._begin_fenced`)."""
+
+    write_id: str
+    queue: str
+    tokens: dict[str, list[str]]  # session -> its messages' fence tokens
+    begun: list[str]  # the sessions whose fence recorded the write
 
 
 def _untangle(failure: SendFailure) -> None:

@@ -30,6 +30,7 @@ from gateway.state.base import (
     StateStore,
     Status,
 )
+from gateway.state.fence import MemoryFences
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,8 @@ class MemoryStateStore(LocalState):
     def __init__(self, replica_id: str, clock: Callable[[], float] = time.time) -> None:
         super().__init__(replica_id, clock)
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (holder, expires at)
+        # Session fences live with the failover state: in process here.
+        self.fences = MemoryFences(clock)
 
     @property
     def connected(self) -> bool:

@@ -27,6 +27,14 @@ message has completed, a syphon receives the message within
 that was already waiting, one move that was already under way), whatever
 `idle_check_interval` is.
 
+Sessions (docs/failover.md#sessions-keep-their-order): a receive is grouped by (entity,
+session); each session's messages go home one at a time in stored order, each completed
+only after it is stored at home, and a failure abandons it and every later message of that
+session in the receive. A fenced session moves only from the queue, and the receiver, that
+holds its oldest acknowledged message (`FenceStore.may_move`); each move is counted in its
+fence, which lifts when nothing acknowledged is left. Messages without a session move in
+parallel, as before.
+
 Effectively once: a crash between the send and the complete redelivers the message; the
 MessageId is kept, so an entity with duplicate detection stores it once.
 """
@@ -59,6 +67,7 @@ from gateway.errors import BrokerFailure, FailureKind, GatewayError, SendFailure
 from gateway.ledger import EventLedger, NullLedger
 from gateway.lifetimes import CANCEL_GRACE, Backoff, TaskSet, supervised
 from gateway.state.base import BacklogState, EntityState, StateStore
+from gateway.state.fence import FenceStore
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +96,11 @@ class GoesHome:
 
     entity: str
     message: OutboundMessage
+    fence_token: str | None = None  # what its session's fence counts it by
+
+
+# A received message on its way home: the backlog copy, the restored message, its token.
+Item = tuple[Received, OutboundMessage]
 
 
 class Held(enum.Enum):
@@ -126,6 +140,10 @@ class SyphonObserver:
     def task_restarted(self, task: str) -> None:
         """A syphon loop raised and is being restarted (gateway.lifetimes)."""
 
+    def session_move(self, outcome: str) -> None:
+        """One session's messages of one receive were moved ("moved"), held back by its
+        fence or a failure before them ("waited"), or stopped by a failure ("failed")."""
+
 
 @dataclass
 class SyphonStats:
@@ -155,8 +173,10 @@ class Syphon:
         observer: SyphonObserver | None = None,
         ledger: EventLedger | None = None,
         tracer: Tracer | None = None,
+        fences: FenceStore | None = None,
     ) -> None:
         self._backlog = backlog
+        self._fences = fences
         self._tracer = tracer or Tracer()
         self._queues = list(queues)
         self._dispatcher = dispatcher
@@ -291,6 +311,10 @@ class Syphon:
         if depths is not None:
             self._depths = {q: depths.get(q, 0) for q in self._queues}
             self._observer.backlog_depths(self._depths)
+            if self._fences is not None and not any(self._depths.values()):
+                # Every backlog queue of the pair is empty: a fence whose contents were lost
+                # holds nothing back any more.
+                await self._fences.backlog_empty(list(self._entities))
         for q in self._queues:
             if q in self._retry_at:
                 continue
@@ -372,28 +396,80 @@ class Syphon:
     async def _move_received(self, path: str, received: list[Received]) -> str:
         now = self._clock.now()
         groups: dict[str, list[tuple[Received, OutboundMessage]]] = {}
+        # Session messages, per (entity, session), in stored order; their fence tokens.
+        chains: dict[tuple[str, str], list[Item]] = {}
+        tokens: dict[int, str] = {}  # id(received) -> its fence token
+        held_back: set[str] = set()  # entities held back in this receive
         blocked = False
         for r in received:
             try:  # per message: one that cannot go home never holds up the others
-                triaged = await self._triage(path, r, now)
+                triaged = await self._triage(path, r, now, held_back)
             except Exception as exc:
                 log.exception("syphon: a message in %s could not be read back", path)
                 reason = f"{type(exc).__name__}: {exc}"[:1000]
                 await self._dead_letter(path, r, RESTORE_FAILED, reason)
                 continue
             if isinstance(triaged, GoesHome):
-                groups.setdefault(triaged.entity, []).append((r, triaged.message))
+                session = triaged.message.session_id
+                if session is None:
+                    groups.setdefault(triaged.entity, []).append((r, triaged.message))
+                    continue
+                chains.setdefault((triaged.entity, session), []).append((r, triaged.message))
+                if triaged.fence_token is not None:
+                    tokens[id(r)] = triaged.fence_token
             elif triaged is Held.BLOCKED:
                 blocked = True
         failed = False
         for entity, items in groups.items():
             if not await self._move(path, entity, items):
                 failed = True
+        outcomes = await asyncio.gather(
+            *(self._move_session(path, e, s, items, tokens) for (e, s), items in chains.items())
+        )
+        if "failed" in outcomes:
+            failed = True
+        if "waited" in outcomes:
+            blocked = True
         if failed:
             return "failed"
         return "blocked" if blocked else "moved"
 
-    async def _triage(self, path: str, r: Received, now: float) -> Triage:
+    async def _move_session(
+        self, path: str, entity: str, session: str, items: list[Item], tokens: dict[int, str]
+    ) -> str:
+        """Move one session's messages of one receive home, one at a time in stored order.
+        "moved"; "waited" (its fence holds them back: abandoned, the queue waits); or
+        "failed" (a move failed: it and every later one abandoned, never sent first)."""
+        key = entity.lower()
+        fences = self._fences
+        held = [tokens[id(r)] for r, _ in items if id(r) in tokens]
+        if fences is not None and not await fences.may_move(key, session, path, held):
+            await self._abandon_all(path, items)
+            self._observer.session_move("waited")
+            return "waited"
+        for i, item in enumerate(items):
+            if not await self._move(path, entity, [item]):
+                await self._abandon_all(path, items[i + 1 :])
+                self._observer.session_move("failed")
+                return "failed"
+            token = tokens.get(id(item[0]))
+            if fences is not None and token is not None:
+                await fences.moved(key, session, [token])
+        self._observer.session_move("moved")
+        return "moved"
+
+    async def _abandon_all(self, path: str, items: list[Item]) -> None:
+        for r, _ in items:
+            await self._settle(path, r, "abandon")
+        if items:
+            self.stats.abandoned += len(items)
+            self._observer.abandoned(len(items))
+
+    def _failed_over(self, entity: str) -> bool:
+        state = self._store.get(entity.lower()) if self._store else None
+        return state is not None and state.status == "failed_over"
+
+    async def _triage(self, path: str, r: Received, now: float, blocked: set[str]) -> Triage:
         """Where backlog message `r` goes: `GoesHome` (its entity and the restored message),
         `Held.BLOCKED` (its entity is still failed over: abandoned) or `Held.SETTLED` (settled
         here: a ping, or dead-lettered because it cannot or must not go home)."""
@@ -431,6 +507,7 @@ class Syphon:
             )
             self.stats.expired += 1
             self._observer.expired(entity)
+            await self._gone(entity, restored.message.session_id, restored.fence_token)
             self._ledger.emit(
                 "expired",
                 message_id=r.message.message_id,
@@ -439,11 +516,13 @@ class Syphon:
                 size=r.message.size,
             )
             return Held.SETTLED
-        state = self._store.get(entity.lower()) if self._store else None
-        if state is not None and state.status == "failed_over":
+        if entity in blocked or self._failed_over(entity):
+            # Once one message of an entity is held back, every later one in this receive
+            # is too (the state may change between two): no session's later message first.
+            blocked.add(entity)
             await self._settle(path, r, "abandon")
             return Held.BLOCKED
-        return GoesHome(entity, restored.message)
+        return GoesHome(entity, restored.message, restored.fence_token)
 
     async def _move(
         self, path: str, entity: str, items: list[tuple[Received, OutboundMessage]]
@@ -549,6 +628,11 @@ class Syphon:
                 "message_ids": [m.message_id for _, m in items][:20],
             },
         )
+
+    async def _gone(self, entity: str, session: str | None, token: str | None) -> None:
+        """A fenced message that will never go home (expired): its fence stops waiting."""
+        if self._fences is not None and session is not None and token is not None:
+            await self._fences.moved(entity.lower(), session, [token])
 
     async def _renew_if_needed(self, path: str, items: list[Received]) -> None:
         margin = self._timeouts.send_timeout + 5.0

@@ -45,6 +45,7 @@ RESERVED = [
     "x-ms-scheduledenqueuetimeutc",
     "x-ms-partitionkey",
     "x-ms-acceptedtimeutc",
+    "x-ms-fencetoken",
 ]
 BATCH = "application/vnd.microsoft.servicebus.json"
 _ids = itertools.count()

@@ -163,6 +163,7 @@ RESERVED = [
     "X-Ms-ScheduledEnqueueTimeUtc",
     "x-ms-partitionkey",
     "x-ms-acceptedtimeutc",
+    "x-ms-fencetoken",
 ]
 
 

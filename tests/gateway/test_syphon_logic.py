@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
+from collections.abc import Sequence
 
 from gateway.config import LimitSettings, SyphonSettings, TimeoutSettings
 from gateway.core.backlog import restore, rewrite
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.message import OutboundMessage
+from gateway.core.ports import Received
 from gateway.errors import CONNECTION, SendFailure
 from gateway.state.memory import MemoryStateStore
 from gateway.syphon.syphon import Syphon
@@ -146,3 +149,55 @@ def test_rewrite_and_restore_round_trip_with_the_remaining_ttl():
     assert m.application_properties == {"k": "v"}
     expired = restore(stored, now=when.timestamp() + 101)
     assert expired is not None and expired.expired
+
+
+class SettlingBacklog(FakeBacklog):
+    """Records how each message was settled, by MessageId."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled: list[tuple[str, str]] = []
+
+    async def complete(self, path: str, message: Received) -> None:
+        self.settled.append(("complete", message.message.message_id))
+
+    async def abandon(self, path: str, message: Received) -> None:
+        self.settled.append(("abandon", message.message.message_id))
+
+
+async def test_a_failed_move_abandons_every_later_message_of_its_session_never_sent_first():
+    async def refuse_b2(path: str, messages: Sequence[OutboundMessage]) -> None:
+        if any(m.message_id == "b2" for m in messages):
+            raise SendFailure(CONNECTION, "lost on the way")
+
+    primary = FakeClient(behaviour=refuse_b2)
+    port = SettlingBacklog()
+    store = MemoryStateStore("r1")
+    syphon = Syphon(
+        backlog=port,
+        queues=QUEUES,
+        dispatcher=Dispatcher(LimitSettings(), TimeoutSettings()),
+        primary=primary,
+        entities=["orders"],
+        store=store,
+        settings=SyphonSettings(),
+        timeouts=TimeoutSettings(),
+        fences=store.fences,
+    )
+    stored = [
+        OutboundMessage(body=b"", message_id=mid, session_id=sid)
+        for mid, sid in [("b1", "b"), ("a1", "a"), ("b2", "b"), ("a2", "a"), ("b3", "b")]
+    ]
+    received = [
+        Received(
+            rewrite(m, "orders", time.time()), handle=None, locked_until=None, delivery_count=1
+        )
+        for m in stored
+    ]
+    assert await syphon._move_received(QUEUES[0], received) == "failed"
+    await syphon._dispatcher.close(grace=1)
+    sent = primary.sent_ids("orders")
+    assert [i for i in sent if i.startswith("a")] == ["a1", "a2"], "another session moves on"
+    assert [i for i in sent if i.startswith("b")] == ["b1", "b2"], "b3 never goes before b2"
+    assert ("complete", "b1") in port.settled and ("abandon", "b2") in port.settled
+    assert ("abandon", "b3") in port.settled and ("complete", "b3") not in port.settled

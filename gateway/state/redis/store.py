@@ -43,6 +43,7 @@ from gateway.lifetimes import Backoff, TaskObserver, TaskSet, supervised
 from gateway.state.base import BacklogState, EntityState, StateStore, Status
 from gateway.state.connect import Client, RedisTarget, Subscriber
 from gateway.state.memory import LocalState
+from gateway.state.redis.fences import RedisFences
 from gateway.state.redis.session import Session, SessionBroken
 from gateway.state.redis.values import (
     Invalid,
@@ -132,6 +133,8 @@ class RedisStateStore(LocalState):
         # Told when the writer or the supervisor raised and is restarted (metrics; set by
         # the app before `start`).
         self.task_observer: TaskObserver | None = None
+        # Session fences, shared through this store's connection and channel.
+        self.fences = RedisFences(self, clock)
 
     # -- StateStore: lifecycle --------------------------------------------------------------
 
@@ -270,7 +273,11 @@ class RedisStateStore(LocalState):
         """Apply one pub/sub event to memory if it is newer (sync: no await in between).
         An event that is not one we could have published is counted and ignored."""
         try:
-            event = event_state(orjson.loads(data))
+            raw = orjson.loads(data)
+            if isinstance(raw, dict) and raw.get("kind") == "fence":
+                self.fences.on_event(raw)
+                return
+            event = event_state(raw)
         except ValueError as exc:  # orjson's errors and `Invalid` are ValueErrors
             self._invalid("event", self._channel, f"{str(data)[:200]!r}: {exc}")
             return
@@ -763,6 +770,7 @@ class RedisStateStore(LocalState):
                 await self._restore(sess, state)
             for queue in disable:
                 await self._write_backlog(sess, queue, True)
+            await self.fences.resync(sess)
         self.stats.resyncs += 1
         self._legacy_head = None  # imported once: from now on only the tagged layout
 
@@ -793,6 +801,30 @@ class RedisStateStore(LocalState):
             pipe.hgetall(k)
         values = await pipe.execute(raise_on_error=False)
         return {k[len(head) :]: v for k, v in zip(keys, values, strict=True) if v}
+
+    # -- for the fences (gateway.state.redis.fences) -----------------------------------------
+
+    @property
+    def session(self) -> Session | None:
+        """The current connection generation (None while Redis is unreachable)."""
+        return self._sess
+
+    @property
+    def channel(self) -> str:
+        return self._channel
+
+    @property
+    def op_timeout(self) -> float:
+        return self._op_timeout
+
+    def call_failed(self, sess: Session, where: str, exc: BaseException) -> None:
+        self._call_failed(sess, where, exc)
+
+    def invalid(self, source: str, key: str, problem: object) -> None:
+        self._invalid(source, key, problem)
+
+    def key(self, kind: str, name: str) -> str:
+        return self._key(kind, name)
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -1,0 +1,157 @@
+"""Session fences, their logic (docs/failover.md#sessions-keep-their-order): one queue per
+session, exact counting of acknowledged writes and moves, generations, the lift."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import ConfigError, load_settings
+from gateway.core.backlog import FENCE_TOKEN, restore, rewrite, session_ranking
+from gateway.core.message import OutboundMessage
+from gateway.state.fence import FenceTable
+
+pytestmark = pytest.mark.unit
+
+QUEUES = [f"ns/x-servicebus-transfer/{i}" for i in range(10)]
+KEY = ("orders", "s1")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_session_ranks_the_queues_alike_everywhere_and_sessions_spread():
+    first = session_ranking("orders", "s1", QUEUES)
+    assert first == session_ranking("orders", "s1", list(reversed(QUEUES)))
+    assert sorted(first) == sorted(QUEUES)
+    # Without one queue, the others keep their order: only its sessions move.
+    assert session_ranking("orders", "s1", [q for q in QUEUES if q != first[0]]) == first[1:]
+    heads = {session_ranking("orders", f"s{i}", QUEUES)[0] for i in range(200)}
+    assert len(heads) == len(QUEUES)
+    assert session_ranking("orders", "s1", QUEUES) != session_ranking("invoices", "s1", QUEUES)
+
+
+def test_the_fence_token_goes_into_the_backlog_and_comes_back_out():
+    m = OutboundMessage(body=b"x", message_id="m1", session_id="s1")
+    stored = rewrite(m, "orders", 1000.0, "tok1")
+    assert stored.application_properties[FENCE_TOKEN] == "tok1" and stored.session_id is None
+    back = restore(stored, 1001.0)
+    assert back is not None and back.fence_token == "tok1"
+    assert back.message.session_id == "s1"
+    assert FENCE_TOKEN not in back.message.application_properties
+
+
+def test_the_fence_lifts_only_when_every_acknowledged_message_is_home():
+    t = FenceTable(Clock())
+    q, gen, created = t.begin(KEY, "w1", QUEUES, (), deadline=2000.0) or ("", 0, False)
+    assert created and gen == 1 and q == QUEUES[0]
+    assert t.end(KEY, "w1", ["a", "b"], ok=True) is None
+    t.begin(KEY, "w2", QUEUES, (), deadline=2000.0)
+    assert t.end(KEY, "w2", ["c"], ok=True) is None
+    assert t.moved(KEY, ["a"]) is None and t.moved(KEY, ["b"]) is None
+    assert KEY in t.fences
+    assert t.moved(KEY, ["c"]) is not None
+    assert KEY not in t.fences
+
+
+def test_a_write_in_flight_holds_the_fence_even_when_every_move_is_counted():
+    t = FenceTable(Clock())
+    t.begin(KEY, "w1", QUEUES, (), deadline=2000.0)
+    t.end(KEY, "w1", ["a"], ok=True)
+    t.begin(KEY, "w2", QUEUES, (), deadline=2000.0)  # another replica's write, in flight
+    assert t.moved(KEY, ["a"]) is None, "lifting now would let w2's message be overtaken"
+    assert t.end(KEY, "w2", ["b"], ok=True) is None
+    assert t.moved(KEY, ["b"]) is not None
+
+
+def test_a_move_may_be_counted_before_its_acknowledgement():
+    t = FenceTable(Clock())
+    t.begin(KEY, "w1", QUEUES, (), deadline=2000.0)
+    assert t.moved(KEY, ["a"]) is None  # the syphon was faster than the writer's bookkeeping
+    assert t.end(KEY, "w1", ["a"], ok=True) is not None
+
+
+def test_a_write_whose_outcome_is_unknown_does_not_hold_the_fence():
+    t = FenceTable(Clock())
+    t.begin(KEY, "w1", QUEUES, (), deadline=2000.0)
+    assert t.end(KEY, "w1", ["a"], ok=False) is not None  # answered 503: never acknowledged
+
+
+def test_a_dead_replicas_pending_write_stops_holding_at_its_deadline():
+    clock = Clock()
+    t = FenceTable(clock)
+    t.begin(KEY, "w1", QUEUES, (), deadline=1010.0)  # its replica dies: no end
+    t.begin(KEY, "w2", QUEUES, (), deadline=1010.0)
+    t.end(KEY, "w2", ["b"], ok=True)
+    assert t.moved(KEY, ["b"]) is None
+    clock.now = 1011.0
+    t.begin(KEY, "w3", QUEUES, (), deadline=1030.0)
+    t.end(KEY, "w3", ["c"], ok=True)
+    assert t.moved(KEY, ["c"]) is not None
+
+
+def test_a_new_generation_waits_for_the_older_queue():
+    t = FenceTable(Clock())
+    ranked = session_ranking(*KEY, QUEUES)
+    t.begin(KEY, "w1", ranked, (), deadline=2000.0)
+    t.end(KEY, "w1", ["a"], ok=True)
+    q2, gen, created = t.begin(KEY, "w2", ranked, {ranked[0]}, deadline=2000.0) or ("", 0, True)
+    assert (q2, gen, created) == (ranked[1], 2, False), "its queue left rotation: the next one"
+    t.end(KEY, "w2", ["b"], ok=True)
+    assert not t.may_move(KEY, ranked[1], ["b"]), "b waits while a is in the older queue"
+    assert t.may_move(KEY, ranked[0], ["a"])
+    t.moved(KEY, ["a"])
+    assert t.may_move(KEY, ranked[1], ["b"])
+    # Back in rotation, the first queue is not taken again while the fence stands.
+    q, _, _ = t.begin(KEY, "w3", ranked, (), deadline=2000.0) or ("", 0, False)
+    assert q == ranked[1]
+
+
+def test_a_receiver_without_the_oldest_message_waits():
+    t = FenceTable(Clock())
+    t.begin(KEY, "w1", QUEUES, (), deadline=2000.0)
+    t.end(KEY, "w1", ["a", "b"], ok=True)
+    t.begin(KEY, "w2", QUEUES, (), deadline=2000.0)
+    t.end(KEY, "w2", ["c"], ok=True)
+    # Another syphon holds a and b locked: c must not go first.
+    assert not t.may_move(KEY, QUEUES[0], ["c"])
+    assert t.may_move(KEY, QUEUES[0], ["a", "b", "c"])
+    assert t.may_move(("orders", "unfenced"), QUEUES[3], ["z"])
+
+
+def test_no_queue_in_rotation_records_nothing():
+    t = FenceTable(Clock())
+    assert t.begin(KEY, "w1", QUEUES, set(QUEUES), deadline=2000.0) is None
+    assert KEY not in t.fences
+
+
+def test_an_unknown_fence_lifts_only_on_an_empty_backlog():
+    t = FenceTable(Clock())
+    t.begin(KEY, "w1", QUEUES, (), deadline=2000.0)
+    t.end(KEY, "w1", ["a"], ok=True)
+    t.fences[KEY].unknown = True  # its contents were lost
+    assert t.moved(KEY, ["a"]) is None
+    assert t.backlog_empty({"invoices"}) == []
+    assert [k for k, _ in t.backlog_empty({"orders"})] == [KEY]
+
+
+def test_the_policy_is_a_setting_and_an_entity_may_override_it(tmp_path):
+    cs = "Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=s"
+    env = {"SBGATE_PRIMARY_CONNECTION_STRING": cs}
+    f = tmp_path / "gw.toml"
+    f.write_text(
+        '[[entities]]\npath = "a"\n[[entities]]\npath = "b"\nsession_order = "availability"\n'
+    )
+    s = load_settings(env, f)
+    assert s.failover.session_order == "strict"
+    assert [e.session_order for e in s.entities] == [None, "availability"]
+    assert load_settings(
+        {**env, "SBGATE_SESSION_ORDER": "availability"}, f
+    ).failover.session_order == ("availability")
+    f.write_text('[[entities]]\npath = "a"\nsession_order = "sometimes"\n')
+    with pytest.raises(ConfigError, match="session_order"):
+        load_settings(env, f)

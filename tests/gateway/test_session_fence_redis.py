@@ -1,0 +1,143 @@
+"""Session fences shared through a real redis-server by two replicas' stores: set on one,
+seen by the other; lifted exactly; never raced by a write in flight; fail closed while
+Redis is away; written back as unknown after Redis restarts empty; hostile values."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from gateway.lifetimes import Backoff
+from gateway.state import RedisStateStore
+from gateway.state.connect import RedisTarget
+from gateway.state.fence import FenceUnavailable
+from gateway.state.redis.fences import fence_from_hash
+from tests.support.processes import RedisServer
+from tests.support.redis import RedisClusterServers
+from tests.support.redis import redis_cluster as redis_cluster  # the fixture
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+FAST = {"op_timeout": 0.5, "health_interval": 0.2, "reconnect_backoff": Backoff(0.05, 0.3)}
+QUEUES = ["p/x-servicebus-transfer/0", "p/x-servicebus-transfer/1"]
+E, S = "orders", "s1"
+
+
+@asynccontextmanager
+async def two(
+    server: RedisServer, target: RedisTarget | None = None
+) -> AsyncIterator[tuple[RedisStateStore, RedisStateStore]]:
+    where = target or RedisTarget(server.client_url)
+    stores = [RedisStateStore(where, f"r{i}", **FAST) for i in (0, 1)]  # type: ignore[arg-type]
+    await asyncio.gather(*(s.start() for s in stores))
+    await eventually(lambda: all(s.connected for s in stores), what="both connected")
+    try:
+        yield stores[0], stores[1]
+    finally:
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(s.close() for s in stores))
+
+
+async def write(store: RedisStateStore, wid: str, tokens: list[str], ok: bool = True) -> str:
+    got = await store.fences.begin_write(E, S, wid, QUEUES, (), deadline=time_in(30))
+    assert got is not None
+    await store.fences.end_write(E, S, wid, tokens, ok)
+    return got[0]
+
+
+def time_in(seconds: float) -> float:
+    return time.time() + seconds
+
+
+async def test_a_fence_set_on_one_replica_is_seen_on_the_other_and_lifts_exactly(
+    redis_server: RedisServer,
+):
+    async with two(redis_server) as (a, b):
+        queue = await write(a, "w1", ["t1", "t2"])
+        assert a.fences.fenced(E, S)
+        await eventually(lambda: b.fences.fenced(E, S), what="b learns the fence")
+        # b's write goes to the same queue: the fence chose it for the whole cluster.
+        assert await write(b, "w2", ["t3"]) == queue
+        assert await b.fences.may_move(E, S, queue, ["t1", "t2", "t3"])
+        assert not await b.fences.may_move(E, S, queue, ["t3"]), "t1 is held elsewhere"
+        await b.fences.moved(E, S, ["t1", "t2"])
+        assert a.fences.fenced(E, S) and b.fences.fenced(E, S)
+        await b.fences.moved(E, S, ["t3"])
+        assert not b.fences.fenced(E, S)
+        await eventually(lambda: not a.fences.fenced(E, S), what="a learns the lift")
+
+
+async def test_a_write_in_flight_on_another_replica_holds_the_lift(redis_server: RedisServer):
+    async with two(redis_server) as (a, b):
+        await write(a, "w1", ["t1"])
+        assert await b.fences.begin_write(E, S, "w2", QUEUES, (), deadline=time_in(30))
+        await a.fences.moved(E, S, ["t1"])  # the syphon moved all it knows of
+        assert a.fences.fenced(E, S), "w2 is in flight: lifting would let it be overtaken"
+        await b.fences.end_write(E, S, "w2", ["t2"], ok=True)
+        await a.fences.moved(E, S, ["t2"])
+        await eventually(lambda: not b.fences.fenced(E, S), what="lifted")
+
+
+async def test_while_redis_is_away_a_fenced_write_fails_closed(redis_server: RedisServer):
+    async with two(redis_server) as (a, _):
+        redis_server.kill()
+        await eventually(lambda: not a.connected, what="a sees redis gone")
+        with pytest.raises(FenceUnavailable):
+            await a.fences.begin_write(E, S, "w1", QUEUES, (), deadline=time_in(30))
+
+
+async def test_redis_restarted_empty_gets_the_fence_back_as_unknown(redis_server: RedisServer):
+    async with two(redis_server) as (a, b):
+        await write(a, "w1", ["t1"])
+        await eventually(lambda: b.fences.fenced(E, S), what="b learns the fence")
+        redis_server.restart(empty=True)
+        await eventually(
+            lambda: all(r.connected and r.stats.reconnects for r in (a, b)),
+            within=15,
+            what="both reconnected and resynced",
+        )
+        assert a.fences.fenced(E, S) and b.fences.fenced(E, S), "S must not jump the queue"
+        await a.fences.moved(E, S, ["t1"])
+        assert a.fences.fenced(E, S), "unknown: only an empty backlog lifts it"
+        await a.fences.backlog_empty([E])
+        await eventually(lambda: not b.fences.fenced(E, S), what="lifted everywhere")
+
+
+async def test_a_replica_that_starts_reads_the_fences(redis_server: RedisServer):
+    async with two(redis_server) as (a, _):
+        await write(a, "w1", ["t1"])
+        late = RedisStateStore(RedisTarget(redis_server.client_url), "late", **FAST)  # type: ignore[arg-type]
+        await late.start()
+        try:
+            await eventually(lambda: late.connected, what="late connected")
+            assert late.fences.fenced(E, S)
+        finally:
+            await late.close()
+
+
+def test_hostile_fence_values_hold_the_fence():
+    assert fence_from_hash({"since": "nan", "t:x": "1 1"}).unknown
+    assert fence_from_hash({"since": "1", "t:x": "one"}).unknown
+    ok = fence_from_hash({"since": "1", "gen": "1", "q:1": "q", "t:x": "1 1"})
+    assert not ok.unknown and ok.tokens == {"x": (1, 1)}
+    assert fence_from_hash({"since": "1", "u": "1"}).outstanding(2.0)
+
+
+def test_a_replica_that_never_reached_redis_takes_every_session_to_be_fenced():
+    store = RedisStateStore(RedisTarget("redis://127.0.0.1:1"), "cold", **FAST)  # type: ignore[arg-type]
+    assert store.fences.fenced(E, "any session"), "fail closed until the first resync"
+
+
+async def test_fences_work_on_a_redis_cluster(redis_cluster: RedisClusterServers) -> None:
+    """One slot (the hash tag), sharded pub/sub: set on one replica, lifted on the other."""
+    target = RedisTarget(redis_cluster.url, mode="cluster")
+    async with two(redis_cluster.nodes[0], target) as (a, b):
+        await write(a, "w1", ["t1"])
+        await eventually(lambda: b.fences.fenced(E, S), what="b learns the fence")
+        await b.fences.moved(E, S, ["t1"])
+        await eventually(lambda: not a.fences.fenced(E, S), what="a learns the lift")
