@@ -937,7 +937,11 @@ class ServerConnection:
         link.delivery_count = (link.delivery_count + 1) % _UINT_MOD
         if part.oversize:
             if not part.settled:
-                self.settle(link, part.delivery_id, _rejected_size(part.size, _size_limit(link, self.limits)))
+                self.settle(
+                    link,
+                    part.delivery_id,
+                    _rejected_size(part.size, _size_limit(link, self.limits)),
+                )
             self._events.append(
                 TransferRefused(link, part.delivery_id, Condition.MESSAGE_SIZE_EXCEEDED, part.size)
             )
