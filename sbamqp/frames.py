@@ -17,6 +17,7 @@ from sbamqp.performatives import (
     PERFORMATIVES,
     SASL_FRAMES,
     Performative,
+    Transfer,
     descriptor_code,
 )
 
@@ -46,6 +47,7 @@ FRAME_SASL = 1
 MIN_MAX_FRAME_SIZE = 512
 
 _HEADER = struct.Struct(">IBBH")
+_TRANSFER_DESCRIPTOR = bytes((0x00, 0x53, Transfer.DESCRIPTOR))  # small ulong 0x14
 
 
 class FrameError(DecodeError):
@@ -88,6 +90,12 @@ def decode_body(body: Buffer, frame_type: int) -> tuple[Performative | None, byt
     """
     if not body:
         return None, b""
+    if body[:3] == _TRANSFER_DESCRIPTOR and frame_type == FRAME_AMQP:
+        # The hot path, one per delivery: the list straight to the transfer, without
+        # building the `Described` and looking its class up (the same checks follow).
+        items, end = decode(body, 3)
+        if type(items) is list:
+            return Transfer.from_described(items), bytes(body[end:])
     value, end = decode(body, 0)
     if not isinstance(value, Described):
         raise FrameError("frame body is not a described performative")
