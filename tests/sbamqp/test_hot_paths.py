@@ -70,3 +70,21 @@ def test_a_transfer_whose_list_is_described_is_refused() -> None:
 def test_null_list_elements_decode_as_before() -> None:
     values = [None, Uint(3), None, [None, None], None]
     assert decode_all(encode(values)) == [values]
+
+
+@pytest.mark.parametrize("number", [0, 5, 255, 70_000])
+@pytest.mark.parametrize("flags", [[], [None], [True], [False, True], [True, None, None, None]])
+def test_the_byte_level_transfer_reads_what_the_generic_decoding_reads(
+    number: int, flags: list[Any]
+) -> None:
+    fields = [Uint(number), Uint(number + 1), b"tag", Uint(number), *flags]
+    body = encode(Described(Ulong(0x14), fields)) + b"payload"
+    transfer, payload = frames.decode_body(body, frames.FRAME_AMQP)
+    assert transfer == Transfer.from_described(fields)
+    assert payload == b"payload"
+    for cut in range(1, len(body) - len(b"payload")):  # truncated: refused, never misread
+        try:
+            got, rest = frames.decode_body(body[:cut], frames.FRAME_AMQP)
+        except DecodeError:
+            continue
+        assert (got, rest) == (transfer, b"") and cut == len(body) - len(b"payload")
