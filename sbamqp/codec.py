@@ -357,6 +357,11 @@ def _elements(buf: Buffer, off: int, end: int, count: int, depth: int) -> tuple[
         if off >= end:
             raise DecodeError("compound element overruns its declared size")
         code = buf[off]
+        if code == 0x40:
+            # null, inline: SDKs send lists (transfer, properties) mostly made of nulls.
+            append(None)
+            off += 1
+            continue
         dec = decoders[code]
         if dec is None:
             raise DecodeError(f"unknown format code {code:#04x}")

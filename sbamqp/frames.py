@@ -12,11 +12,12 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from sbamqp.codec import Buffer, DecodeError, Described, decode
+from sbamqp.codec import Buffer, DecodeError, Described, Uint, decode
 from sbamqp.performatives import (
     PERFORMATIVES,
     SASL_FRAMES,
     Performative,
+    Transfer,
     descriptor_code,
 )
 
@@ -46,6 +47,7 @@ FRAME_SASL = 1
 MIN_MAX_FRAME_SIZE = 512
 
 _HEADER = struct.Struct(">IBBH")
+_TRANSFER_DESCRIPTOR = bytes((0x00, 0x53, Transfer.DESCRIPTOR))  # small ulong 0x14
 
 
 class FrameError(DecodeError):
@@ -88,6 +90,16 @@ def decode_body(body: Buffer, frame_type: int) -> tuple[Performative | None, byt
     """
     if not body:
         return None, b""
+    if body[:3] == _TRANSFER_DESCRIPTOR and frame_type == FRAME_AMQP:
+        # The hot path, one per delivery: the SDKs' encoding read byte by byte, else the
+        # list straight to the transfer, without building the `Described` and looking its
+        # class up (the same checks follow).
+        fast = _sdk_transfer(body)
+        if fast is not None:
+            return fast[0], bytes(body[fast[1] :])
+        items, end = decode(body, 3)
+        if type(items) is list:
+            return Transfer.from_described(items), bytes(body[end:])
     value, end = decode(body, 0)
     if not isinstance(value, Described):
         raise FrameError("frame body is not a described performative")
@@ -96,6 +108,74 @@ def decode_body(body: Buffer, frame_type: int) -> tuple[Performative | None, byt
     if cls is None:
         raise FrameError(f"unknown performative {value.descriptor!r:.60}")
     return cls.from_described(value), bytes(body[end:])
+
+
+def _sdk_uint(body: Buffer, pos: int) -> tuple[int, int] | None:
+    code = body[pos]
+    if code == 0x43:
+        return 0, pos + 1
+    if code == 0x52:
+        return body[pos + 1], pos + 2
+    if code == 0x70:
+        return int.from_bytes(body[pos + 1 : pos + 5], "big"), pos + 5
+    return None
+
+
+def _sdk_bool(body: Buffer, pos: int) -> tuple[bool | None, int] | None:
+    code = body[pos]
+    if code == 0x42:
+        return False, pos + 1
+    if code == 0x41:
+        return True, pos + 1
+    if code == 0x40:
+        return None, pos + 1
+    return None
+
+
+def _sdk_transfer(body: Buffer) -> tuple[Transfer, int] | None:
+    """A transfer as the SDKs encode it (a list8 of uint handle, delivery id and format, a
+    vbin8 tag, booleans, nulls): the transfer and where its payload starts; None for any
+    other encoding, which is then decoded generically. Every read stays inside the list."""
+    if len(body) < 6 or body[3] != 0xC0:
+        return None
+    end, count = 5 + body[4], body[5]
+    if not 4 <= count <= 11 or end > len(body) or end - 6 < count:
+        return None
+    try:
+        handle = _sdk_uint(body, 6)
+        if handle is None:
+            return None
+        delivery_id = _sdk_uint(body, handle[1])
+        if delivery_id is None or body[delivery_id[1]] != 0xA0:
+            return None
+        tag_end = delivery_id[1] + 2 + body[delivery_id[1] + 1]
+        tag = bytes(body[delivery_id[1] + 2 : tag_end])
+        message_format = _sdk_uint(body, tag_end)
+        if message_format is None:
+            return None
+        pos = message_format[1]
+        flags: list[bool | None] = []
+        for _ in range(min(count, 6) - 4):
+            flag = _sdk_bool(body, pos)
+            if flag is None:
+                return None
+            flags.append(flag[0])
+            pos = flag[1]
+    except IndexError:
+        return None
+    rest = count - 4 - len(flags)
+    if (
+        pos + rest != end
+        or any(b != 0x40 for b in body[pos:end])
+        or len(tag) != tag_end - (delivery_id[1] + 2)
+    ):
+        return None
+    settled = flags[0] if flags else None
+    more = flags[1] if len(flags) > 1 else None
+    transfer = Transfer(
+        Uint(handle[0]), Uint(delivery_id[0]), tag, Uint(message_format[0]), settled, more
+    )
+    return transfer, end
 
 
 def encode_frame(

@@ -450,19 +450,20 @@ class Transfer(Performative):
     @classmethod
     def from_described(cls: type[T], value: Any) -> T:
         """The hot path: a transfer as SDK senders send it (uint handle, delivery id and
-        format, binary tag, booleans) is taken without the generic checks; anything else
-        goes through them."""
+        format, binary tag, booleans, then nulls: the Python SDK sends all eleven fields) is
+        taken without the generic checks; anything else goes through them."""
         items = value.value if isinstance(value, Described) else value
         if (
             type(items) is list
-            and 4 <= len(items) <= 6
+            and 4 <= len(items) <= 11
             and type(items[0]) is Uint
             and type(items[1]) is Uint
             and type(items[2]) is bytes
             and type(items[3]) is Uint
-            and all(v is None or v is True or v is False for v in items[4:])
+            and all(v is None or v is True or v is False for v in items[4:6])
+            and all(v is None for v in items[6:])
         ):
-            return cls(*items)
+            return cls(*items[:6])
         return super().from_described.__func__(cls, value)  # type: ignore[attr-defined, no-any-return]
 
 

@@ -141,6 +141,9 @@ def to_outbound(payload: bytes) -> OutboundMessage:
 
 def _sections(payload: bytes) -> list[tuple[int, Any]]:
     try:
+        fast = _sections_fast(payload)
+        if fast is not None:
+            return fast
         values = codec.decode_all(payload)
     except DecodeError as exc:
         raise MalformedMessage(f"the message does not decode: {exc}") from None
@@ -154,6 +157,36 @@ def _sections(payload: bytes) -> list[tuple[int, Any]]:
         if not isinstance(code, int) or not HEADER <= code <= FOOTER:
             raise MalformedMessage(f"unknown message section {value.descriptor!r}")
         out.append((int(code), value.value))
+    return out
+
+
+def _sections_fast(payload: bytes) -> list[tuple[int, Any]] | None:
+    """The sections of a message as the SDKs encode it (each descriptor a small ulong, the
+    body one binary), without building a `Described` per section or decoding the body
+    (its bytes are taken as they are); None for any other encoding, which `_sections`
+    then decodes generically."""
+    out: list[tuple[int, Any]] = []
+    off, size = 0, len(payload)
+    while off < size:
+        if payload[off] != 0x00 or off + 3 > size or payload[off + 1] != 0x53:
+            return None
+        code = payload[off + 2]
+        if not HEADER <= code <= FOOTER:
+            return None
+        off += 3
+        if code == DATA and off < size and payload[off] in (0xA0, 0xB0):
+            width = 1 if payload[off] == 0xA0 else 4
+            if off + 1 + width > size:
+                raise DecodeError("truncated data section")
+            length = int.from_bytes(payload[off + 1 : off + 1 + width], "big")
+            start = off + 1 + width
+            off = start + length
+            if off > size:
+                raise DecodeError("data section overruns the message")
+            out.append((code, payload[start:off]))
+            continue
+        value, off = codec.decode(payload, off)
+        out.append((code, value))
     return out
 
 

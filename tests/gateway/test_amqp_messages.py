@@ -257,3 +257,34 @@ def test_the_ttl_and_schedule_are_read() -> None:
     )
     assert m.time_to_live == dt.timedelta(milliseconds=1500)
     assert m.scheduled_enqueue_time_utc == dt.datetime.fromtimestamp(1_800_000_000, dt.UTC)
+
+
+def test_symbolic_descriptors_read_as_the_sdks_numeric_ones() -> None:
+    """The SDKs' encoding (numeric descriptors) takes a fast path; any other is decoded
+    generically, with the same result."""
+    fields: dict[str, Any] = {
+        "header": [None, None, 1500],
+        "annotations": {Symbol("x-opt-partition-key"): "p"},
+        "properties": ["id", None, None, "subject"],
+        "app": {"n": Long(5), "s": "text"},
+    }
+    numeric = message(b"body", **fields)
+    names = {
+        0x70: "amqp:header:list",
+        0x72: "amqp:message-annotations:map",
+        0x73: "amqp:properties:list",
+        0x74: "amqp:application-properties:map",
+        0x75: "amqp:data:binary",
+    }
+    symbolic = b"".join(
+        codec.encode(Described(Symbol(names[int(v.descriptor)]), v.value))
+        for v in codec.decode_all(numeric)
+    )
+    assert to_outbound(symbolic) == to_outbound(numeric)
+    assert to_outbound(numeric).body == b"body"
+
+
+def test_a_data_section_longer_than_the_message_is_malformed() -> None:
+    whole = message(b"x" * 300)
+    with pytest.raises(MalformedMessage):
+        to_outbound(whole[:-1])
