@@ -291,13 +291,15 @@ def _retype(props: dict[str, AppValue]) -> None:
         return
     try:
         types = json.loads(raw) if isinstance(raw, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # anyone with Send on the secondary writes these
         types = None
     if not isinstance(types, dict):
         raise RestoreError(f"{TYPES} must be a JSON object of property names and types")
     for name, kind in types.items():
         if kind not in TYPED_KINDS or name not in props:
-            raise RestoreError(f"{TYPES}: {name!r} is not a property, or {kind!r} not a type")
+            raise RestoreError(
+                f"{TYPES}: {name[:100]!r} is not a property, or {str(kind)[:50]!r} not a type"
+            )
         props[name] = _typed(kind, props[name], name)
 
 

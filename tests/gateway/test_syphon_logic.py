@@ -8,8 +8,10 @@ import datetime as dt
 import time
 from collections.abc import Sequence
 
+import pytest
+
 from gateway.config import LimitSettings, SyphonSettings, TimeoutSettings
-from gateway.core.backlog import restore, rewrite
+from gateway.core.backlog import RestoreError, restore, rewrite
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.message import OutboundMessage
 from gateway.core.ports import Received
@@ -201,3 +203,28 @@ async def test_a_failed_move_abandons_every_later_message_of_its_session_never_s
     assert [i for i in sent if i.startswith("b")] == ["b1", "b2"], "b3 never goes before b2"
     assert ("complete", "b1") in port.settled and ("abandon", "b2") in port.settled
     assert ("abandon", "b3") in port.settled and ("complete", "b3") not in port.settled
+
+
+@pytest.mark.parametrize(
+    "types",
+    [
+        "[" * 100_000,  # json.loads raised RecursionError, not ValueError: past `except`
+        '{"' + "n" * 5000 + '": "uint"}',  # a name that is no property: a bounded message
+        '{"k": "decimal128"}',
+        "[]",
+        "null",
+    ],
+)
+def test_a_hostile_types_property_in_a_backlog_message_is_a_restore_error(types: str) -> None:
+    """x-ms-types is read from a backlog queue, which anyone with Send on the secondary
+    writes: whatever it holds, the message fails alone (dead-lettered `RestoreFailed`)."""
+    stored = rewrite(
+        OutboundMessage(body=b"b", message_id="m", application_properties={"k": "v"}),
+        "orders",
+        accepted_at=1000.0,
+    )
+    props = {**stored.application_properties, "x-ms-types": types}
+    hostile = OutboundMessage(body=b"b", message_id="m", application_properties=props)
+    with pytest.raises(RestoreError) as info:
+        restore(hostile, now=1001.0)
+    assert len(str(info.value)) < 300
