@@ -1,0 +1,192 @@
+"""A TCP relay on 127.0.0.1 between an SDK and the gateway's AMQP listener, to see the wire.
+
+What a test cannot ask the SDK or the gateway, the relay counts: how many TCP connections the
+client opened (a reconnect shows as a second one, even one the SDK hides from the
+application), and, on a plain (not TLS) connection, the AMQP frames each way: the client's
+`open` (its idle timeout) and the gateway's empty frames (heartbeats), with the loop time
+each arrived. Bytes are forwarded unchanged, as they come.
+
+Every connection's pumps are owned by the relay and cancelled and awaited when it closes;
+the frames kept are bounded (`MAX_FRAMES` a direction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from sbamqp.codec import Described, decode
+
+MAX_FRAMES = 10_000
+_HEADER = b"AMQP"
+_OPEN = 0x10
+_ATTACH = 0x12
+_TRANSFER = 0x14
+_CLOSE = 0x18
+CONNECT_DEADLINE = 10.0
+
+
+@dataclass(slots=True)
+class Frame:
+    """One AMQP frame as it crossed the relay: when, its size, and its performative."""
+
+    at: float  # the loop's time when its last byte arrived
+    size: int
+    descriptor: int | None  # None: an empty frame (a heartbeat)
+    fields: list[Any] | None
+
+
+@dataclass(slots=True)
+class _Stream:
+    """A byte stream cut into protocol headers and frames (plain AMQP, SASL included)."""
+
+    frames: list[Frame] = field(default_factory=list)
+    _buf: bytearray = field(default_factory=bytearray)
+
+    def feed(self, data: bytes, at: float) -> None:
+        buf = self._buf
+        buf += data
+        while True:
+            if buf[:4] == _HEADER:
+                if len(buf) < 8:
+                    return
+                del buf[:8]
+                continue
+            if len(buf) < 8:
+                return
+            size = int.from_bytes(buf[:4], "big")
+            if size < 8 or len(buf) < size:
+                return
+            doff = buf[4] * 4
+            body = bytes(buf[doff:size])
+            del buf[:size]
+            descriptor, fields = None, None
+            if body:
+                with contextlib.suppress(Exception):  # a frame we cannot read is kept unnamed
+                    value = decode(body)[0]
+                    if isinstance(value, Described):
+                        descriptor = int(value.descriptor)
+                        fields = list(value.value) if isinstance(value.value, list) else None
+            if len(self.frames) < MAX_FRAMES:
+                self.frames.append(Frame(at, size, descriptor, fields))
+
+
+@dataclass(slots=True)
+class Connection:
+    """One client connection through the relay: its frames each way."""
+
+    to_server: _Stream = field(default_factory=_Stream)
+    to_client: _Stream = field(default_factory=_Stream)
+
+    def client_open(self) -> list[Any] | None:
+        """The fields of the client's `open` (after SASL), or None before it came."""
+        for frame in self.to_server.frames:
+            if frame.descriptor == _OPEN:
+                return frame.fields
+        return None
+
+    def client_idle_timeout_ms(self) -> int | None:
+        fields = self.client_open()
+        if fields is None or len(fields) < 5:
+            return None
+        return None if fields[4] is None else int(fields[4])
+
+    def links_attached(self) -> int:
+        """How many links the client attached (a new `$cbs` link would add two)."""
+        return sum(1 for f in self.to_server.frames if f.descriptor == _ATTACH)
+
+    def transfers_to(self, address: str) -> int:
+        """How many transfers the client sent on its links whose target is `address`."""
+        handles = set()
+        for f in self.to_server.frames:
+            if f.descriptor == _ATTACH and f.fields and len(f.fields) > 6:
+                target = f.fields[6]
+                fields = target.value if isinstance(target, Described) else None
+                if isinstance(fields, list) and fields and fields[0] == address:
+                    handles.add(int(f.fields[1]))
+        return sum(
+            1
+            for f in self.to_server.frames
+            if f.descriptor == _TRANSFER and f.fields and int(f.fields[0]) in handles
+        )
+
+    def closes(self) -> dict[str, float]:
+        """When each side ("client", "gateway") sent its `close`, for those that did."""
+        out = {}
+        for side, stream in (("client", self.to_server), ("gateway", self.to_client)):
+            at = [f.at for f in stream.frames if f.descriptor == _CLOSE]
+            if at:
+                out[side] = at[0]
+        return out
+
+    def heartbeats_to_client(self) -> list[float]:
+        """When the gateway's empty frames arrived (its heartbeats)."""
+        return [f.at for f in self.to_client.frames if f.descriptor is None and f.size == 8]
+
+
+class Relay:
+    """``async with Relay(port) as relay:`` clients dial ``relay.port`` instead of `port`."""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self._target = (target_host, target_port)
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.connections: list[Connection] = []
+        self.port = 0
+
+    async def __aenter__(self) -> Relay:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CONNECT_DEADLINE):
+                await self._server.wait_closed()
+
+    async def _serve(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(c_writer)
+        conn = Connection()
+        self.connections.append(conn)
+        s_writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(CONNECT_DEADLINE):
+                s_reader, s_writer = await asyncio.open_connection(*self._target)
+            self._writers.add(s_writer)
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(_pump(c_reader, s_writer, conn.to_server))
+                tg.create_task(_pump(s_reader, c_writer, conn.to_client))
+        except (OSError, TimeoutError, ExceptionGroup):
+            pass  # either side went away: the other is closed below
+        finally:
+            for writer in (c_writer, s_writer):
+                if writer is not None:
+                    writer.close()
+                    self._writers.discard(writer)
+            self._tasks.discard(task)
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: _Stream) -> None:
+    loop = asyncio.get_running_loop()
+    while data := await reader.read(65536):
+        seen.feed(data, loop.time())
+        writer.write(data)
+        await writer.drain()
+    with contextlib.suppress(OSError):
+        writer.write_eof()
