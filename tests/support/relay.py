@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from sbamqp.addresses import entity_path
 from sbamqp.codec import Described, decode
 
 MAX_FRAMES = 10_000
 _HEADER = b"AMQP"
 _OPEN = 0x10
 _ATTACH = 0x12
+_FLOW = 0x13
 _TRANSFER = 0x14
 _CLOSE = 0x18
 CONNECT_DEADLINE = 10.0
@@ -44,6 +46,7 @@ class _Stream:
     """A byte stream cut into protocol headers and frames (plain AMQP, SASL included)."""
 
     frames: list[Frame] = field(default_factory=list)
+    ended_at: float | None = None  # when the sender of this stream shut its side
     _buf: bytearray = field(default_factory=bytearray)
 
     def feed(self, data: bytes, at: float) -> None:
@@ -76,8 +79,9 @@ class _Stream:
 
 @dataclass(slots=True)
 class Connection:
-    """One client connection through the relay: its frames each way."""
+    """One client connection through the relay: where it went, and its frames each way."""
 
+    target_port: int = 0
     to_server: _Stream = field(default_factory=_Stream)
     to_client: _Stream = field(default_factory=_Stream)
 
@@ -98,14 +102,16 @@ class Connection:
         """How many links the client attached (a new `$cbs` link would add two)."""
         return sum(1 for f in self.to_server.frames if f.descriptor == _ATTACH)
 
-    def transfers_to(self, address: str) -> int:
-        """How many transfers the client sent on its links whose target is `address`."""
+    def transfers_to(self, path: str) -> int:
+        """How many transfers the client sent on its links to entity `path` (``$cbs``,
+        ``orders``: the target address in any of its forms)."""
         handles = set()
         for f in self.to_server.frames:
             if f.descriptor == _ATTACH and f.fields and len(f.fields) > 6:
                 target = f.fields[6]
                 fields = target.value if isinstance(target, Described) else None
-                if isinstance(fields, list) and fields and fields[0] == address:
+                address = fields[0] if isinstance(fields, list) and fields else None
+                if isinstance(address, str) and entity_path(address) == path:
                     handles.add(int(f.fields[1]))
         return sum(
             1
@@ -122,6 +128,25 @@ class Connection:
                 out[side] = at[0]
         return out
 
+    def credit_to_client(self) -> list[tuple[float, int, int]]:
+        """The gateway's link flows: (when, handle, link-credit)."""
+        out = []
+        for f in self.to_client.frames:
+            fields = f.fields
+            if f.descriptor == _FLOW and fields and len(fields) > 6 and fields[4] is not None:
+                out.append((f.at, int(fields[4]), int(fields[6] or 0)))
+        return out
+
+    def gateway_close(self) -> tuple[float, str | None] | None:
+        """When the gateway sent its `close`, and the error condition it carried."""
+        for f in self.to_client.frames:
+            if f.descriptor == _CLOSE:
+                error = f.fields[0] if f.fields else None
+                if isinstance(error, Described) and isinstance(error.value, list):
+                    return f.at, str(error.value[0])
+                return f.at, None
+        return None
+
     def heartbeats_to_client(self) -> list[float]:
         """When the gateway's empty frames arrived (its heartbeats)."""
         return [f.at for f in self.to_client.frames if f.descriptor is None and f.size == 8]
@@ -137,6 +162,11 @@ class Relay:
         self._writers: set[asyncio.StreamWriter] = set()
         self.connections: list[Connection] = []
         self.port = 0
+
+    def retarget(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        """Send the connections made from now on to another listener (a load balancer
+        that moved on to another replica); open ones stay where they are."""
+        self._target = (target_host, target_port)
 
     async def __aenter__(self) -> Relay:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -162,12 +192,13 @@ class Relay:
         assert task is not None
         self._tasks.add(task)
         self._writers.add(c_writer)
-        conn = Connection()
+        target = self._target
+        conn = Connection(target_port=target[1])
         self.connections.append(conn)
         s_writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(CONNECT_DEADLINE):
-                s_reader, s_writer = await asyncio.open_connection(*self._target)
+                s_reader, s_writer = await asyncio.open_connection(*target)
             self._writers.add(s_writer)
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(_pump(c_reader, s_writer, conn.to_server))
@@ -188,5 +219,6 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen
         seen.feed(data, loop.time())
         writer.write(data)
         await writer.drain()
+    seen.ended_at = loop.time()
     with contextlib.suppress(OSError):
         writer.write_eof()

@@ -1,5 +1,6 @@
 // The Node SDK's habits over time, for tests/gateway/test_amqp_sdk_refresh.py and
-// test_amqp_sdk_idle.py: token renewal on the SDK's own timer, and an idle pause.
+// test_amqp_sdk_idle.py, test_amqp_sdk_drain.py: token renewal on the SDK's own timer, an idle
+// pause, a stream of sends through a drain.
 //
 //   node habits.mjs '<job json>'      (or the job on stdin)
 //
@@ -9,15 +10,24 @@
 //                                            "claimedSeconds"}
 //     an application's TokenCredential minting SAS tokens that live ttlSeconds and that it
 //     says expire after claimedSeconds (the SDK renews two minutes before that);
-// and optionally "idleTimeoutMs": the idle timeout the connection asks for in its open
-// (the SDK has no option for it: it is @azure/core-amqp's default, 60 s, set here on the
+// and optionally "retry": the client's retryOptions (no retries unless given), and
+// "idleTimeoutMs": the idle timeout the connection asks for in its open (the SDK has no
+// option for it: it is @azure/core-amqp's default, 60 s, set here on the
 // same module instance the SDK uses before the client is made).
 // A step is
 //   {"op": "send", "messageId": "..."}           one sendMessages call
 //   {"op": "waitExpired", "token": i}            wait until the i-th token issued has
 //                                                expired (one second past its se)
 //   {"op": "idle", "ms": n}                      do nothing for n ms (the idle pause)
-// It prints one JSON line: {"ok", "done": steps finished, "tokens": [se, ...], "error"?}.
+//   {"op": "stream", "prefix": "p", "count": n, "appRetries": r}
+//                                                send p-0, p-1... one after the other, each
+//                                                acknowledged one listed in "acknowledged";
+//                                                a send that fails is sent again up to r
+//                                                times (the application's retry), each
+//                                                error listed in "appRetried"
+// It prints one JSON line: {"ok", "done": steps finished, "tokens": [se, ...],
+// "acknowledged": [messageId, ...], "appRetried": [error, ...],
+// "error"?: {name, code, message, retryable}}.
 import { createHmac } from "node:crypto";
 import { createRequire } from "node:module";
 import { setTimeout as delay } from "node:timers/promises";
@@ -53,8 +63,33 @@ function shortLivedSas({ uri, keyName, key, ttlSeconds, claimedSeconds }, issued
   };
 }
 
-async function step(sender, s, issued) {
+function describe(err) {
+  return {
+    name: err?.name,
+    code: err?.code,
+    message: String(err?.message ?? err),
+    retryable: err?.retryable,
+  };
+}
+
+async function step(sender, s, issued, acknowledged) {
   switch (s.op) {
+    case "stream":
+      for (let i = 0; i < s.count; i++) {
+        const messageId = `${s.prefix}-${i}`;
+        for (let attempt = 0; ; attempt++) {
+          try {
+            await sender.sendMessages({ body: messageId, messageId });
+            break;
+          } catch (err) {
+            // The application's own retry, on top of the SDK's (appRetries, 0 by default).
+            if (attempt >= (s.appRetries ?? 0)) throw err;
+            appRetried.push(describe(err));
+          }
+        }
+        acknowledged.push(messageId);
+      }
+      return;
     case "send":
       await sender.sendMessages({ body: s.messageId, messageId: s.messageId });
       return;
@@ -74,7 +109,9 @@ async function step(sender, s, issued) {
 const job = await readJob();
 if (job.idleTimeoutMs) coreAmqp.Constants.defaultConnectionIdleTimeoutInMs = job.idleTimeoutMs;
 const issued = [];
-const options = { retryOptions: { maxRetries: 0, timeoutInMs: job.timeoutMs ?? 15000 } };
+const acknowledged = [];
+const appRetried = [];
+const options = { retryOptions: { maxRetries: 0, timeoutInMs: 15000, ...job.retry } };
 const client = job.credential
   ? new ServiceBusClient(job.host, shortLivedSas(job.credential, issued), options)
   : new ServiceBusClient(job.connectionString, options);
@@ -83,20 +120,26 @@ let out;
 try {
   const sender = client.createSender(job.entity);
   for (const s of job.steps) {
-    await step(sender, s, issued);
+    await step(sender, s, issued, acknowledged);
     done += 1;
   }
   await sender.close();
-  out = { ok: true, done, tokens: issued };
+  out = { ok: true, done, tokens: issued, acknowledged, appRetried };
 } catch (err) {
   out = {
     ok: false,
     done,
     tokens: issued,
-    error: { name: err?.name, code: err?.code, message: String(err?.message ?? err) },
+    acknowledged,
+    appRetried,
+    error: describe(err),
   };
 } finally {
-  await client.close();
+  try {
+    await client.close();
+  } catch {
+    // closing after the gateway went away: the result is already decided
+  }
 }
 process.stdout.write(JSON.stringify(out) + "\n");
 process.exitCode = out.ok ? 0 : 1;
