@@ -151,6 +151,10 @@ class Connection:
         """When the gateway's empty frames arrived (its heartbeats)."""
         return [f.at for f in self.to_client.frames if f.descriptor is None and f.size == 8]
 
+    def heartbeats_to_server(self) -> list[float]:
+        """When the client's empty frames arrived."""
+        return [f.at for f in self.to_server.frames if f.descriptor is None and f.size == 8]
+
 
 class Relay:
     """``async with Relay(port) as relay:`` clients dial ``relay.port`` instead of `port`."""
