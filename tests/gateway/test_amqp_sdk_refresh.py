@@ -197,11 +197,12 @@ async def test_a_python_send_after_the_grant_lapsed_unrefreshed_is_refused_unaut
 # -- Node --------------------------------------------------------------------------------
 
 
-async def node_over_tls(
-    gateway: GatewayFactory, tmp_path: Path, credential: dict[str, Any], *steps: dict[str, Any]
+async def node_across_expiry(
+    gateway: GatewayFactory, tmp_path: Path, credential: dict[str, Any], prefix: str
 ) -> tuple[dict[str, Any], AmqpServer, Relay]:
-    """Run `steps` with a Node sender whose credential is `credential` (habits.mjs's
-    `shortLivedSas`), through a relay, to the gateway's TLS listener.
+    """A Node sender whose credential is `credential` (habits.mjs's `shortLivedSas`) sends
+    `<prefix>-before`, waits until its first token has expired, and sends `<prefix>-after`,
+    through a relay, to the gateway's TLS listener.
 
     A credential (not a connection string) is what makes the Node SDK renew on the token's
     own expiry, and its constructor has no plain-TCP form: TLS, trusting the dev CA."""
@@ -227,7 +228,11 @@ async def node_over_tls(
                 **credential,
             },
             "entity": "orders",
-            "steps": list(steps),
+            "steps": [
+                {"op": "send", "messageId": f"{prefix}-before"},
+                {"op": "waitExpired", "token": 0},
+                {"op": "send", "messageId": f"{prefix}-after"},
+            ],
         }
         result = await run_job(job, env=env, script="habits.mjs", deadline=TEST_DEADLINE)
     return result, server, relay
@@ -239,13 +244,8 @@ async def test_the_node_sdk_renews_on_its_timer_and_keeps_sending(
 ) -> None:
     # Tokens of 6 s that Node renews 2 s after each (its timer: two minutes before the
     # claimed expiry), so the first has lapsed well before the last send.
-    result, server, relay = await node_over_tls(
-        gateway,
-        tmp_path,
-        {"ttlSeconds": 6, "claimedSeconds": 122},
-        {"op": "send", "messageId": "node-0"},
-        {"op": "waitExpired", "token": 0},
-        {"op": "send", "messageId": "node-1"},
+    result, server, relay = await node_across_expiry(
+        gateway, tmp_path, {"ttlSeconds": 6, "claimedSeconds": 122}, "renewed"
     )
     assert result["ok"], result
     issued = result["tokens"]
@@ -255,20 +255,15 @@ async def test_the_node_sdk_renews_on_its_timer_and_keeps_sending(
     # flight when the job ends: the renewal timer runs on its own).
     assert len(issued) - 1 <= put_tokens(server, "granted") <= len(issued)
     assert put_tokens(server, "refused") == 0
-    assert await stored_ids(control) == ["node-0", "node-1"]
+    assert await stored_ids(control) == ["renewed-after", "renewed-before"]
 
 
 @NODE_SKIP
 async def test_a_node_send_after_the_grant_lapsed_unrenewed_is_refused_unauthorized(
     gateway: GatewayFactory, control: ControlClient, tmp_path: Path
 ) -> None:
-    result, server, relay = await node_over_tls(
-        gateway,
-        tmp_path,
-        {"ttlSeconds": 3, "claimedSeconds": 3600},
-        {"op": "send", "messageId": "node-before"},
-        {"op": "waitExpired", "token": 0},
-        {"op": "send", "messageId": "node-after"},
+    result, server, relay = await node_across_expiry(
+        gateway, tmp_path, {"ttlSeconds": 3, "claimedSeconds": 3600}, "lapsed"
     )
     assert not result["ok"], result
     assert result["error"]["code"] == "UnauthorizedAccess", result
@@ -276,4 +271,4 @@ async def test_a_node_send_after_the_grant_lapsed_unrenewed_is_refused_unauthori
     assert result["done"] == 2 and len(result["tokens"]) == 1
     assert len(relay.connections) == 1
     assert put_tokens(server, "granted") == 1
-    assert await stored_ids(control) == ["node-before"]
+    assert await stored_ids(control) == ["lapsed-before"]
