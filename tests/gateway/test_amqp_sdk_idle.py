@@ -11,7 +11,7 @@ and the gateway sees the timeout in the client's open, the gateway's empty frame
 the pause, and a single TCP connection throughout.
 
 The short test sets the SDK's default (the one constant its connection options read,
-habits.mjs) to 2 s, so a 6 s pause outlasts what rhea tolerates; the slow one keeps the
+habits.mjs) to 3 s, so an 8 s pause outlasts what rhea tolerates; the slow one keeps the
 default and pauses 125 s.
 
 The Python SDK's sender asks for no idle timeout (its open carries none:
@@ -83,7 +83,7 @@ async def idle_pause(
 async def test_a_node_sender_survives_an_idle_pause_longer_than_its_idle_timeout(
     gateway: GatewayFactory, control: ControlClient
 ) -> None:
-    await idle_pause(gateway, control, idle_ms=2_000, pause_ms=6_000)
+    await idle_pause(gateway, control, idle_ms=3_000, pause_ms=8_000)
 
 
 @NODE_SKIP
