@@ -10,7 +10,7 @@ frames. What must show:
   its default being 30 s), reconnect through the relay to the other replica and finish
   their streams: no error reaches a Python application, so every error the drain caused
   was one its SDK retries;
-* Node (7.9.5) also finishes, but in about half the runs here only with one retry of the
+* Node (7.9.5) also finishes, but in up to half the runs here only with one retry of the
   application's own: a race in the SDK itself fails one send with a plain, unretried
   ``Error: Failed to connect``. The send after the close re-opens the old connection
   object (its `$cbs` session opens the connection when it finds it closed) while the SDK's

@@ -3,8 +3,9 @@
 What a test cannot ask the SDK or the gateway, the relay counts: how many TCP connections the
 client opened (a reconnect shows as a second one, even one the SDK hides from the
 application), and, on a plain (not TLS) connection, the AMQP frames each way: the client's
-`open` (its idle timeout) and the gateway's empty frames (heartbeats), with the loop time
-each arrived. Bytes are forwarded unchanged, as they come.
+`open` (its idle timeout), its links and transfers, and the gateway's flows, close and
+empty frames (heartbeats), with the loop time each arrived. Bytes are forwarded unchanged,
+as they come; a TLS stream is only counted.
 
 Every connection's pumps are owned by the relay and cancelled and awaited when it closes;
 the frames kept are bounded (`MAX_FRAMES` a direction).
@@ -22,6 +23,7 @@ from sbamqp.addresses import entity_path
 from sbamqp.codec import Described, decode
 
 MAX_FRAMES = 10_000
+MAX_FRAME = 1 << 24
 _HEADER = b"AMQP"
 _OPEN = 0x10
 _ATTACH = 0x12
@@ -46,12 +48,23 @@ class _Stream:
     """A byte stream cut into protocol headers and frames (plain AMQP, SASL included)."""
 
     frames: list[Frame] = field(default_factory=list)
-    ended_at: float | None = None  # when the sender of this stream shut its side
+    opaque: bool = False  # not AMQP from its first bytes (TLS): counted, not read
     _buf: bytearray = field(default_factory=bytearray)
+    _started: bool = False
 
     def feed(self, data: bytes, at: float) -> None:
+        if self.opaque:
+            return
         buf = self._buf
         buf += data
+        if not self._started:
+            if len(buf) < 4:
+                return
+            self._started = True
+            if buf[:4] != _HEADER:
+                self.opaque = True
+                buf.clear()
+                return
         while True:
             if buf[:4] == _HEADER:
                 if len(buf) < 8:
@@ -61,7 +74,11 @@ class _Stream:
             if len(buf) < 8:
                 return
             size = int.from_bytes(buf[:4], "big")
-            if size < 8 or len(buf) < size:
+            if size < 8 or size > MAX_FRAME:
+                self.opaque = True  # not a frame: stop reading rather than buffer without end
+                buf.clear()
+                return
+            if len(buf) < size:
                 return
             doff = buf[4] * 4
             body = bytes(buf[doff:size])
@@ -119,15 +136,6 @@ class Connection:
             if f.descriptor == _TRANSFER and f.fields and int(f.fields[0]) in handles
         )
 
-    def closes(self) -> dict[str, float]:
-        """When each side ("client", "gateway") sent its `close`, for those that did."""
-        out = {}
-        for side, stream in (("client", self.to_server), ("gateway", self.to_client)):
-            at = [f.at for f in stream.frames if f.descriptor == _CLOSE]
-            if at:
-                out[side] = at[0]
-        return out
-
     def credit_to_client(self) -> list[tuple[float, int, int]]:
         """The gateway's link flows: (when, handle, link-credit)."""
         out = []
@@ -150,10 +158,6 @@ class Connection:
     def heartbeats_to_client(self) -> list[float]:
         """When the gateway's empty frames arrived (its heartbeats)."""
         return [f.at for f in self.to_client.frames if f.descriptor is None and f.size == 8]
-
-    def heartbeats_to_server(self) -> list[float]:
-        """When the client's empty frames arrived."""
-        return [f.at for f in self.to_server.frames if f.descriptor is None and f.size == 8]
 
 
 class Relay:
@@ -204,11 +208,14 @@ class Relay:
             async with asyncio.timeout(CONNECT_DEADLINE):
                 s_reader, s_writer = await asyncio.open_connection(*target)
             self._writers.add(s_writer)
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(_pump(c_reader, s_writer, conn.to_server))
-                tg.create_task(_pump(s_reader, c_writer, conn.to_client))
-        except (OSError, TimeoutError, ExceptionGroup):
-            pass  # either side went away: the other is closed below
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(_pump(c_reader, s_writer, conn.to_server))
+                    tg.create_task(_pump(s_reader, c_writer, conn.to_client))
+            except* OSError:
+                pass  # one side reset: both are closed below
+        except (OSError, TimeoutError):
+            pass  # the listener refused or did not answer: the client is closed below
         finally:
             for writer in (c_writer, s_writer):
                 if writer is not None:
@@ -223,6 +230,5 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen
         seen.feed(data, loop.time())
         writer.write(data)
         await writer.drain()
-    seen.ended_at = loop.time()
     with contextlib.suppress(OSError):
         writer.write_eof()
