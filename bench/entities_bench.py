@@ -69,6 +69,7 @@ class Row:
     statuses: dict[str, int]
     cold_ms: float
     warm_ms: float
+    errors: dict[str, int]
 
 
 async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Row:
@@ -115,6 +116,7 @@ async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Ro
         statuses=statuses,
         cold_ms=cold_ms,
         warm_ms=warm_ms,
+        errors={str(k): int(v) for k, v in result.get("errors", {}).items()},
     )
 
 
@@ -310,7 +312,11 @@ async def _main(args: argparse.Namespace) -> list[Row]:
         for n in counts:
             row = await _one(n, args, cores, Path(tmp))
             rows.append(row)
-            print(f"  {n:>6,} entities: {row.rate:,.0f} req/s, statuses {row.statuses}", flush=True)
+            print(
+                f"  {n:>6,} entities: {row.rate:,.0f} req/s, statuses {row.statuses}"
+                + (f", errors {row.errors}" if row.errors else ""),
+                flush=True,
+            )
     return rows
 
 
