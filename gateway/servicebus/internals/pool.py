@@ -127,8 +127,8 @@ class _Coalescing:
         self.failure: OSError | None = None
 
     async def write(self, data: bytes) -> None:
-        if self.failure is not None:
-            raise self.failure
+        if self.failure is not None:  # a new instance: one raised again grows its traceback
+            raise OSError(f"the connection failed: {self.failure}")
         writer = self._transport.writer
         if writer is None:
             raise OSError("Connection has already been closed")
