@@ -55,7 +55,12 @@ _PARTS = {
 
 
 async def _profile(
-    broker: BrokerProcess, connections: int, seconds: float, many: tuple[Path, int] | None
+    broker: BrokerProcess,
+    connections: int,
+    seconds: float,
+    many: tuple[Path, int] | None,
+    generator: str = "python",
+    warmup: float = 3.0,
 ) -> cProfile.Profile:
     ns = broker.info["namespaces"]
     path, extra = "/queues/orders/messages", []
@@ -88,6 +93,10 @@ async def _profile(
 
         tune_gc()  # as `gateway serve` does once started
         port = runner.addresses[0][1]
+        if generator == "h2load":
+            await _under_h2load(profiler, port, path, many, connections, seconds, warmup)
+            return profiler
+        port = runner.addresses[0][1]
         loadgen = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -98,13 +107,13 @@ async def _profile(
             "--connections",
             str(connections),
             "--duration",
-            str(seconds + 4),
+            str(seconds + warmup + 1),
             env={**os.environ, "BENCH_CPUS": "1", "PYTHONPATH": str(ROOT)},
             cwd=ROOT,
             stdout=asyncio.subprocess.PIPE,
         )
         try:
-            await asyncio.sleep(3)  # warm-up: senders open, batches settle into their size
+            await asyncio.sleep(warmup)  # warm-up: senders open, batches settle into their size
             profiler.enable()
             await asyncio.sleep(seconds)
             profiler.disable()
@@ -119,6 +128,37 @@ async def _profile(
     finally:
         await runner.cleanup()
     return profiler
+
+
+async def _under_h2load(
+    profiler: cProfile.Profile,
+    port: int,
+    path: str,
+    many: tuple[Path, int] | None,
+    connections: int,
+    seconds: float,
+    warmup: float,
+) -> None:
+    """The load of `bench.entities_bench`: h2load on the second CPU, each connection cycling
+    through every entity's URL."""
+    from bench.loadgen import make_body
+    from bench.native import H2Load, run_h2load
+
+    count = many[1] if many is not None else 1
+    urls = [f"http://127.0.0.1:{port}{path}".replace("{i}", str(i)) for i in range(count)]
+    load = H2Load(urls, seconds + warmup, connections=connections, body=make_body(1024))
+    cpus = frozenset({1}) if len(os.sched_getaffinity(0)) > 1 else frozenset()
+    running = asyncio.create_task(run_h2load(load, cpus=cpus, watch={"gateway": os.getpid()}))
+    try:
+        await asyncio.sleep(warmup)
+        profiler.enable()
+        await asyncio.wait({running}, timeout=seconds)
+        profiler.disable()
+        window = await running
+    finally:
+        running.cancel()
+    result = window.result
+    print(f"h2load: {result['rate']:,.0f} req/s, statuses {result['statuses']}")
 
 
 def _report(profiler: cProfile.Profile, top: int) -> None:
@@ -140,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="profiled seconds")
     parser.add_argument("--top", type=int, default=40, help="functions listed")
     parser.add_argument("--entities", type=int, default=0, help="queues q0..q<N-1> (0: orders)")
+    parser.add_argument("--generator", choices=("python", "h2load"), default="python")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before profiling")
     parser.add_argument("--dump", type=Path, help="also write the raw profile here (pstats)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="e2e-profile-"))
@@ -156,10 +198,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import uvloop
         except ImportError:
-            profiler = asyncio.run(_profile(broker, args.connections, args.seconds, many))
+            profiler = asyncio.run(
+                _profile(broker, args.connections, args.seconds, many, args.generator, args.warmup)
+            )
         else:
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-                profiler = r.run(_profile(broker, args.connections, args.seconds, many))
+                profiler = r.run(
+                    _profile(
+                        broker, args.connections, args.seconds, many, args.generator, args.warmup
+                    )
+                )
     _report(profiler, args.top)
     if args.dump:
         profiler.dump_stats(args.dump)

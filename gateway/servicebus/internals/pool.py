@@ -28,11 +28,14 @@ read by another. So each pooled connection gets its own reader task (`Slot._read
 by its slot, which reads and dispatches every frame; a handler's `listen` only waits until
 a frame for its own session was dispatched (or its own deadline) and then looks at its own
 state — each handler sees the connection through a `_View` that knows its session, so a
-frame wakes the one handler it is for, not every handler of the connection; and writes take
-a lock of their own, so a send never waits for a read (asyncio's stream reader
-and writer are independent). A reader ends when its connection fails; the handlers then see
-the connection's error, and the slot replaces the connection on the next open. A reader
-that raises with its connection up is logged, counted and started again (`supervised`).
+frame wakes the one handler it is for, not every handler of the connection; and writes do
+not take the read's lock, so a send never waits for a read (asyncio's stream reader and
+writer are independent). The frames every handler writes in one loop turn leave in one
+socket write (`_Coalescing`): over many entities each request is a TRANSFER on a link of
+its own, and the turn that sends one usually sends several. A reader ends when its
+connection fails; the handlers then see the connection's error, and the slot replaces the
+connection on the next open. A reader that raises with its connection up is logged, counted
+and started again (`supervised`).
 
 Each slot opens its connection on first use; a link goes to the slot with the fewest links.
 Cancellation: `connection()` may be cancelled (the caller owns the deadline); a half-opened
@@ -47,6 +50,7 @@ import itertools
 import logging
 import uuid
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import certifi
@@ -55,6 +59,7 @@ from azure.servicebus._pyamqp._decode import decode_empty_frame, decode_frame
 from azure.servicebus._pyamqp.aio import Connection
 from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport
 from azure.servicebus._pyamqp.constants import AUTH_TYPE_CBS, ConnectionState
+from azure.servicebus._pyamqp.error import AMQPConnectionError, ErrorCondition
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from azure.servicebus.aio._async_utils import create_authentication
 
@@ -69,6 +74,9 @@ _CLOSE_TIMEOUT = 5.0
 # How long the reader waits for a frame before it looks at the connection again (idle
 # connections: it also sends the empty frames that keep the peer's idle timer reset).
 _READ_WAIT = 0.5
+# A connection's frames waiting for their write past this many bytes (with what the socket
+# has not taken yet): the writer flushes them at once and waits for the socket to drain.
+_HIGH_WATER = 256 * 1024
 # A reader that raised starts again after this long, doubling up to the cap: its handlers
 # wait for it meanwhile.
 _READER_BACKOFF = Backoff(0.05, 1.0)
@@ -89,20 +97,101 @@ def _alive(conn: Connection) -> bool:
     return conn._error is None and conn.state not in _DEAD
 
 
-def _lock_writes(transport: Any) -> None:
-    """Give `transport`'s writes a lock of their own, so a send never waits for a read."""
-    write_lock = asyncio.Lock()
-    raw_write: Any = transport._write
+class _Coalescing:
+    """A pooled connection's writes: every frame written in one loop turn goes out in one
+    socket write, whichever link or session wrote it.
 
-    async def write(data: bytes) -> None:
-        async with write_lock:
+    Why: spread over many entities, nearly every request is a TRANSFER of its own on a link
+    of its own, and each was a socket write of its own (a system call, and a wake-up of the
+    broker's reader for a single frame). Frames still leave in the order they were written
+    (one buffer per connection, so each session's delivery ids stay in order), and each is
+    committed when `write` is called: a writer cancelled afterwards cannot half-send one.
+
+    `write` returns at once, as pyamqp's does when the socket takes the bytes; it waits only
+    when the connection's buffered bytes pass `_HIGH_WATER` (then it flushes and drains, as
+    pyamqp's `_write` does for every frame). The flush runs as the loop's next callback.
+    A write that fails is what it is in pyamqp (`Connection._send_frame`): the connection's
+    error (`AMQPConnectionError`, SocketError), which every handler on it raises from its
+    next `listen` — the slot wakes them all (`fail`) — and the SDK's retry opens a new
+    connection. Later writes raise at once."""
+
+    __slots__ = ("_conn", "_fail", "_frames", "_scheduled", "_size", "_transport", "failure")
+
+    def __init__(self, conn: Connection, fail: Callable[[], None]) -> None:
+        self._conn: Any = conn
+        self._transport: Any = conn._transport
+        self._fail = fail
+        self._frames: list[bytes] = []
+        self._size = 0
+        self._scheduled = False
+        self.failure: OSError | None = None
+
+    async def write(self, data: bytes) -> None:
+        if self.failure is not None:  # a new instance: one raised again grows its traceback
+            raise OSError(f"the connection failed: {self.failure}")
+        writer = self._transport.writer
+        if writer is None:
+            raise OSError("Connection has already been closed")
+        self._frames.append(data)
+        self._size += len(data)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+        if self._size + writer.transport.get_write_buffer_size() > _HIGH_WATER:
+            self.flush()  # backpressure: the socket is behind
             try:
-                await raw_write(data)
-            except OSError:
-                transport.connected = False
+                await writer.drain()
+            except OSError as exc:
+                self._failed(exc)
                 raise
 
-    transport.write = write  # the instance's own `write` shadows the class's
+    def flush(self) -> None:
+        """Hand what was written to the socket, in one write (never raises)."""
+        self._scheduled = False
+        if not self._frames:
+            return
+        data = self._frames[0] if len(self._frames) == 1 else b"".join(self._frames)
+        self._frames.clear()
+        self._size = 0
+        if self.failure is not None:
+            return
+        writer = self._transport.writer
+        try:
+            if writer is None or writer.transport.is_closing():
+                raise ConnectionResetError("Connection lost")
+            writer.write(data)
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.failure is not None:
+            return
+        self.failure = exc
+        self._transport.connected = False
+        if self._conn._error is None:  # as pyamqp's `_send_frame` records a failed write
+            self._conn._error = AMQPConnectionError(
+                ErrorCondition.SocketError,
+                description="Can not send frame out due to exception: " + str(exc),
+                error=exc,
+            )
+        self._fail()
+
+
+def _coalesce_writes(conn: Connection, fail: Callable[[], None]) -> _Coalescing:
+    """Give `conn`'s transport a `_Coalescing` writer (so a send never waits for a read, and
+    frames written together leave together); its close sends what is still buffered
+    first."""
+    transport: Any = conn._transport
+    writes = _Coalescing(conn, fail)
+    close: Any = transport.close
+
+    async def flushed_close() -> None:
+        writes.flush()
+        await close()
+
+    transport.write = writes.write  # the instance's own attributes shadow the class's
+    transport.close = flushed_close
+    return writes
 
 
 def _time_reads_cheaply(transport: Any) -> None:
@@ -215,12 +304,13 @@ class Slot:
 
     def _start_reader(self, conn: Connection) -> None:
         """Give `conn` its reader, its handlers a `listen` that waits for it, and its writes
-        a lock of their own (see the module docstring). Only for the plain TCP/TLS
-        transport; another one (AMQP over WebSockets) keeps pyamqp's own polling."""
+        a writer that sends a loop turn's frames together (see the module docstring). Only
+        for the plain TCP/TLS transport; another one (AMQP over WebSockets) keeps pyamqp's
+        own polling."""
         transport: Any = conn._transport
         if not isinstance(transport, AsyncTransport):
             return
-        _lock_writes(transport)
+        _coalesce_writes(conn, self._wake_all)
         _time_reads_cheaply(transport)
         patched: Any = conn
         read: Any = patched.listen  # pyamqp's own, for the reader
