@@ -13,12 +13,13 @@ Two kinds of measurement, both alternating on/off within one run (medians of the
 - ``handler`` and ``spin`` (in process, a pessimistic bound): a simulated request handler
   doing ~50 µs of CPU work (``handler``: JSON parse, HMAC, dicts — a gateway request's kinds
   of work; ``spin``: a cache-resident arithmetic loop that any other work slows) plus one
-  ``emit`` and an ``await asyncio.sleep(0)``, against a ``NullLedger``; per CPU second of the
-  process (writer thread included) and wall-clock. A real request costs several times 50 µs,
-  so the same per-event cost is a larger share here.
+  ``emit`` and an ``await asyncio.sleep(0)``; short chunks of requests alternate between one
+  open ledger writing real files and a ``NullLedger``, each chunk's events flushed before
+  the next; per CPU second of the process (writer thread included) and wall-clock. A real
+  request costs several times 50 µs, so the same per-event cost is a larger share here.
 
     .venv/bin/python -m bench.ledger_bench [--workloads gateway handler spin] [--rounds 5]
-        [--duration 3] [--requests 20000] [--pairs 9] [--work-us 50] [--cold]
+        [--duration 3] [--requests 4000] [--pairs 25] [--work-us 50]
 
 Goal: with the ledger on, the gateway's throughput (CPU per message, the figure a shared
 machine does not distort) >= 0.95 of the same run without it.
@@ -120,62 +121,58 @@ async def serve(ledger: EventLedger, work: Callable[[int], int], reps: int, requ
         await asyncio.sleep(0)  # a handler awaits I/O: the writer task gets its turns
 
 
-async def one_run(
-    on: bool, work: Callable[[int], int], reps: int, n: int, root: Path, cold: bool = False
+async def one_chunk(
+    ledger: EventLedger, work: Callable[[int], int], reps: int, n: int
 ) -> tuple[float, float]:
-    """(requests per second, requests per CPU second), including the ledger's final flush.
+    """(wall-clock, CPU) seconds of `n` requests, the ledger's flush of their events included.
 
     CPU time is the whole process's (event loop and writer thread, user and system): on a
     machine shared with other work it is what throughput would be on a core of our own.
     """
-    ledger: EventLedger = (
-        Ledger(DirectorySink(root, "bench"), replica="bench") if on else NullLedger()
-    )
-    async with ledger:
-        # Steady state, as in a running gateway: the writer thread is up and this hour's file
-        # is open. Opening it (mkdir, open: a dozen syscalls, each a GIL hand-off with a busy
-        # loop) costs ~0.1 s of CPU once per file, i.e. once an hour per replica in
-        # production, but once per run here; it is reported separately (`--cold`).
-        if not cold:
-            ledger.emit("accepted", message_id="warm-up")
-            await ledger.flush()
-        warm = ledger.written
-        started, cpu_started = time.perf_counter(), time.process_time()
-        await serve(ledger, work, reps, n)
-        await ledger.flush()
-        elapsed = time.perf_counter() - started
-        cpu = time.process_time() - cpu_started
-    if on and (ledger.written - warm != n or ledger.dropped):
-        raise RuntimeError(f"ledger wrote {ledger.written - warm}/{n}, dropped {ledger.dropped}")
-    return n / elapsed, n / cpu
+    started, cpu_started = time.perf_counter(), time.process_time()
+    await serve(ledger, work, reps, n)
+    await ledger.flush()
+    return time.perf_counter() - started, time.process_time() - cpu_started
 
 
 async def measure(name: str, args: argparse.Namespace, root: Path) -> tuple[float, float]:
-    """(median wall-clock ratio, median CPU ratio) of throughput with the ledger on vs off."""
+    """(median wall-clock ratio, median CPU ratio) of throughput with the ledger on vs off.
+
+    One ledger writing real files stays open for the whole measurement, as in a running
+    gateway (its writer thread up, this hour's file open), and short chunks of requests
+    alternate between it and a ``NullLedger``: the other work on a shared machine then falls
+    on both sides alike.
+    """
     work = WORKS[name]
     reps = calibrate(work, args.work_us)
-    await one_run(True, work, reps, 2000, root / "warmup")
+    off = NullLedger()
     wall: list[float] = []
     cpu: list[float] = []
     starved = 0
-    rates: dict[bool, list[float]] = {False: [], True: []}
-    for p in range(args.pairs):
-        order = (False, True) if p % 2 == 0 else (True, False)  # cancel drift within pairs
-        pair: dict[bool, tuple[float, float]] = {}
-        for on in order:
-            pair[on] = await one_run(on, work, reps, args.requests, root / f"{name}-{p}", args.cold)
-            rates[on].append(pair[on][0])
-            if pair[on][0] < 0.8 * pair[on][1]:
-                starved += 1  # got less than 80% of a CPU: other processes ran
-        wall.append(pair[True][0] / pair[False][0])
-        cpu.append(pair[True][1] / pair[False][1])
+    totals = {False: [0.0, 0.0], True: [0.0, 0.0]}
+    async with Ledger(DirectorySink(root / name, "bench"), replica="bench") as on:
+        await one_chunk(on, work, reps, 1000)  # warm-up: the file is open
+        written = on.written
+        for p in range(args.pairs):
+            pair: dict[bool, tuple[float, float]] = {}
+            for side in (False, True) if p % 2 == 0 else (True, False):
+                pair[side] = await one_chunk(on if side else off, work, reps, args.requests)
+                totals[side][0] += pair[side][0]
+                totals[side][1] += pair[side][1]
+                if pair[side][1] < 0.8 * pair[side][0]:
+                    starved += 1  # got less than 80% of a CPU: other processes ran
+            wall.append(pair[False][0] / pair[True][0])
+            cpu.append(pair[False][1] / pair[True][1])
+    if on.written - written != args.pairs * args.requests or on.dropped:
+        raise RuntimeError(f"ledger wrote {on.written - written}, dropped {on.dropped}")
     w, c = statistics.median(wall), statistics.median(cpu)
+    n = args.pairs * args.requests
     print(
-        f"{name:8s} ~{args.work_us:.0f} µs/request: off {statistics.median(rates[False]):7.0f} "
-        f"req/s, on {statistics.median(rates[True]):7.0f} req/s; on/off ratio: wall-clock "
-        f"{w:.3f} (min {min(wall):.3f}, max {max(wall):.3f}), CPU {c:.3f} "
-        f"(min {min(cpu):.3f}, max {max(cpu):.3f}); {args.pairs} pairs"
-        + (f", {starved} of {2 * args.pairs} runs starved by other processes" if starved else "")
+        f"{name:8s} ~{args.work_us:.0f} µs/request: CPU µs/request off "
+        f"{totals[False][1] / n * 1e6:.1f}, on {totals[True][1] / n * 1e6:.1f}; on/off ratio: "
+        f"CPU {c:.3f} (pairs {min(cpu):.3f}..{max(cpu):.3f}), wall-clock {w:.3f} "
+        f"({min(wall):.3f}..{max(wall):.3f}); {args.pairs} pairs of {args.requests} requests"
+        + (f", {starved} of {2 * args.pairs} chunks starved by other processes" if starved else "")
     )
     return w, c
 
@@ -307,14 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="gateway: alternating rounds")
     parser.add_argument("--duration", type=float, default=3.0, help="gateway: s per window")
     parser.add_argument("--connections", type=int, default=64, help="gateway: h2load clients")
-    parser.add_argument("--requests", type=int, default=20_000, help="in process: per run")
-    parser.add_argument("--pairs", type=int, default=9, help="in process: on/off pairs")
+    parser.add_argument("--requests", type=int, default=4000, help="in process: per chunk")
+    parser.add_argument("--pairs", type=int, default=25, help="in process: on/off chunk pairs")
     parser.add_argument("--work-us", type=float, default=50.0, help="in process: CPU work")
-    parser.add_argument(
-        "--cold",
-        action="store_true",
-        help="time each run from a ledger whose file is not open yet (once an hour in production)",
-    )
     quick = {
         "rounds": 1,
         "duration": 1.5,
