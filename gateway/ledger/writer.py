@@ -1,9 +1,10 @@
 """The ledger writer: a non-blocking ``emit`` on the hot path, an owned background writer.
 
-Layers: ``emit`` (API, never awaits, never raises) → a bounded in-memory buffer → the writer
-task, which swaps the buffer out in batches, stamps event ids and encodes JSON (orjson, in
-short slices between request handlers) and hands each batch's bytes to one dedicated thread
-that writes to the sink. ``emit`` costs one ``time.time()`` and one list append (~0.5 µs).
+Layers: ``emit`` (API, never awaits, never raises) → a bounded in-memory buffer of tuples →
+the writer task, which swaps the buffer out in batches, stamps event ids and ``seq`` and
+encodes JSON lines column by column (in short slices between request handlers) and hands each
+batch's bytes to one dedicated thread that writes to the sink. ``emit`` costs one
+``time.time()`` and one list append (~0.5 µs).
 """
 
 from __future__ import annotations
