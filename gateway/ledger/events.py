@@ -25,6 +25,22 @@ import time
 from typing import Final, Literal
 
 LEDGER_VERSION: Final = 2
+# Every line's keys, in this order (the line template and the record dict both follow it).
+LEDGER_KEYS: Final = (
+    "v",
+    "event_id",
+    "ts",
+    "replica",
+    "message_id",
+    "entity",
+    "event",
+    "route",
+    "backlog",
+    "size",
+    "latency_ms",
+    "session_id",
+    "seq",
+)
 
 LedgerEvent = Literal[
     "accepted",  # the gateway answered 2xx: the message is stored (route says where)

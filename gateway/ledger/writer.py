@@ -23,6 +23,7 @@ from typing import Any, Final, Protocol, Self
 import orjson
 
 from gateway.ledger.events import (
+    LEDGER_KEYS,
     LEDGER_VERSION,
     LedgerEvent,
     Route,
@@ -57,23 +58,7 @@ _RECORD_SEP: Final = b'},{"v":%d,"event_id":' % LEDGER_VERSION
 _RECORD_SEP_NL: Final = b'}\n{"v":%d,"event_id":' % LEDGER_VERSION
 _ERROR_LOG_INTERVAL: Final = 10.0
 _ENCODE_SLICE: Final = 256  # events encoded per turn of the event loop (~0.3 ms)
-_CONTRACT_KEYS: Final = frozenset(
-    {
-        "v",
-        "event_id",
-        "ts",
-        "replica",
-        "message_id",
-        "entity",
-        "event",
-        "route",
-        "backlog",
-        "size",
-        "latency_ms",
-        "session_id",
-        "seq",
-    }
-)
+_CONTRACT_KEYS: Final = frozenset(LEDGER_KEYS)
 _FRAGMENTS_MAX: Final = 4096  # (entity, event, route, backlog) combinations kept encoded
 
 
