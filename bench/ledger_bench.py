@@ -338,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     quick = {
         "rounds": 1,
         "duration": 1.5,
-        "requests": 5000,
-        "pairs": 3,
+        "requests": 2000,
+        "pairs": 5,
         "workloads": ["gateway", "handler"],
     }
     args = parse_args(parser, argv, quick)
