@@ -25,6 +25,22 @@ import time
 from typing import Final, Literal
 
 LEDGER_VERSION: Final = 2
+# Every line's keys, in this order (the line template and the record dict both follow it).
+LEDGER_KEYS: Final = (
+    "v",
+    "event_id",
+    "ts",
+    "replica",
+    "message_id",
+    "entity",
+    "event",
+    "route",
+    "backlog",
+    "size",
+    "latency_ms",
+    "session_id",
+    "seq",
+)
 
 LedgerEvent = Literal[
     "accepted",  # the gateway answered 2xx: the message is stored (route says where)
@@ -65,10 +81,19 @@ def new_event_ids(count: int) -> list[str]:
     """``count`` random version-4 UUIDs as 32 hex digits.
 
     One ``os.urandom`` call and byte-table translations for the whole batch: about a tenth of
-    the cost of ``uuid.uuid4().hex`` per id (the writer thread calls it once per batch).
+    the cost of ``uuid.uuid4().hex`` per id (the ledger's writer calls it once per batch).
     """
+    return _uuid4_hex(count).split()
+
+
+def new_event_ids_bytes(count: int) -> list[bytes]:
+    """`new_event_ids` as ASCII bytes (what the ledger's line template takes)."""
+    return _uuid4_hex(count).encode().split()
+
+
+def _uuid4_hex(count: int) -> str:
+    """``count`` random UUID4s in hex, separated by spaces."""
     raw = bytearray(os.urandom(16 * count))
     raw[6::16] = raw[6::16].translate(_VERSION_4)
     raw[8::16] = raw[8::16].translate(_VARIANT_10)
-    digits = raw.hex()
-    return [digits[i : i + 32] for i in range(0, 32 * count, 32)]
+    return raw.hex(" ", 16)

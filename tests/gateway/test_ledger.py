@@ -348,3 +348,75 @@ async def test_null_ledger_and_factory(tmp_path: Path) -> None:
 def test_event_names_match_the_contract() -> None:
     expected = "accepted syphoned expired dead_lettered rejected failover_start failover_end ping"
     assert frozenset(expected.split()) == LEDGER_EVENTS
+
+
+# -- the column encoder against the record encoder -------------------------------------------
+
+EVENT_ID = re.compile(rb'"event_id":"[0-9a-f]{32}"')
+
+# (epoch, event, message_id, entity, route, backlog, size, latency_ms, session_id, extra): the
+# buffer's tuples, with what clients can put in them (quotes, backslashes, control characters,
+# non-ASCII, '%', commas) and the clock moving as it does (the same microsecond, stepped back).
+AWKWARD_BATCH = [
+    (T0 + 0.25, "accepted", "m-1", "orders", "primary", None, 1024, 3.25, None, None),
+    (T0 + 0.25, "accepted", 'q"uo\\te', "orders", "primary", None, 0, 0.001, "s,1", None),
+    (T0 + 0.2500004, "accepted", "ctl\n\t\x00", "o/ä", "backlog", "b/0", 7, 1e-07, "sé", None),
+    (T0 + 0.1, "accepted", "100%s %d", "%(x)s", "primary", None, None, None, "%", None),
+    (T0 + 0.3, "rejected", "m-2", "orders", None, None, None, 2.5, None, {"status": 400}),
+    (T0 + 0.3, "ping", None, "orders", None, None, None, None, None, {"ok": True, "seq": 5}),
+    (T0 + 0.35, "failover_start", None, "orders", None, None, None, None, None, {"v": 9}),
+    (T0 + 0.4, "accepted", "🙂", "orders", "primary", None, 2**63 - 1, float("nan"), "", None),
+    (T0 + 0.45, "accepted", "m-3", "orders", "primary", None, True, 7, None, {"tags": {1: "x"}}),
+]
+
+# Ids that need no escapes (the common case, taken by a faster path), with and without sessions.
+PLAIN_BATCH = [
+    (T0 + 0.5, "accepted", "m,1", "orders", "primary", None, 10, 1.5, "s-1", None),
+    (T0 + 0.5, "accepted", "m-é🙂", "events", "backlog", "b/1", 11, 2.0, "s,2", None),
+    (T0 + 0.6, "syphoned", "m-3", "orders", None, "b/1", None, None, "", {"x": "100%"}),
+]
+
+
+def _masked(chunks: list[EncodedLine]) -> list[tuple[int, bytes]]:
+    lines = [(second // 3600, line) for second, data in chunks for line in data.splitlines()]
+    return [(hour, EVENT_ID.sub(b'"event_id":"-"', line)) for hour, line in lines]
+
+
+def test_column_encoder_writes_the_record_encoders_bytes() -> None:
+    """The fast path (one template per line, C functions mapped over columns) must write
+    exactly what ``orjson.dumps`` of the contract's record dict writes, ``seq`` included."""
+    columns, records = Ledger(FlakySink(), replica='gw-"0%'), Ledger(FlakySink(), replica='gw-"0%')
+    columns._seq = records._seq = int((T0 + 0.2500001) * 1_000_000)  # ahead of the clock
+    col_chunks: list[EncodedLine] = []
+    rec_chunks: list[EncodedLine] = []
+    batches = (AWKWARD_BATCH, AWKWARD_BATCH[:1], AWKWARD_BATCH[3:], PLAIN_BATCH, PLAIN_BATCH[:1])
+    for batch in batches:  # seq carries over from batch to batch
+        assert columns._encode_columns(batch, col_chunks)
+        assert records._encode_records(batch, rec_chunks) == 0
+    assert _masked(col_chunks) == _masked(rec_chunks)
+    assert columns._seq == records._seq
+    parsed = [orjson.loads(line) for _, line in _masked(col_chunks)]
+    assert [list(r)[:13] for r in parsed] == [CONTRACT_KEYS] * len(parsed)
+    seqs = [r["seq"] for r in parsed]
+    assert seqs == sorted(set(seqs))  # strictly increasing in emit order
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        (T0 + 1, "accepted", "m", "orders", "primary", None, 1, 1.0, None, None),  # next hour
+        (T0, "accepted", "m", "orders", "primary", None, 2**70, 1.0, None, None),  # too big
+        (T0, "accepted", "m", "orders", "primary", None, [1, 2], 1.0, None, None),  # a list
+        (T0, "accepted", "m", "orders", "primary", None, "1,2", 1.0, None, None),  # commas
+        (T0, "accepted", object(), "orders", "primary", None, 1, 1.0, None, None),  # not JSON
+        (T0, "accepted", "m", ["orders"], "primary", None, 1, 1.0, None, None),  # unhashable
+    ],
+)
+def test_column_encoder_leaves_odd_slices_to_the_record_encoder(odd: tuple[object, ...]) -> None:
+    ledger = Ledger(FlakySink(), replica="gw")
+    plain = (T0, "accepted", "m0", "orders", "primary", None, 1, 1.0, None, None)
+    chunks: list[EncodedLine] = []
+    assert not ledger._encode_columns([plain, odd], chunks)  # type: ignore[list-item]
+    assert chunks == [] and ledger._seq == 0  # nothing written, no seq spent
+    ledger._encode([plain, odd], chunks)  # type: ignore[list-item]
+    assert len(b"".join(data for _, data in chunks).splitlines()) in (1, 2)  # per record
