@@ -218,9 +218,9 @@ def _passthrough(payload: bytes, spans: list[_Span]) -> bytes | None:
     header that says more than the TTL rebuilt to say only that. None (the message is then
     encoded from its fields, as before) wherever sending the bytes as they are would not
     give exactly the message the fields describe: a section decoded generically (a symbolic
-    descriptor), a map whose wire count hides a repeated key, an annotation key that is not
-    a symbol, a content-type that is not a symbol, send-time stamps that are not timestamps,
-    a properties list longer than the standard's, a TTL of 0 (sent as 1 ms)."""
+    descriptor), an annotation key or a content-type that is not a symbol, send-time stamps
+    that are not timestamps, a properties list longer than the standard's, a TTL of 0 (sent
+    as 1 ms) or beyond a uint (sent as none)."""
     parts: list[bytes] = []
     whole = True  # every section kept as it is: the payload itself
     for code, value, start, end in spans:
@@ -238,11 +238,8 @@ def _passthrough(payload: bytes, spans: list[_Span]) -> bytes | None:
                 if header:
                     parts.append(header)
                 continue
-        elif code in (MESSAGE_ANNOTATIONS, APPLICATION_PROPERTIES):
-            if value is None or 2 * len(value) != _map_count(payload, start + 3):
-                return None  # a repeated key: the fields hold one of them
-            if code == MESSAGE_ANNOTATIONS and any(type(k) is not Symbol for k in value):
-                return None
+        elif code == MESSAGE_ANNOTATIONS and any(type(k) is not Symbol for k in value):
+            return None  # (a map with a repeated key does not decode: sbamqp.codec)
         elif code == PROPERTIES and not _plain_properties(value):
             return None
         parts.append(payload[start:end])
@@ -276,16 +273,6 @@ def _plain_properties(value: list[Any]) -> bool:
         and (expiry is None or type(expiry) is Timestamp)
         and (creation is None or type(creation) is Timestamp)
     )
-
-
-def _map_count(payload: bytes, off: int) -> int:
-    """The element count of the map encoded at `off` (map8, map32; -1 for anything else)."""
-    code = payload[off]
-    if code == 0xC1:
-        return payload[off + 2]
-    if code == 0xD1:
-        return int.from_bytes(payload[off + 5 : off + 9], "big")
-    return -1
 
 
 def _header(value: Any) -> dict[str, Any]:
