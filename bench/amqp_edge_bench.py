@@ -23,7 +23,13 @@ and the load average (`/proc/loadavg`) before and after.
   through the gateway's AMQP port, alternately for `--rounds` rounds: sequential single
   sends (`--e2e-messages`), then sequential `ServiceBusMessageBatch`es of `--batch`. Printed
   per shape: messages per second each way, their ratio (the issue's target: at least 0.8),
-  and the latency of a send at p50 and p99 each way and what the gateway adds at p99.
+  and the latency of a send at p50 and p99 each way and what the gateway adds at p99; the
+  gateway's CPU per message on that route (its process's user + system time over the
+  windows). In the same rounds, two floors, each in a process of its own on the gateway's
+  CPU: ``relay``, a byte relay between the sender and the broker that does nothing but
+  copy (what any forwarding hop costs on this machine, on one event loop: the most a
+  gateway could reach), and ``null``, the gateway with the null sink (its AMQP edge, its
+  ingest and dispatcher, but no second hop: every send settles at once).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -166,7 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--conn", help=argparse.SUPPRESS)
     parser.add_argument("--http-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--amqp-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--relay", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parse_args(parser, argv, {"messages": 400, "e2e_messages": 100, "rounds": 1})
+    if args.relay:
+        run_fast(lambda: _relay(*args.relay))
+        return 0
     if args.e2e_client:
         result = asyncio.run(_e2e_client(args.e2e_client, args.conn, args.e2e_messages, args.batch))
         emit("RESULT " + orjson.dumps(result).decode())
@@ -245,48 +255,148 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+async def _relay(port: int, upstream: int) -> None:
+    """In a child: copy bytes both ways between each client of 127.0.0.1:`port` and a
+    connection of its own to 127.0.0.1:`upstream`, and nothing else (the floor)."""
+    loop = asyncio.get_running_loop()
+    connecting: set[asyncio.Task[None]] = set()
+
+    class Upstream(asyncio.Protocol):
+        def __init__(self, down: asyncio.Transport) -> None:
+            self.down = down
+
+        def data_received(self, data: bytes) -> None:
+            self.down.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.down.close()
+
+    class Downstream(asyncio.Protocol):
+        up: asyncio.BaseTransport | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            down = cast(asyncio.Transport, transport)
+            down.pause_reading()
+
+            async def connect() -> None:
+                up, _ = await loop.create_connection(lambda: Upstream(down), "127.0.0.1", upstream)
+                self.up = up
+                down.resume_reading()
+
+            task = loop.create_task(connect())
+            connecting.add(task)
+            task.add_done_callback(connecting.discard)
+
+        def data_received(self, data: bytes) -> None:
+            cast(asyncio.Transport, self.up).write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.up is not None:
+                self.up.close()
+
+    server = await loop.create_server(Downstream, "127.0.0.1", port)
+    emit("READY {}")
+    async with server:
+        await server.serve_forever()
+
+
+ROUTES = ("direct", "gateway", "relay", "null")
+
+
 async def _through_sblocal(args: argparse.Namespace) -> list[str]:
-    """Both routes, alternately, in one run (see the module docstring); the printed lines."""
+    """Every route, alternately, in one run (see the module docstring); the printed lines."""
+    import psutil
+
+    from bench.harness import Child, Server, pin
     from tests.support.processes import free_port
 
-    amqp_port = free_port()
+    amqp_port, null_port, relay_port = free_port(), free_port(), free_port()
     cores = Cores.split()
-    through = (
-        f"Endpoint=sb://localhost:{amqp_port};SharedAccessKeyName=bench;"
-        "SharedAccessKey=YmVuY2g=;UseDevelopmentEmulator=true"
-    )
+
+    def endpoint(port: int, key_name: str = "bench", key: str = "YmVuY2g=") -> str:
+        return (
+            f"Endpoint=sb://localhost:{port};SharedAccessKeyName={key_name};"
+            f"SharedAccessKey={key};UseDevelopmentEmulator=true"
+        )
+
     totals: dict[tuple[str, str], dict[str, Any]] = {}
     async with gateway_on_broker(cores, {"SBGATE_AMQP_PLAIN_PORT": str(amqp_port)}) as e2e:
-        routes = {"direct": e2e.conn, "gateway": through}
-        for _ in range(args.rounds):
-            for shape in E2E_SHAPES:
-                for route, conn in routes.items():
-                    await e2e.control.reset()  # an empty queue for every window
-                    out = await asyncio.to_thread(
-                        child_output, "bench.amqp_edge_bench",
-                        ["--e2e-client", shape, "--conn", conn, "--batch", str(args.batch),
-                         "--e2e-messages", str(args.e2e_messages)],
-                        timeout=CLIENT_DEADLINE,
-                    )  # fmt: skip
-                    result = orjson.loads(out.split("RESULT ", 1)[1])
-                    total = totals.setdefault((shape, route), {"sent": 0, "elapsed": 0.0,
-                                                               "latencies": []})  # fmt: skip
-                    total["sent"] += result["sent"]
-                    total["elapsed"] += result["elapsed"]
-                    total["latencies"] += result["latencies"]
+        broker_port = int(e2e.conn.split("sb://localhost:", 1)[1].split(";", 1)[0])
+        wiring = dict(e2e.conn.removesuffix(";").split(";")[i].split("=", 1) for i in (1, 2))
+        null = await Server.start(
+            "gateway-null", "gateway", {**e2e.settings, "SBGATE_AMQP_PLAIN_PORT": str(null_port)},
+            cpus=cores.subject, sink="null",
+        )  # fmt: skip
+        relay = await Child.start(
+            "relay", "bench.amqp_edge_bench", ["--relay", str(relay_port), str(broker_port)],
+            cpus=cores.subject,
+        )  # fmt: skip
+        try:
+            await relay.expect("READY", 30)
+            pin(relay.pid, cores.subject)
+            routes = {
+                "direct": (e2e.conn, None),
+                "gateway": (endpoint(amqp_port), e2e.gateway.pid),
+                "relay": (
+                    endpoint(relay_port, wiring["SharedAccessKeyName"], wiring["SharedAccessKey"]),
+                    relay.pid,
+                ),
+                "null": (endpoint(null_port), null.pid),
+            }
+            for _ in range(args.rounds):
+                for shape in E2E_SHAPES:
+                    for route, (conn, pid) in routes.items():
+                        await e2e.control.reset()  # an empty queue for every window
+                        proc = psutil.Process(pid) if pid is not None else None
+                        cpu_before = sum(proc.cpu_times()[:2]) if proc is not None else 0.0
+                        out = await asyncio.to_thread(
+                            child_output, "bench.amqp_edge_bench",
+                            ["--e2e-client", shape, "--conn", conn, "--batch", str(args.batch),
+                             "--e2e-messages", str(args.e2e_messages)],
+                            timeout=CLIENT_DEADLINE,
+                        )  # fmt: skip
+                        cpu = sum(proc.cpu_times()[:2]) - cpu_before if proc is not None else 0.0
+                        result = orjson.loads(out.split("RESULT ", 1)[1])
+                        total = totals.setdefault(
+                            (shape, route),
+                            {"sent": 0, "elapsed": 0.0, "latencies": [], "cpu": 0.0, "windows": 0},
+                        )
+                        total["sent"] += result["sent"]
+                        total["windows"] += 1  # each window's one send before the clock
+                        total["elapsed"] += result["elapsed"]
+                        total["latencies"] += result["latencies"]
+                        total["cpu"] += cpu
+        finally:
+            await relay.close()
+            await null.close()
+    return _e2e_lines(totals, args.batch)
+
+
+def _e2e_lines(totals: dict[tuple[str, str], dict[str, Any]], batch: int) -> list[str]:
     lines = []
     for shape in E2E_SHAPES:
-        direct, gateway = totals[(shape, "direct")], totals[(shape, "gateway")]
-        rates = [t["sent"] / t["elapsed"] for t in (direct, gateway)]
-        p50s = [_quantile(t["latencies"], 0.5) * 1e3 for t in (direct, gateway)]
-        p99s = [_quantile(t["latencies"], 0.99) * 1e3 for t in (direct, gateway)]
-        unit = "send" if shape == "single" else f"batch of {args.batch}"
+        t = {route: totals[(shape, route)] for route in ROUTES}
+        rate = {r: v["sent"] / v["elapsed"] for r, v in t.items()}
+        # CPU over the windows: the timed messages and each window's one send before.
+        cpu = {r: v["cpu"] / (v["sent"] + v["windows"]) * 1e6 for r, v in t.items()}
+        p50 = {r: _quantile(v["latencies"], 0.5) * 1e3 for r, v in t.items()}
+        p99 = {r: _quantile(v["latencies"], 0.99) * 1e3 for r, v in t.items()}
+        unit = "send" if shape == "single" else f"batch of {batch}"
         lines.append(
-            f"sblocal {shape:<6} direct {rates[0]:7.0f} msg/s, through the gateway "
-            f"{rates[1]:7.0f} msg/s: {rates[1] / rates[0]:.2f}x; a {unit}: p50 "
-            f"{p50s[0]:.2f} / {p50s[1]:.2f} ms, p99 {p99s[0]:.2f} / {p99s[1]:.2f} ms "
-            f"(added p99 {p99s[1] - p99s[0]:+.2f} ms)"
+            f"sblocal {shape:<6} direct {rate['direct']:7.0f} msg/s, through the gateway "
+            f"{rate['gateway']:7.0f} msg/s: {rate['gateway'] / rate['direct']:.2f}x; a {unit}: "
+            f"p50 {p50['direct']:.2f} / {p50['gateway']:.2f} ms, p99 {p99['direct']:.2f} / "
+            f"{p99['gateway']:.2f} ms (added p99 {p99['gateway'] - p99['direct']:+.2f} ms); "
+            f"gateway CPU {cpu['gateway']:.0f} us a message"
         )
+        for route, what in (("relay", "a byte relay (the floor)"), ("null", "the null sink")):
+            lines.append(
+                f"  floor {shape:<6} {what:<24} {rate[route]:7.0f} msg/s: "
+                f"{rate[route] / rate['direct']:.2f}x direct; p99 {p99[route]:.2f} ms "
+                f"(added {p99[route] - p99['direct']:+.2f} ms); its CPU "
+                f"{cpu[route]:.0f} us a message; the gateway reaches "
+                f"{rate['gateway'] / rate[route]:.2f}x of it"
+            )
     return lines
 
 

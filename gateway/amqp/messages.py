@@ -221,29 +221,32 @@ def _passthrough(payload: bytes, spans: list[_Span]) -> bytes | None:
     descriptor), an annotation key or a content-type that is not a symbol, send-time stamps
     that are not timestamps, a properties list longer than the standard's, a TTL of 0 (sent
     as 1 ms) or beyond a uint (sent as none)."""
-    parts: list[bytes] = []
-    whole = True  # every section kept as it is: the payload itself
+    changes: list[tuple[int, int, bytes]] = []  # (start, end, what replaces the bytes)
     for code, value, start, end in spans:
         if start < 0:
             return None
-        if code == DELIVERY_ANNOTATIONS:
-            whole = False
-            continue
-        if code == HEADER:
+        if code == PROPERTIES:
+            if not _plain_properties(value):
+                return None
+        elif code == DELIVERY_ANNOTATIONS:
+            changes.append((start, end, b""))
+        elif code == HEADER:
             header = _plain_header(value)
             if header is None:
                 return None
             if header is not _KEEP:
-                whole = False
-                if header:
-                    parts.append(header)
-                continue
+                changes.append((start, end, header))
         elif code == MESSAGE_ANNOTATIONS and any(type(k) is not Symbol for k in value):
             return None  # (a map with a repeated key does not decode: sbamqp.codec)
-        elif code == PROPERTIES and not _plain_properties(value):
-            return None
-        parts.append(payload[start:end])
-    return payload if whole else b"".join(parts)
+    if not changes:
+        return payload  # the common case: the client's bytes, not even copied
+    parts: list[bytes] = []
+    last = 0
+    for start, end, replacement in changes:
+        parts += (payload[last:start], replacement)
+        last = end
+    parts.append(payload[last:])
+    return b"".join(parts)
 
 
 _KEEP: Final = b"keep"  # `_plain_header`: the section as it is
@@ -264,15 +267,17 @@ def _plain_header(value: list[Any]) -> bytes | None:
 
 
 def _plain_properties(value: list[Any]) -> bool:
-    if len(value) > len(_PROPERTY_FIELDS):
+    """Whether a properties list (already checked by `_properties`) is what the fields say:
+    at most the standard's 13 fields, a symbol content-type, timestamp stamps."""
+    n = len(value)
+    if n <= 6:
+        return True
+    if n > 13:
         return False
-    got = (list(value) + [None] * 13)[:13]
-    content_type, expiry, creation = got[6], got[8], got[9]
-    return (
-        (content_type is None or type(content_type) is Symbol)
-        and (expiry is None or type(expiry) is Timestamp)
-        and (creation is None or type(creation) is Timestamp)
-    )
+    content_type = value[6]
+    if content_type is not None and type(content_type) is not Symbol:
+        return False
+    return all(v is None or type(v) is Timestamp for v in value[8:10])
 
 
 def _header(value: Any) -> dict[str, Any]:
