@@ -53,8 +53,9 @@ from sbamqp.codec import (
     Uint,
     Ulong,
     Ushort,
+    decode,
 )
-from sbamqp.sections import section, split_batch
+from sbamqp.sections import section, split
 
 HEADER: Final = 0x70
 DELIVERY_ANNOTATIONS: Final = 0x71
@@ -108,11 +109,25 @@ class MalformedMessage(RequestError):
 def batch_messages(payload: bytes) -> list[bytes]:
     """A batch transfer's (message format 0x80013700) encoded messages: one per data section
     of its envelope. The envelope's other sections (Node sends a header and properties
-    there) describe the batch, not a message, and are dropped."""
+    there) describe the batch, not a message, and are dropped. Each message is checked by
+    `to_outbound`, which reads it anyway (not a second time here, as `split_batch` would)."""
     try:
-        return split_batch(payload)
+        envelope = split(payload)
+        if envelope.body_code != DATA or not envelope.body:
+            raise DecodeError("a batch body must be data sections")
+        return [_binary(raw) for raw in envelope.body]
     except DecodeError as exc:
         raise MalformedMessage(f"the batch does not decode: {exc}") from None
+
+
+def _binary(raw: bytes) -> bytes:
+    """The binary of one data section (`split` checked its bounds)."""
+    if raw[:3] == b"\x00\x53\x75" and raw[3] in (0xA0, 0xB0):
+        return raw[5:] if raw[3] == 0xA0 else raw[8:]
+    value = decode(raw)[0]
+    if not isinstance(value, Described) or not isinstance(value.value, bytes):
+        raise DecodeError("a batch data section is not binary")
+    return value.value
 
 
 def to_outbound(payload: bytes) -> OutboundMessage:
@@ -177,6 +192,8 @@ def _sections(payload: bytes) -> list[_Span]:
             code = _SYMBOLIC.get(code, -1)
         if not isinstance(code, int) or not HEADER <= code <= FOOTER:
             raise MalformedMessage(f"unknown message section {value.descriptor!r}")
+        if out and code <= out[-1][0] and code != DATA:
+            raise MalformedMessage(f"section {code:#x} repeated or out of order")
         out.append((int(code), value.value, -1, -1))
     return out
 
@@ -188,12 +205,16 @@ def _sections_fast(payload: bytes) -> list[_Span] | None:
     then decodes generically."""
     out: list[_Span] = []
     off, size = 0, len(payload)
+    last = 0
     while off < size:
         if payload[off] != 0x00 or off + 3 > size or payload[off + 1] != 0x53:
             return None
         code = payload[off + 2]
         if not HEADER <= code <= FOOTER:
             return None
+        if code <= last and code != DATA:
+            raise DecodeError(f"section {code:#x} repeated or out of order")
+        last = code
         begin = off
         off += 3
         if code == DATA and off < size and payload[off] in (0xA0, 0xB0):

@@ -467,3 +467,35 @@ def test_a_passed_through_message_is_checked_as_any_other() -> None:
         encode(m)
     with pytest.raises(ValueError, match="128"):
         encode(to_outbound(message(properties=["i" * 129])))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        section(0x73, ["a"]) + section(0x73, ["b"]) + section(0x75, b"x"),  # repeated
+        section(0x74, {"k": "v"}) + section(0x73, ["a"]) + section(0x75, b"x"),  # out of order
+        section(0x75, b"x") + section(0x70, [None, None, Uint(5)]),  # a header after the body
+    ],
+)
+def test_sections_repeated_or_out_of_order_are_malformed(payload: bytes) -> None:
+    """Which of two properties sections would the fields hold, and which would the bytes
+    passed through say? Neither: the standard's order, each section once."""
+    with pytest.raises(MalformedMessage, match="out of order"):
+        to_outbound(payload)
+    symbolic = b"".join(
+        codec.encode(Described(Symbol({0x70: "amqp:header:list", 0x73: "amqp:properties:list",
+                                       0x74: "amqp:application-properties:map",
+                                       0x75: "amqp:data:binary"}[int(v.descriptor)]), v.value))
+        for v in codec.decode_all(payload)
+    )  # fmt: skip
+    with pytest.raises(MalformedMessage, match="out of order"):
+        to_outbound(symbolic)
+
+
+def test_a_batch_of_a_message_that_does_not_decode_is_refused_whole() -> None:
+    good = message(b"1", properties=["a"])
+    envelope = section(0x75, good) + section(0x75, b"\x00\x53\x75\xa0\xff")
+    with pytest.raises(MalformedMessage):
+        [to_outbound(p) for p in batch_messages(envelope)]
+    big = message(b"x" * 300, properties=["b"])  # a vbin32 data section in the envelope
+    assert batch_messages(section(0x75, big) + section(0x75, good)) == [big, good]
