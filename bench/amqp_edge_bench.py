@@ -19,9 +19,12 @@ and the load average (`/proc/loadavg`) before and after.
 
 * ``sblocal`` — end to end, not CPU: the local broker (`BrokerProcess`) and the gateway
   (`bench.gateway_server`, the SDK sink: it really sends to the broker) in processes of
-  their own, and one Python SDK sender in a third, sending to the broker directly, then
-  through the gateway's AMQP port, alternately for `--rounds` rounds: sequential single
-  sends (`--e2e-messages`), then sequential `ServiceBusMessageBatch`es of `--batch`. Printed
+  their own, and a Python SDK client in a third with one sender per route — to the broker
+  directly, through the gateway's AMQP port, and through the two floors below — used in
+  turn, one send at a time, so that every route meets the same moments of a shared
+  machine's load (`--rounds` rounds): sequential single sends (`--e2e-messages` per route),
+  then sequential `ServiceBusMessageBatch`es of `--batch`. A send's time includes building
+  its message or batch, as a sender's throughput does. Printed
   per shape: messages per second each way, their ratio (the issue's target: at least 0.8),
   and the latency of a send at p50 and p99 each way and what the gateway adds at p99; the
   gateway's CPU per message on that route (its process's user + system time over the
@@ -169,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--client", choices=CPU_WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--e2e-client", choices=E2E_SHAPES, help=argparse.SUPPRESS)
-    parser.add_argument("--conn", help=argparse.SUPPRESS)
+    parser.add_argument("--conn", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--http-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--amqp-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--relay", type=int, nargs=2, help=argparse.SUPPRESS)
@@ -220,34 +223,44 @@ def _loadavg() -> str:
 # -- end to end: an SDK sender to the local broker, directly and through the gateway -----
 
 
-async def _e2e_client(shape: str, conn: str, messages: int, batch: int) -> dict[str, Any]:
-    """In the client process: one sender, sequential sends; the seconds each send took."""
+async def _e2e_client(
+    shape: str, conns: Sequence[str], messages: int, batch: int
+) -> list[dict[str, Any]]:
+    """In the client process: one sender per connection string, used in turn, one send at
+    a time (each route is a sequential sender, and every route sees the same moments of a
+    shared machine's load); per route, the seconds each send took, the message (or batch)
+    being built included, as a sender's throughput includes it."""
     from azure.servicebus import ServiceBusMessage
     from azure.servicebus.aio import ServiceBusClient
 
     body = b"x" * 1024
-    latencies: list[float] = []
-    async with ServiceBusClient.from_connection_string(conn) as sb:
-        async with sb.get_queue_sender("orders") as sender:
+    clients = [ServiceBusClient.from_connection_string(conn) for conn in conns]
+    senders = [sb.get_queue_sender("orders") for sb in clients]
+    latencies: list[list[float]] = [[] for _ in conns]
+    try:
+        for sender in senders:
+            await sender.__aenter__()
             await sender.send_messages(ServiceBusMessage(body))  # the link, before the clock
-            started = time.perf_counter()
-            if shape == "single":
-                for _ in range(messages):
-                    t0 = time.perf_counter()
+        units = messages if shape == "single" else max(1, messages // batch)
+        for i in range(units):
+            for k in range(len(senders)):
+                route = (i + k) % len(senders)  # each route first in turn
+                sender = senders[route]
+                t0 = time.perf_counter()
+                if shape == "single":
                     await sender.send_messages(ServiceBusMessage(body))
-                    latencies.append(time.perf_counter() - t0)
-                sent = messages
-            else:
-                for _ in range(max(1, messages // batch)):
+                else:
                     b = await sender.create_message_batch()
                     for _ in range(batch):
                         b.add_message(ServiceBusMessage(body))
-                    t0 = time.perf_counter()
                     await sender.send_messages(b)
-                    latencies.append(time.perf_counter() - t0)
-                sent = max(1, messages // batch) * batch
-            elapsed = time.perf_counter() - started
-    return {"sent": sent, "elapsed": elapsed, "latencies": latencies}
+                latencies[route].append(time.perf_counter() - t0)
+        sent = units if shape == "single" else units * batch
+    finally:
+        for sender, sb in zip(senders, clients, strict=True):
+            await sender.close()
+            await sb.close()
+    return [{"sent": sent, "elapsed": sum(lat), "latencies": lat} for lat in latencies]
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -343,20 +356,21 @@ async def _through_sblocal(args: argparse.Namespace) -> list[str]:
                 ),
                 "null": (endpoint(null_port), null.pid),
             }
+            procs = {r: psutil.Process(pid) for r, (_, pid) in routes.items() if pid is not None}
             for _ in range(args.rounds):
                 for shape in E2E_SHAPES:
-                    for route, (conn, pid) in routes.items():
-                        await e2e.control.reset()  # an empty queue for every window
-                        proc = psutil.Process(pid) if pid is not None else None
-                        cpu_before = sum(proc.cpu_times()[:2]) if proc is not None else 0.0
-                        out = await asyncio.to_thread(
-                            child_output, "bench.amqp_edge_bench",
-                            ["--e2e-client", shape, "--conn", conn, "--batch", str(args.batch),
-                             "--e2e-messages", str(args.e2e_messages)],
-                            timeout=CLIENT_DEADLINE,
-                        )  # fmt: skip
-                        cpu = sum(proc.cpu_times()[:2]) - cpu_before if proc is not None else 0.0
-                        result = orjson.loads(out.split("RESULT ", 1)[1])
+                    await e2e.control.reset()  # an empty queue for every window
+                    before = {r: sum(p.cpu_times()[:2]) for r, p in procs.items()}
+                    out = await asyncio.to_thread(
+                        child_output, "bench.amqp_edge_bench",
+                        ["--e2e-client", shape, "--batch", str(args.batch),
+                         "--e2e-messages", str(args.e2e_messages),
+                         "--conn", *(conn for conn, _ in routes.values())],
+                        timeout=CLIENT_DEADLINE,
+                    )  # fmt: skip
+                    cpu = {r: sum(p.cpu_times()[:2]) - before[r] for r, p in procs.items()}
+                    results = orjson.loads(out.split("RESULT ", 1)[1])
+                    for route, result in zip(routes, results, strict=True):
                         total = totals.setdefault(
                             (shape, route),
                             {"sent": 0, "elapsed": 0.0, "latencies": [], "cpu": 0.0, "windows": 0},
@@ -365,7 +379,7 @@ async def _through_sblocal(args: argparse.Namespace) -> list[str]:
                         total["windows"] += 1  # each window's one send before the clock
                         total["elapsed"] += result["elapsed"]
                         total["latencies"] += result["latencies"]
-                        total["cpu"] += cpu
+                        total["cpu"] += cpu.get(route, 0.0)
         finally:
             await relay.close()
             await null.close()
