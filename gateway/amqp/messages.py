@@ -15,8 +15,9 @@ properties of type string, boolean, every integer type, float, double, timestamp
 binary (those beyond the REST format's as `Typed` values, which keep their type through a
 backlog queue: gateway.core.backlog). Hop-by-hop parts are not messages' content and are
 dropped: the header's durable, first-acquirer and delivery-count (Service Bus keeps every
-message durably and counts deliveries itself), delivery annotations, and the creation and
-absolute-expiry times the SDKs stamp from the TTL (the gateway stamps its own).
+message durably and counts deliveries itself) and delivery annotations. The creation and
+absolute-expiry times the SDKs stamp from the TTL are not read: a message encoded from its
+fields gets the gateway's own stamps, a message passed through keeps the client's.
 
 Raw passthrough: the fields are still read from every message, for the checks above, the
 size limits, the routing and the record; but a message encoded as the SDKs encode it is then
