@@ -36,7 +36,9 @@ and the load average (`/proc/loadavg`) before and after.
   CPU: ``relay``, a byte relay between the sender and the broker that does nothing but
   copy (what any forwarding hop costs on this machine, on one event loop: the most a
   gateway could reach), and ``null``, the gateway with the null sink (its AMQP edge, its
-  ingest and dispatcher, but no second hop: every send settles at once).
+  ingest and dispatcher, but no second hop: every send settles at once). With
+  ``--baseline DIR`` (a checkout of another commit, say ``git worktree add /tmp/base main``),
+  the gateway of that checkout too, beside this one on the same CPU: an A/B in one run.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import orjson
@@ -174,6 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--e2e-messages", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="sblocal: also a gateway from the checkout DIR (another commit, with its own "
+        "bench.gateway_server), on the same CPU and in the same rounds, for an A/B",
+    )
     parser.add_argument("--client", choices=CPU_WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--e2e-client", choices=E2E_SHAPES, help=argparse.SUPPRESS)
     parser.add_argument("--conn", nargs="+", help=argparse.SUPPRESS)
@@ -358,9 +367,6 @@ async def _relay(port: int, upstream: int) -> None:
         await server.serve_forever()
 
 
-ROUTES = ("direct", "gateway", "relay", "null")
-
-
 async def _through_sblocal(args: argparse.Namespace) -> list[str]:
     """Every route, alternately, in one run (see the module docstring); the printed lines."""
     import psutil
@@ -389,6 +395,7 @@ async def _through_sblocal(args: argparse.Namespace) -> list[str]:
             "relay", "bench.amqp_edge_bench", ["--relay", str(relay_port), str(broker_port)],
             cpus=cores.subject,
         )  # fmt: skip
+        baseline: _Baseline | None = None
         try:
             await relay.expect("READY", 30)
             pin(relay.pid, cores.subject)
@@ -401,6 +408,9 @@ async def _through_sblocal(args: argparse.Namespace) -> list[str]:
                 ),
                 "null": (endpoint(null_port), null.pid),
             }
+            if args.baseline:
+                baseline = await _baseline(args.baseline, e2e.settings, free_port(), cores)
+                routes["baseline"] = (endpoint(baseline.port), baseline.proc.pid)
             procs = {r: psutil.Process(pid) for r, (_, pid) in routes.items() if pid is not None}
             for _ in range(args.rounds):
                 for shape in E2E_SHAPES:
@@ -428,13 +438,17 @@ async def _through_sblocal(args: argparse.Namespace) -> list[str]:
         finally:
             await relay.close()
             await null.close()
-    return _e2e_lines(totals, args.batch)
+            if baseline is not None:
+                await baseline.close()
+    return _e2e_lines(totals, args.batch, args.baseline)
 
 
-def _e2e_lines(totals: dict[tuple[str, str], dict[str, Any]], batch: int) -> list[str]:
+def _e2e_lines(
+    totals: dict[tuple[str, str], dict[str, Any]], batch: int, baseline: str | None
+) -> list[str]:
     lines = []
     for shape in E2E_SHAPES:
-        t = {route: totals[(shape, route)] for route in ROUTES}
+        t = {route: v for (s, route), v in totals.items() if s == shape}
         rate = {r: v["sent"] / v["elapsed"] for r, v in t.items()}
         # CPU over the windows: the timed messages and each window's one send before.
         cpu = {r: v["cpu"] / (v["sent"] + v["windows"]) * 1e6 for r, v in t.items()}
@@ -456,7 +470,57 @@ def _e2e_lines(totals: dict[tuple[str, str], dict[str, Any]], batch: int) -> lis
                 f"{cpu[route]:.0f} us a message; the gateway reaches "
                 f"{rate['gateway'] / rate[route]:.2f}x of it"
             )
+        if "baseline" in t:
+            lines.append(
+                f"  A/B   {shape:<6} the gateway of {baseline}: {rate['baseline']:7.0f} msg/s: "
+                f"{rate['baseline'] / rate['direct']:.2f}x direct; p99 {p99['baseline']:.2f} ms; "
+                f"its CPU {cpu['baseline']:.0f} us a message; this checkout's gateway reaches "
+                f"{rate['gateway'] / rate['baseline']:.2f}x of its rate at "
+                f"{cpu['gateway'] / cpu['baseline']:.2f}x its CPU a message"
+            )
     return lines
+
+
+@dataclass
+class _Baseline:
+    """A `bench.gateway_server` (SDK sink) run from another checkout."""
+
+    proc: asyncio.subprocess.Process
+    port: int
+
+    async def close(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+async def _baseline(root: str, settings: dict[str, str], port: int, cores: Cores) -> _Baseline:
+    """Start the gateway of the checkout `root` with `settings` on the gateway's CPU."""
+    from bench.harness import pin
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SBGATE_")}
+    env.update(settings, SBGATE_AMQP_PLAIN_PORT=str(port), PYTHONPATH=root, PYTHONUNBUFFERED="1")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.gateway_server", "--mode", "gateway", "--sink", "sdk",
+        cwd=root, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    baseline = _Baseline(proc, port)
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(60):
+            while not (await proc.stdout.readline()).startswith(b"READY"):
+                if proc.stdout.at_eof():
+                    raise RuntimeError(f"the gateway of {root} exited before READY")
+    except BaseException:
+        await baseline.close()
+        raise
+    pin(proc.pid, cores.subject)
+    return baseline
 
 
 if __name__ == "__main__":
