@@ -301,7 +301,10 @@ class AmqpConnection(asyncio.Protocol):
             self._settle(state.link, event.delivery_id, settlement)
         self._replenish(state)
         self._close_if_idle()
-        self._flush_soon()
+        if len(self._tasks) > 1:
+            self._flush_soon()  # others may settle in this turn: one write for them all
+        else:
+            self._flush()  # the only one in flight (a sequential sender): no turn to wait
 
     def _refused_at_engine(self, event: TransferRefused) -> None:
         """A delivery over the link's size, rejected by the engine: recorded as a request."""

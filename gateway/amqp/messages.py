@@ -15,8 +15,17 @@ properties of type string, boolean, every integer type, float, double, timestamp
 binary (those beyond the REST format's as `Typed` values, which keep their type through a
 backlog queue: gateway.core.backlog). Hop-by-hop parts are not messages' content and are
 dropped: the header's durable, first-acquirer and delivery-count (Service Bus keeps every
-message durably and counts deliveries itself), delivery annotations, and the creation and
-absolute-expiry times the SDKs stamp from the TTL (the gateway stamps its own).
+message durably and counts deliveries itself) and delivery annotations. The creation and
+absolute-expiry times the SDKs stamp from the TTL are not read: a message encoded from its
+fields gets the gateway's own stamps, a message passed through keeps the client's.
+
+Raw passthrough: the fields are still read from every message, for the checks above, the
+size limits, the routing and the record; but a message encoded as the SDKs encode it is then
+sent to the primary in the client's own bytes (`OutboundMessage.encoded`), less its delivery
+annotations and with a header that says more than a TTL cut down to the TTL, so the sink
+does not build and encode it again (`_passthrough` says when a message keeps its bytes:
+only when they mean exactly what the fields say; the stamps, when a client sends them, are
+then the client's). A message sent through a backlog queue is encoded from its fields.
 """
 
 from __future__ import annotations
@@ -45,8 +54,9 @@ from sbamqp.codec import (
     Uint,
     Ulong,
     Ushort,
+    decode,
 )
-from sbamqp.sections import split_batch
+from sbamqp.sections import section, split
 
 HEADER: Final = 0x70
 DELIVERY_ANNOTATIONS: Final = 0x71
@@ -100,19 +110,36 @@ class MalformedMessage(RequestError):
 def batch_messages(payload: bytes) -> list[bytes]:
     """A batch transfer's (message format 0x80013700) encoded messages: one per data section
     of its envelope. The envelope's other sections (Node sends a header and properties
-    there) describe the batch, not a message, and are dropped."""
+    there) describe the batch, not a message, and are dropped. Each message is checked by
+    `to_outbound`, which reads it anyway (not a second time here, as `split_batch` would)."""
     try:
-        return split_batch(payload)
+        envelope = split(payload)
+        if envelope.body_code != DATA or not envelope.body:
+            raise DecodeError("a batch body must be data sections")
+        return [_binary(raw) for raw in envelope.body]
     except DecodeError as exc:
         raise MalformedMessage(f"the batch does not decode: {exc}") from None
 
 
+def _binary(raw: bytes) -> bytes:
+    """The binary of one data section (`split` checked its bounds)."""
+    if raw[:3] == b"\x00\x53\x75" and raw[3] in (0xA0, 0xB0):
+        return raw[5:] if raw[3] == 0xA0 else raw[8:]
+    value = decode(raw)[0]
+    if not isinstance(value, Described) or not isinstance(value.value, bytes):
+        raise DecodeError("a batch data section is not binary")
+    return value.value
+
+
 def to_outbound(payload: bytes) -> OutboundMessage:
     """One encoded AMQP message as the gateway carries it; raises `NotCarried` for what it
-    cannot carry unchanged and `MalformedMessage` for what is not a message."""
+    cannot carry unchanged and `MalformedMessage` for what is not a message. When the
+    client's encoding can go to the primary as it is (`_passthrough`), the message keeps it
+    (`OutboundMessage.encoded`) and the sink sends those bytes instead of encoding it again."""
     fields: dict[str, Any] = {}
     body: bytes | None = None
-    for code, value in _sections(payload):
+    spans = _sections(payload)
+    for code, value, _start, _end in spans:
         if code == HEADER:
             fields.update(_header(value))
         elif code == MESSAGE_ANNOTATIONS:
@@ -135,11 +162,21 @@ def to_outbound(payload: bytes) -> OutboundMessage:
         # DELIVERY_ANNOTATIONS: for this hop only
     if body is None:
         raise NotCarried("a message without a data body cannot be carried")
-    message_id = fields.pop("message_id", None) or os.urandom(16).hex()  # as the REST edge
-    return OutboundMessage(body=body, message_id=message_id, **fields)
+    message_id = fields.pop("message_id", None)
+    encoded = None
+    if not message_id:
+        message_id = os.urandom(16).hex()  # as the REST edge; the client's bytes lack it
+    else:
+        encoded = _passthrough(payload, spans)
+    return OutboundMessage(body=body, message_id=message_id, encoded=encoded, **fields)
 
 
-def _sections(payload: bytes) -> list[tuple[int, Any]]:
+# A section: (code, value, start, end), its bytes payload[start:end]; start is -1 when the
+# message was decoded generically (then nothing is passed through).
+_Span = tuple[int, Any, int, int]
+
+
+def _sections(payload: bytes) -> list[_Span]:
     try:
         fast = _sections_fast(payload)
         if fast is not None:
@@ -147,7 +184,7 @@ def _sections(payload: bytes) -> list[tuple[int, Any]]:
         values = codec.decode_all(payload)
     except DecodeError as exc:
         raise MalformedMessage(f"the message does not decode: {exc}") from None
-    out = []
+    out: list[_Span] = []
     for value in values:
         if not isinstance(value, Described):
             raise MalformedMessage("a message section is not a described value")
@@ -156,23 +193,30 @@ def _sections(payload: bytes) -> list[tuple[int, Any]]:
             code = _SYMBOLIC.get(code, -1)
         if not isinstance(code, int) or not HEADER <= code <= FOOTER:
             raise MalformedMessage(f"unknown message section {value.descriptor!r}")
-        out.append((int(code), value.value))
+        if out and code <= out[-1][0] and code != DATA:
+            raise MalformedMessage(f"section {code:#x} repeated or out of order")
+        out.append((int(code), value.value, -1, -1))
     return out
 
 
-def _sections_fast(payload: bytes) -> list[tuple[int, Any]] | None:
+def _sections_fast(payload: bytes) -> list[_Span] | None:
     """The sections of a message as the SDKs encode it (each descriptor a small ulong, the
     body one binary), without building a `Described` per section or decoding the body
     (its bytes are taken as they are); None for any other encoding, which `_sections`
     then decodes generically."""
-    out: list[tuple[int, Any]] = []
+    out: list[_Span] = []
     off, size = 0, len(payload)
+    last = 0
     while off < size:
         if payload[off] != 0x00 or off + 3 > size or payload[off + 1] != 0x53:
             return None
         code = payload[off + 2]
         if not HEADER <= code <= FOOTER:
             return None
+        if code <= last and code != DATA:
+            raise DecodeError(f"section {code:#x} repeated or out of order")
+        last = code
+        begin = off
         off += 3
         if code == DATA and off < size and payload[off] in (0xA0, 0xB0):
             width = 1 if payload[off] == 0xA0 else 4
@@ -183,11 +227,79 @@ def _sections_fast(payload: bytes) -> list[tuple[int, Any]] | None:
             off = start + length
             if off > size:
                 raise DecodeError("data section overruns the message")
-            out.append((code, payload[start:off]))
+            out.append((code, payload[start:off], begin, off))
             continue
         value, off = codec.decode(payload, off)
-        out.append((code, value))
+        out.append((code, value, begin, off))
     return out
+
+
+def _passthrough(payload: bytes, spans: list[_Span]) -> bytes | None:
+    """The client's encoding of a message `to_outbound` accepted, as the primary is sent it:
+    its sections as received, less the delivery annotations (for this hop only), and with a
+    header that says more than the TTL rebuilt to say only that. None (the message is then
+    encoded from its fields, as before) wherever sending the bytes as they are would not
+    give exactly the message the fields describe: a section decoded generically (a symbolic
+    descriptor), an annotation key or a content-type that is not a symbol, send-time stamps
+    that are not timestamps, a properties list longer than the standard's, a TTL of 0 (sent
+    as 1 ms) or beyond a uint (sent as none)."""
+    changes: list[tuple[int, int, bytes]] = []  # (start, end, what replaces the bytes)
+    for code, value, start, end in spans:
+        if start < 0:
+            return None
+        if code == PROPERTIES:
+            if not _plain_properties(value):
+                return None
+        elif code == DELIVERY_ANNOTATIONS:
+            changes.append((start, end, b""))
+        elif code == HEADER:
+            header = _plain_header(value)
+            if header is None:
+                return None
+            if header is not _KEEP:
+                changes.append((start, end, header))
+        elif code == MESSAGE_ANNOTATIONS and any(type(k) is not Symbol for k in value):
+            return None  # (a map with a repeated key does not decode: sbamqp.codec)
+    if not changes:
+        return payload  # the common case: the client's bytes, not even copied
+    parts: list[bytes] = []
+    last = 0
+    for start, end, replacement in changes:
+        parts += (payload[last:start], replacement)
+        last = end
+    parts.append(payload[last:])
+    return b"".join(parts)
+
+
+_KEEP: Final = b"keep"  # `_plain_header`: the section as it is
+
+
+def _plain_header(value: list[Any]) -> bytes | None:
+    """`_KEEP` for a header holding at most a TTL (as a uint) and defaults; else the header
+    that holds only its TTL (b"" for none), or None when the TTL is not a uint above 0."""
+    fields = (list(value) + [None] * 5)[:5]
+    durable, _priority, ttl, first_acquirer, delivery_count = fields  # priority: checked
+    if ttl is not None and (type(ttl) is not Uint or ttl == 0):
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 0 < ttl < 2**32:
+            return None
+        return section(HEADER, [None, None, Uint(ttl)])
+    if len(value) <= 5 and not durable and not first_acquirer and not delivery_count:
+        return _KEEP
+    return b"" if ttl is None else section(HEADER, [None, None, ttl])
+
+
+def _plain_properties(value: list[Any]) -> bool:
+    """Whether a properties list (already checked by `_properties`) is what the fields say:
+    at most the standard's 13 fields, a symbol content-type, timestamp stamps."""
+    n = len(value)
+    if n <= 6:
+        return True
+    if n > 13:
+        return False
+    content_type = value[6]
+    if content_type is not None and type(content_type) is not Symbol:
+        return False
+    return all(v is None or type(v) is Timestamp for v in value[8:10])
 
 
 def _header(value: Any) -> dict[str, Any]:

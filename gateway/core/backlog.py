@@ -28,7 +28,10 @@ PartitionKey                  ``x-ms-partitionkey``
 ============================  =====================================================
 
 MessageId, CorrelationId, ContentType, Subject (Label), ReplyTo, ReplyToSessionId, To and
-every application property are kept untouched.
+every application property are kept untouched. A message the AMQP edge passes through raw
+(`OutboundMessage.encoded`: the client's own bytes, sent as they are to the primary) loses
+those bytes in the rewrite and is encoded from its fields, which hold the same content
+(tests/gateway/test_amqp_messages.py).
 """
 
 from __future__ import annotations
@@ -160,6 +163,7 @@ def rewrite(
         scheduled_enqueue_time_utc=None,
         partition_key=None,
         application_properties=props,
+        encoded=None,  # the fields changed: encoded again from them
     )
 
 
@@ -255,6 +259,7 @@ def restore(m: OutboundMessage, now: float) -> Restored | None:
             else None
         ),
         application_properties=props,
+        encoded=None,  # encoded from the restored fields (never a backlog copy's bytes)
     )
     return Restored(
         entity_path=path,

@@ -83,12 +83,21 @@ class OutboundMessage:
     scheduled_enqueue_time_utc: dt.datetime | None = None
     partition_key: str | None = None
     application_properties: dict[str, AppValue] = field(default_factory=dict)
+    # Raw passthrough (the AMQP edge): the message's AMQP encoding as the client sent it, less
+    # what the gateway drops on the way (gateway.amqp.messages), sent to the primary as it
+    # is instead of being encoded again from the fields above, which it holds unchanged.
+    # None: encoded from the fields. Whatever changes a field must drop it (the backlog
+    # rewrite and the syphon's restore do: gateway.core.backlog).
+    encoded: bytes | None = field(default=None, repr=False, compare=False)
     # An upper bound of the bytes Service Bus counts against its size limit (see above),
     # computed once: the edge checks it and the dispatcher's admission gate counts it.
     size: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", estimate_size(self))
+        size = estimate_size(self)
+        if self.encoded is not None:  # a client's encoding may be wider than the bound's
+            size = max(size, len(self.encoded) + BATCH_ITEM_OVERHEAD)
+        object.__setattr__(self, "size", size)
 
     @property
     def batch_key(self) -> str | None:

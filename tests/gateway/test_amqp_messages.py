@@ -10,11 +10,21 @@ message the path cannot carry unchanged is refused, never altered.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode
+from azure.servicebus import (
+    ServiceBusMessage,
+    ServiceBusMessageBatch,
+    ServiceBusReceivedMessage,
+    ServiceBusReceiveMode,
+)
+from azure.servicebus._pyamqp import _encode
 from azure.servicebus._pyamqp._decode import decode_payload
+from azure.servicebus._pyamqp.message import BatchMessage
+from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +32,7 @@ from gateway.amqp.messages import MalformedMessage, batch_messages, to_outbound
 from gateway.core.backlog import restore, rewrite
 from gateway.core.message import OutboundMessage
 from gateway.errors import NotCarried
-from gateway.servicebus.internals.encoding import encode
+from gateway.servicebus.internals.encoding import add, encode
 from gateway.servicebus.receiver import from_sdk
 from sbamqp import codec
 from sbamqp.codec import (
@@ -71,6 +81,12 @@ def message(
     parts.append(section(0x75, body))
     parts.extend(extra)
     return b"".join(parts)
+
+
+def sdk_bytes(m: ServiceBusMessage) -> bytes:
+    """The Python SDK's own encoding of `m` (what its sender puts in a transfer)."""
+    outgoing = PyamqpTransport.to_outgoing_amqp_message(m.raw_amqp_message)
+    return bytes(_encode.encode_payload(bytearray(), outgoing))
 
 
 def sections_of(payload: bytes) -> dict[int, Any]:
@@ -130,7 +146,9 @@ _names = st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=1,
 
 
 @st.composite
-def client_messages(draw: st.DrawFn) -> bytes:
+def client_messages(draw: st.DrawFn, ttl_type: Any = int) -> bytes:
+    """A client's message; its TTL encoded as `ttl_type` (a uint as the standard and the
+    SDKs have it, or whatever integer a client sends)."""
     session = draw(st.none() | _id)
     ttl = draw(st.none() | st.integers(1000, 10 * 86400 * 1000))
     # a schedule still to come (one that passed goes home unscheduled: restore)
@@ -158,7 +176,7 @@ def client_messages(draw: st.DrawFn) -> bytes:
     app = draw(st.dictionaries(_names, _carried, max_size=6))
     return message(
         draw(st.binary(max_size=200)),
-        header=None if ttl is None else [None, None, ttl],
+        header=None if ttl is None else [None, None, ttl_type(ttl)],
         annotations=annotations or None,
         properties=properties,
         app=app or None,
@@ -288,3 +306,196 @@ def test_a_data_section_longer_than_the_message_is_malformed() -> None:
     whole = message(b"x" * 300)
     with pytest.raises(MalformedMessage):
         to_outbound(whole[:-1])
+
+
+# -- raw passthrough: the client's bytes, sent on as they are -------------------------------
+
+
+def reencoded(m: OutboundMessage) -> bytes:
+    """What the sink sends for `m` without its client's bytes: encoded from the fields."""
+    return bytes(encode(replace(m, encoded=None)))
+
+
+@st.composite
+def hop_by_hop_parts(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """A client message with hop-by-hop parts (delivery annotations, a header saying more
+    than the TTL) and the same message without them, as passthrough should send it."""
+    payload = draw(client_messages(Uint))
+    parts = list(codec.decode_all(payload))
+    header = next((v for v in parts if v.descriptor == 0x70), None)
+    ttl = header.value[2] if header is not None else None
+    wire = [section(0x70, [True, Ubyte(4), Uint(ttl), False, Uint(3)])] if ttl else []
+    wire.append(section(0x71, {Symbol("x-opt-lock-token"): draw(st.uuids())}))
+    wire += [codec.encode(v) for v in parts if v.descriptor != 0x70]
+    want = ([section(0x70, [None, None, Uint(ttl)])] if ttl else []) + [
+        codec.encode(v) for v in parts if v.descriptor != 0x70
+    ]
+    return b"".join(wire), b"".join(want)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(client_messages(Uint))
+def test_a_message_as_the_sdks_encode_it_is_sent_on_in_its_own_bytes(payload: bytes) -> None:
+    """Every application-property type, ids, TTL, schedule, partition key: the primary is
+    sent the client's bytes, which hold what the fields hold; the size bound covers them."""
+    m = to_outbound(payload)
+    assert m.encoded == payload
+    assert bytes(encode(m)) == payload
+    assert content(payload) == content(reencoded(m))
+    assert m.size >= len(payload) + 8
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(client_messages())
+def test_a_ttl_of_another_integer_type_is_sent_on_as_a_uint(payload: bytes) -> None:
+    m = to_outbound(payload)
+    assert m.encoded is not None
+    assert content(m.encoded) == content(reencoded(m)) == content(payload)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hop_by_hop_parts())
+def test_hop_by_hop_parts_are_cut_from_the_passed_through_bytes(parts: tuple[bytes, bytes]) -> None:
+    wire, want = parts
+    m = to_outbound(wire)
+    assert m.encoded == want
+    assert content(bytes(encode(m))) == content(reencoded(m)) == content(want)
+
+
+def test_the_sdks_own_encoding_passes_through_byte_for_byte() -> None:
+    """The Python SDK's encoding of a message with every property type it sends (no TTL:
+    no clock stamp) is exactly what the gateway would encode: passthrough changes nothing
+    on the wire, it only saves the work."""
+    sdk = ServiceBusMessage(
+        b"body",
+        message_id="m-1",
+        session_id="s-1",
+        partition_key="s-1",
+        correlation_id="c",
+        subject="sub",
+        content_type="application/json",
+        reply_to="r",
+        to="t",
+        scheduled_enqueue_time_utc=dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+        application_properties={
+            "s": "text",
+            "i": 7,
+            "f": 0.25,
+            "b": True,
+            "d": dt.datetime(2030, 1, 1, tzinfo=dt.UTC),
+            "u": uuid.UUID(int=5),
+        },
+    )
+    payload = sdk_bytes(sdk)
+    m = to_outbound(payload)
+    assert m.encoded == payload == reencoded(m)
+
+
+def test_a_batch_passes_each_message_through() -> None:
+    """A `ServiceBusMessageBatch` as the SDK sends it: each message keeps its bytes, and the
+    gateway's own batch of them holds exactly those bytes."""
+    batch = ServiceBusMessageBatch(max_size_in_bytes=1024 * 1024)
+    sent = [
+        ServiceBusMessage(f"b-{i}", message_id=f"b-{i}", application_properties={"n": i})
+        for i in range(5)
+    ]
+    for s in sent:
+        batch.add_message(s)
+    envelope = bytes(_encode.encode_payload(bytearray(), BatchMessage(*batch._message)))
+    inner = batch_messages(envelope)
+    messages = [to_outbound(p) for p in inner]
+    assert [m.encoded for m in messages] == [sdk_bytes(s) for s in sent] == inner
+    ours = ServiceBusMessageBatch(max_size_in_bytes=1024 * 1024)
+    for m in messages:
+        add(ours, m, encode(m))
+    assert list(ours._message[5]) == inner
+    assert ours.size_in_bytes == batch.size_in_bytes
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        (message(properties=[None, None, None, "subject"]), "no message-id: the gateway adds one"),
+        (message(properties=["id", None, None, None, None, None, "text/plain"]), "a str type"),
+        (message(properties=["id"], annotations={"x-opt-partition-key": "p"}), "a str key"),
+        (message(properties=["id"], header=[None, None, Uint(0)]), "a TTL of 0 (sent as 1 ms)"),
+        (message(properties=["id"], header=[None, None, Long(2**40)]), "a TTL beyond a uint"),
+        (message(properties=["id"] + [None] * 13), "a properties list over 13 fields"),
+        (message(properties=["id", None, None, None, None, None, None, None, "x"]), "a stamp"),
+    ],
+)
+def test_bytes_that_would_not_mean_what_the_fields_say_are_encoded_again(
+    payload: bytes, why: str
+) -> None:
+    m = to_outbound(payload)
+    assert m.encoded is None, why
+    assert bytes(encode(m)) == reencoded(m)
+
+
+def test_symbolic_descriptors_are_encoded_again() -> None:
+    numeric = message(b"body", properties=["id"])
+    symbolic = b"".join(
+        codec.encode(Described(Symbol("amqp:data:binary" if v.descriptor == 0x75 else
+                                      "amqp:properties:list"), v.value))
+        for v in codec.decode_all(numeric)
+    )  # fmt: skip
+    assert to_outbound(numeric).encoded == numeric
+    assert to_outbound(symbolic).encoded is None
+
+
+@given(client_messages())
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_backlog_rewrite_and_the_restore_drop_the_clients_bytes(payload: bytes) -> None:
+    m = to_outbound(payload)
+    stored = rewrite(m, "orders", NOW)
+    assert stored.encoded is None, "the rewrite changed the fields"
+    assert m.encoded is not None
+    assert through_backlog(m).encoded is None
+
+
+def test_a_passed_through_message_is_checked_as_any_other() -> None:
+    """The sink's checks (PartitionKey = SessionId, ids of at most 128 characters) run on
+    the fields whether or not the bytes are the client's."""
+    m = to_outbound(
+        message(
+            properties=["id", None, None, None, None, None, None, None, None, None, "s-1"],
+            annotations={Symbol("x-opt-partition-key"): "other"},
+        )
+    )
+    assert m.encoded is not None
+    with pytest.raises(ValueError, match="partition_key"):
+        encode(m)
+    with pytest.raises(ValueError, match="128"):
+        encode(to_outbound(message(properties=["i" * 129])))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        section(0x73, ["a"]) + section(0x73, ["b"]) + section(0x75, b"x"),  # repeated
+        section(0x74, {"k": "v"}) + section(0x73, ["a"]) + section(0x75, b"x"),  # out of order
+        section(0x75, b"x") + section(0x70, [None, None, Uint(5)]),  # a header after the body
+    ],
+)
+def test_sections_repeated_or_out_of_order_are_malformed(payload: bytes) -> None:
+    """Which of two properties sections would the fields hold, and which would the bytes
+    passed through say? Neither: the standard's order, each section once."""
+    with pytest.raises(MalformedMessage, match="out of order"):
+        to_outbound(payload)
+    symbolic = b"".join(
+        codec.encode(Described(Symbol({0x70: "amqp:header:list", 0x73: "amqp:properties:list",
+                                       0x74: "amqp:application-properties:map",
+                                       0x75: "amqp:data:binary"}[int(v.descriptor)]), v.value))
+        for v in codec.decode_all(payload)
+    )  # fmt: skip
+    with pytest.raises(MalformedMessage, match="out of order"):
+        to_outbound(symbolic)
+
+
+def test_a_batch_of_a_message_that_does_not_decode_is_refused_whole() -> None:
+    good = message(b"1", properties=["a"])
+    envelope = section(0x75, good) + section(0x75, b"\x00\x53\x75\xa0\xff")
+    with pytest.raises(MalformedMessage):
+        [to_outbound(p) for p in batch_messages(envelope)]
+    big = message(b"x" * 300, properties=["b"])  # a vbin32 data section in the envelope
+    assert batch_messages(section(0x75, big) + section(0x75, good)) == [big, good]
