@@ -113,8 +113,9 @@ class FenceTable:
         fence = self.fences.get(key)
         if fence is None:
             return None
-        _, generation = fence.pending.pop(write_id, (0.0, fence.generation))
-        if ok:
+        began = fence.pending.pop(write_id, None)
+        generation = began[1] if began is not None else fence.generation
+        if ok and began is not None:  # no pending entry: ended already (idempotent)
             for t in tokens:
                 if t in fence.early:
                     fence.early.discard(t)

@@ -155,3 +155,14 @@ def test_the_policy_is_a_setting_and_an_entity_may_override_it(tmp_path):
     f.write_text('[[entities]]\npath = "a"\nsession_order = "sometimes"\n')
     with pytest.raises(ConfigError, match="session_order"):
         load_settings(env, f)
+
+
+def test_an_end_that_comes_twice_counts_its_tokens_once():
+    table = FenceTable(Clock())
+    assert table.begin(KEY, "w1", QUEUES, (), deadline=2000.0)
+    assert table.begin(KEY, "w2", QUEUES, (), deadline=2000.0)
+    table.end(KEY, "w1", ["t1"], ok=True)
+    table.moved(KEY, ["t1"])
+    table.end(KEY, "w1", ["t1"], ok=True)  # again: its pending entry is gone
+    table.end(KEY, "w2", ["t2"], ok=True)
+    assert table.moved(KEY, ["t2"]) is not None, "nothing outstanding: the fence lifts"

@@ -141,3 +141,17 @@ async def test_fences_work_on_a_redis_cluster(redis_cluster: RedisClusterServers
         await eventually(lambda: b.fences.fenced(E, S), what="b learns the fence")
         await b.fences.moved(E, S, ["t1"])
         await eventually(lambda: not a.fences.fenced(E, S), what="a learns the lift")
+
+
+async def test_an_end_that_runs_twice_counts_its_tokens_once(redis_server: RedisServer):
+    """An end whose answer was lost (a timeout after the script ran) is replayed and runs
+    again: it must not count its tokens a second time, or a message already home would hold
+    the fence for ever (found by bench.session_bench: sessions fenced with nothing left)."""
+    async with two(redis_server) as (a, b):
+        await write(a, "w1", ["t1"])
+        assert await b.fences.begin_write(E, S, "w2", QUEUES, (), deadline=time_in(30))
+        await b.fences.moved(E, S, ["t1"])
+        await a.fences.end_write(E, S, "w1", ["t1"], True)  # the same end, run again
+        await b.fences.end_write(E, S, "w2", ["t2"], True)
+        await b.fences.moved(E, S, ["t2"])
+        assert not b.fences.fenced(E, S), "t1 is home: nothing holds the fence"

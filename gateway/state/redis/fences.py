@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +117,7 @@ return {cur, tostring(gen), id}
 )
 
 # KEYS[1]; ARGV: write id, ok (1/0), now, channel, entity, session, tokens... -> age or -1.
+# Idempotent: a write whose pending entry is gone adds no tokens.
 END_LUA = (
     _LIFT_LUA
     + r"""
@@ -127,7 +129,10 @@ local p = redis.call('HGET', k, 'p:' .. ARGV[1])
 local gen = p and tonumber(string.match(p, '%s(%d+)$'))
 if not gen then gen = tonumber(redis.call('HGET', k, 'gen')) or 0 end
 redis.call('HDEL', k, 'p:' .. ARGV[1])
-if ARGV[2] == '1' then
+-- Without its pending entry this write was ended already (a replay of an end that had
+-- run, its answer lost): adding its tokens again would hold the fence for messages that
+-- may be home already.
+if ARGV[2] == '1' and p then
   local seq = tonumber(redis.call('HGET', k, 'seq')) or 0
   for i = 7, #ARGV do
     if redis.call('HDEL', k, 'x:' .. ARGV[i]) == 0 then
@@ -224,7 +229,7 @@ class RedisFences:
         self._clock = clock
         self._fenced: dict[FenceKey, str] = {}  # fenced session -> fence id
         self._listeners: list[FenceListener] = []
-        self._replay: list[tuple[str, FenceKey, list[str]]] = []  # ("end:<id>:<ok>"|"moved")
+        self._replay: deque[tuple[str, FenceKey, list[str]]] = deque()  # ("end"|"moved", ...)
         self._scripts: tuple[Session, dict[str, AsyncScript]] | None = None
         # Until the first resync this replica cannot know which sessions are fenced: it
         # takes every one to be (fail closed: their messages take the backlog path, which
@@ -361,24 +366,47 @@ class RedisFences:
             self._tell(key, True, 0.0)
         self._fenced = found
         self._synced = True
-        replay, self._replay = self._replay, []
-        for kind, key, args in replay:
+        # One at a time, each dropped only once it has run: a failure keeps the rest for
+        # the next resync, and what failed while this ran is replayed too (the loop ends
+        # with the list empty, and the session goes online without another await).
+        while self._replay:
+            kind, key, args = self._replay[0]
             await self._run(sess, kind, key, args)
+            self._replay.popleft()
 
     # -- helpers ------------------------------------------------------------------------------
 
     async def _settle(self, kind: str, key: FenceKey, args: list[str]) -> None:
-        """`end` or `moved`: now, or replayed after the next resync if Redis is away."""
+        """`end` or `moved`: now, or replayed after the next resync if Redis is away.
+
+        A call that fails on a session that has been replaced meanwhile is tried once more
+        on the current one: that session's resync replayed what was queued before it, so
+        queueing now would wait for a resync that may never come (and a lost `moved`
+        holds its fence for ever). Both scripts are idempotent, so a call whose answer
+        was lost after it ran may run twice."""
+        sess = self._store.session
         try:
-            await self._call(kind, key, args)
+            await self._call(kind, key, args, sess)
+            return
         except _REDIS_ERRORS:
+            current = self._store.session
+            if current is not None and current is not sess:
+                try:
+                    await self._call(kind, key, args, current)
+                    return
+                except _REDIS_ERRORS:
+                    pass
             if len(self._replay) < MAX_REPLAY:
                 self._replay.append((kind, key, args))
             else:
                 log.error("fence %s/%s: too much to replay; this %s is dropped", *key, kind)
 
-    async def _call(self, kind: str, key: FenceKey, args: list[Any]) -> Any:
-        sess = self._store.session
+    async def _call(
+        self, kind: str, key: FenceKey, args: list[Any], sess: Session | None = None
+    ) -> Any:
+        """Run script `kind` on `sess` (default: the current session); a failure breaks
+        that session (if it is still the current one) and is raised."""
+        sess = sess if sess is not None else self._store.session
         if sess is None:
             raise ConnectionError("redis is unreachable")
         try:
