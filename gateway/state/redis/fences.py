@@ -18,8 +18,10 @@ write publishes `"on": true`. Each replica keeps the set of fenced sessions in m
 
 Fail closed: until its first resync a replica takes every session to be fenced;
 `begin_write` raises `FenceUnavailable` while Redis is unreachable (the request
-is answered 503). An `end_write` or `moved` that fails is kept and replayed after the next
-resync. A resync that finds a fence this replica knows of missing from Redis (Redis
+is answered 503). An `end_write` or `moved` that fails is tried once more on the current
+session if the one it ran on was replaced meanwhile, else kept and replayed by the next
+resync (one at a time; what fails stays). Both scripts are idempotent (an end whose write
+is no longer pending adds no tokens), so a call whose answer was lost may run twice. A resync that finds a fence this replica knows of missing from Redis (Redis
 restarted empty, or it lifted while we were away: we cannot tell) writes it back as an
 unknown fence. Values read from Redis are validated; a field that does not parse holds the
 fence (never a reason to send to the primary).
