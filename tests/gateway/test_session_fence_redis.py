@@ -155,3 +155,20 @@ async def test_an_end_that_runs_twice_counts_its_tokens_once(redis_server: Redis
         await b.fences.end_write(E, S, "w2", ["t2"], True)
         await b.fences.moved(E, S, ["t2"])
         assert not b.fences.fenced(E, S), "t1 is home: nothing holds the fence"
+
+
+async def test_a_fence_held_only_by_an_expired_write_lifts_on_an_empty_backlog(
+    redis_server: RedisServer,
+):
+    async with two(redis_server) as (a, b):
+        assert await a.fences.begin_write(E, S, "w1", QUEUES, (), deadline=time_in(0.5))
+        await write(b, "w2", ["t2"])
+        await b.fences.moved(E, S, ["t2"])
+        assert b.fences.fenced(E, S), "w1 may still land"
+
+        async def lifted() -> bool:
+            await b.fences.backlog_empty([E])  # what the syphon's depth check calls
+            return not b.fences.fenced(E, S)
+
+        await eventually(lifted, within=10, every=0.2, what="the fence lifts")
+        await eventually(lambda: not a.fences.fenced(E, S), what="a learns the lift")

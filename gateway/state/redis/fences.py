@@ -21,9 +21,10 @@ Fail closed: until its first resync a replica takes every session to be fenced;
 is answered 503). An `end_write` or `moved` that fails is tried once more on the current
 session if the one it ran on was replaced meanwhile, else kept and replayed by the next
 resync (one at a time; what fails stays). Both scripts are idempotent (an end whose write
-is no longer pending adds no tokens), so a call whose answer was lost may run twice. A resync that finds a fence this replica knows of missing from Redis (Redis
-restarted empty, or it lifted while we were away: we cannot tell) writes it back as an
-unknown fence. Values read from Redis are validated; a field that does not parse holds the
+is no longer pending adds no tokens), so a call whose answer was lost may run twice.
+A resync that finds a fence this replica knows of missing from Redis (Redis restarted
+empty, or it lifted while we were away: we cannot tell) writes it back as an unknown
+fence. Values read from Redis are validated; a field that does not parse holds the
 fence (never a reason to send to the primary).
 """
 
@@ -165,13 +166,16 @@ return lift(k, tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
 )
 
 # KEYS[1]; ARGV: now, channel, entity, session -> age or -1. An unknown fence forgets what
-# it held (the backlog is empty) and lifts unless a write is pending.
+# it held (the backlog is empty) and lifts unless a write is pending; a known one lifts if
+# nothing holds it (a write past its deadline holds nothing, and may be all that is left).
 EMPTY_LUA = (
     _LIFT_LUA
     + r"""
 local k = KEYS[1]
 fence_key(k)
-if redis.call('HEXISTS', k, 'u') == 0 then return '-1' end
+if redis.call('HEXISTS', k, 'u') == 0 then
+  return lift(k, tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
+end
 local h = redis.call('HKEYS', k)
 for _, f in ipairs(h) do
   if f == 'u' or string.sub(f, 1, 2) == 't:' then redis.call('HDEL', k, f) end
