@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 MAX_REPLAY = 100_000  # end/moved calls kept for replay while Redis is away, at most
+# Fence calls in flight at once, per replica: each holds a connection of the client's pool
+# (100). Unbounded, a burst of session writes (a failover under load) opened connections
+# past the op timeout or the pool's limit, which broke the state session and answered every
+# session's backlog write 503. The others wait their turn, before their op timeout starts.
+MAX_CALLS = 32
 
 _LIFT_LUA = r"""
 local function held(key, now)
@@ -237,6 +242,7 @@ class RedisFences:
         self._listeners: list[FenceListener] = []
         self._replay: deque[tuple[str, FenceKey, list[str]]] = deque()  # ("end"|"moved", ...)
         self._scripts: tuple[Session, dict[str, AsyncScript]] | None = None
+        self._calls = asyncio.Semaphore(MAX_CALLS)
         # Until the first resync this replica cannot know which sessions are fenced: it
         # takes every one to be (fail closed: their messages take the backlog path, which
         # needs Redis, so they are answered 503 until Redis is reached).
@@ -306,7 +312,7 @@ class RedisFences:
             return False  # cannot tell: the queue waits
         key = self._key((entity, session))
         try:
-            async with asyncio.timeout(self._store.op_timeout):
+            async with self._calls, asyncio.timeout(self._store.op_timeout):
                 h = await sess.client.hgetall(key)
         except _REDIS_ERRORS as exc:
             self._store.call_failed(sess, "fence may_move", exc)
@@ -429,7 +435,7 @@ class RedisFences:
             args = [args[0], args[1], now, channel, *key, *args[2:]]
         elif kind in {"moved", "empty"}:
             args = [now, channel, *key, *args]
-        async with asyncio.timeout(self._store.op_timeout):
+        async with self._calls, asyncio.timeout(self._store.op_timeout):
             reply = await scripts[kind](keys=[self._key(key)], args=args, client=sess.client)
         if kind in {"end", "moved", "empty"} and reply not in (None, "-1", b"-1"):
             self._fenced.pop(key, None)  # lifted: memory at once (the event follows)
