@@ -15,13 +15,14 @@ one run, printed; nothing asserted.
 * **failback** — after a failover, S sessions x M messages (1,000 x 10) wait in the backlog,
   every session fenced (32 sessions send at once, each one's messages one after the other;
   a message answered 503 is sent again, up to 5 times, as a client would); the entity is
-  marked healthy and a ``gateway syphon`` replica (sharing Redis) moves them home. Printed: the time until every fence lifted, the session
-  messages moved per second, and the plain syphon's rate for the same number of messages
-  without a SessionId (the same run, the same broker set-up).
+  marked healthy and a ``gateway syphon`` replica (sharing Redis) moves them home.
+  Printed: the time until every fence lifted, the session messages moved per second, and
+  the plain syphon's rate for the same number of messages without a SessionId (the same
+  run, the same broker set-up).
 
 The gateways run in their own processes, pinned to the first CPU; the load generator and
-the local broker on the second; redis-server on either (in the failback runs). Traffic goes to 127.0.0.1 only; every wait has
-a deadline.
+the local broker on the second; redis-server on either (in the failback runs). Traffic
+goes to 127.0.0.1 only; every wait has a deadline.
 """
 
 from __future__ import annotations
