@@ -135,13 +135,18 @@ class SessionOrderMachine(RuleBasedStateMachine):
         self._send(0, self.all_sessions, 1)
         entity = self.entities[0]
         racing = [s for s in self.all_sessions if self.entity_of[s] == entity][: self.racing]
+        self.failback_race(entity, racing, 0)
+
+    def failback_race(self, entity: str, racing: list[str], replica: int) -> None:
+        """`entity` fails, `racing` sessions send one message each through `replica`
+        (backlog), it is marked healthy and they send again at once (through replica 0)."""
         self.fail_primary(entity)
-        self._send(0, racing, 1)
+        self._send(replica, racing, 1)
         self.heal_primary(entity)
 
         async def failback() -> None:
             async with asyncio.timeout(DEADLINE):
-                await self.replicas[0].post(f"/admin/entities/{entity}/healthy")
+                await self.replicas[replica].post(f"/admin/entities/{entity}/healthy")
 
         self.run(failback())
         self._send(0, racing, 1)

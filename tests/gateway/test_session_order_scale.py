@@ -89,16 +89,7 @@ class ScaledMachine(SessionOrderMachine):
                 for s in self.all_sessions
                 if self.entity_of[s] == entity and s not in self.exposed
             ][: self.racing]
-            self.fail_primary(entity)
-            self._send(1, racing, 1)
-            self.heal_primary(entity)
-
-            async def failback() -> None:
-                async with asyncio.timeout(DEADLINE):
-                    await self.replicas[1].post(f"/admin/entities/{entity}/healthy")
-
-            self.run(failback())
-            self._send(0, racing, 1)
+            self.failback_race(entity, racing, 1)
         finally:
             super().teardown()
 
