@@ -113,8 +113,9 @@ class FenceTable:
         fence = self.fences.get(key)
         if fence is None:
             return None
-        _, generation = fence.pending.pop(write_id, (0.0, fence.generation))
-        if ok:
+        began = fence.pending.pop(write_id, None)
+        generation = began[1] if began is not None else fence.generation
+        if ok and began is not None:  # no pending entry: ended already (idempotent)
             for t in tokens:
                 if t in fence.early:
                     fence.early.discard(t)
@@ -141,13 +142,17 @@ class FenceTable:
 
     def backlog_empty(self, entities: Collection[str]) -> list[tuple[FenceKey, float]]:
         """Every backlog queue holding `entities`' messages was found empty: unknown fences
-        of those entities with no write pending lift. Returns what lifted, with ages."""
+        of those entities with no write pending lift, and so do known ones that nothing
+        holds (a write past its deadline — its replica died, or its end was lost — holds
+        nothing, but no later step of the session may come to lift the fence). Returns
+        what lifted, with ages."""
         lifted: list[tuple[FenceKey, float]] = []
         now = self._clock()
         for key, fence in list(self.fences.items()):
-            if key[0] in entities and fence.unknown:
-                fence.unknown = False
-                fence.tokens.clear()
+            if key[0] in entities:
+                if fence.unknown:
+                    fence.unknown = False
+                    fence.tokens.clear()
                 if not fence.outstanding(now):
                     del self.fences[key]
                     lifted.append((key, now - fence.since))

@@ -155,3 +155,30 @@ def test_the_policy_is_a_setting_and_an_entity_may_override_it(tmp_path):
     f.write_text('[[entities]]\npath = "a"\nsession_order = "sometimes"\n')
     with pytest.raises(ConfigError, match="session_order"):
         load_settings(env, f)
+
+
+def test_an_end_that_comes_twice_counts_its_tokens_once():
+    table = FenceTable(Clock())
+    assert table.begin(KEY, "w1", QUEUES, (), deadline=2000.0)
+    assert table.begin(KEY, "w2", QUEUES, (), deadline=2000.0)
+    table.end(KEY, "w1", ["t1"], ok=True)
+    table.moved(KEY, ["t1"])
+    table.end(KEY, "w1", ["t1"], ok=True)  # again: its pending entry is gone
+    table.end(KEY, "w2", ["t2"], ok=True)
+    assert table.moved(KEY, ["t2"]) is not None, "nothing outstanding: the fence lifts"
+
+
+def test_a_fence_held_only_by_an_expired_write_lifts_when_the_backlog_is_found_empty():
+    """A write recorded as pending whose replica never ended it (it died, or its end was
+    lost) stops holding the fence at its deadline, but nothing else may ever come to lift
+    it: the depth check that finds the backlog empty does."""
+    clock = Clock()
+    table = FenceTable(clock)
+    assert table.begin(KEY, "w1", QUEUES, (), deadline=1010.0)  # never ended
+    assert table.begin(KEY, "w2", QUEUES, (), deadline=1010.0)
+    table.end(KEY, "w2", ["t2"], ok=True)
+    assert table.moved(KEY, ["t2"]) is None, "w1 may still land"
+    assert table.backlog_empty(["orders"]) == [], "w1 may still land"
+    clock.now = 1011.0
+    assert [key for key, _ in table.backlog_empty(["orders"])] == [KEY]
+    assert KEY not in table.fences

@@ -32,6 +32,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from redis.asyncio import Redis
 
 from gateway.app import create_app
 from gateway.config import load_settings
@@ -47,9 +48,9 @@ BACKLOGS = [f"primary/x-servicebus-transfer/{i}" for i in range(3)]
 DEADLINE = 20.0
 
 
-def env(redis_url: str, order: str) -> dict[str, str]:
+def env(redis_url: str, order: str, entities: list[str]) -> dict[str, str]:
     return {
-        "SBGATE_ENTITIES": "queue:orders,topic:events," + ",".join(f"queue:{e}" for e in ENTITIES),
+        "SBGATE_ENTITIES": "queue:orders,topic:events," + ",".join(f"queue:{e}" for e in entities),
         "SBGATE_REDIS_URL": redis_url,
         "SBGATE_ENABLE_FAILOVER": "true",
         "SBGATE_ENABLE_SYPHON": "true",
@@ -71,21 +72,29 @@ class SessionOrderMachine(RuleBasedStateMachine):
     redis: ClassVar[RedisServer]
     order: ClassVar[str] = "strict"
     checked: ClassVar[list[int]] = []  # acknowledged messages checked, per example
+    # Sessions with a backlog write whose order was checked (not exposed), per example.
+    ordered_backlogged: ClassVar[list[int]] = []
+    summary: ClassVar[list[str]] = []
+    entities: ClassVar[list[str]] = ENTITIES
+    all_sessions: ClassVar[list[str]] = SESSIONS
+    racing: ClassVar[int] = 6  # sessions in the first failback race
+    in_flight: ClassVar[int] = 64  # sessions sending at once, at most
 
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.env = broker_env(self.broker, **env(self.redis.url, self.order))
+        self.env = broker_env(self.broker, **env(self.redis.url, self.order, self.entities))
         self.replicas: list[TestClient[Any, Any]] = [self.run(self._start(i)) for i in (0, 1)]
         self.faults: dict[str, int] = {}
-        self.serial = {s: 0 for s in SESSIONS}
-        self.entity_of = {s: ENTITIES[i % 2] for i, s in enumerate(SESSIONS)}
-        self.acked: dict[str, list[str]] = {s: [] for s in SESSIONS}
-        self.sent: dict[str, list[str]] = {s: [] for s in SESSIONS}
+        sessions, entities = self.all_sessions, self.entities
+        self.serial = {s: 0 for s in sessions}
+        self.entity_of = {s: entities[i % len(entities)] for i, s in enumerate(sessions)}
+        self.acked: dict[str, list[str]] = {s: [] for s in sessions}
+        self.sent: dict[str, list[str]] = {s: [] for s in sessions}
         self.backlogged: set[str] = set()  # sessions answered 202 at least once
-        # Sessions that may have had messages in the backlog when Redis lost its fences:
-        # their fence comes back unknown, which keeps no order among those messages
-        # (docs/failover.md#sessions-keep-their-order); only their loss is checked.
+        # Sessions fenced when Redis lost its fences (so they may have had messages in the
+        # backlog): their fence comes back unknown, which keeps no order among those
+        # messages (docs/failover.md#sessions-keep-their-order); only their loss is checked.
         self.exposed: set[str] = set()
 
     def run(self, coro: Any) -> Any:
@@ -123,19 +132,24 @@ class SessionOrderMachine(RuleBasedStateMachine):
         """Every session sends one message (primary); then one entity fails, its sessions
         send one more each (backlog), it is marked healthy and they send again at once,
         while their backlog waits for a syphon: the race the fence is for."""
-        self.send(0, SESSIONS, 1)
-        entity = ENTITIES[0]
-        racing = [s for s in SESSIONS if self.entity_of[s] == entity][:6]
+        self._send(0, self.all_sessions, 1)
+        entity = self.entities[0]
+        racing = [s for s in self.all_sessions if self.entity_of[s] == entity][: self.racing]
+        self.failback_race(entity, racing, 0)
+
+    def failback_race(self, entity: str, racing: list[str], replica: int) -> None:
+        """`entity` fails, `racing` sessions send one message each through `replica`
+        (backlog), it is marked healthy and they send again at once (through replica 0)."""
         self.fail_primary(entity)
-        self.send(0, racing, 1)
+        self._send(replica, racing, 1)
         self.heal_primary(entity)
 
         async def failback() -> None:
             async with asyncio.timeout(DEADLINE):
-                await self.replicas[0].post(f"/admin/entities/{entity}/healthy")
+                await self.replicas[replica].post(f"/admin/entities/{entity}/healthy")
 
         self.run(failback())
-        self.send(0, racing, 1)
+        self._send(0, racing, 1)
 
     @rule(
         replica=st.integers(0, 1),
@@ -143,11 +157,17 @@ class SessionOrderMachine(RuleBasedStateMachine):
         rounds=st.integers(1, 3),
     )
     def send(self, replica: int, sessions: list[str], rounds: int) -> None:
-        """Each session sends `rounds` messages, one after the other; sessions in parallel."""
+        """Each session sends `rounds` messages, one after the other; sessions in parallel
+        (`in_flight` at most)."""
+        self._send(replica, sessions, rounds)
+
+    def _send(self, replica: int, sessions: list[str], rounds: int) -> None:
+        sem = asyncio.Semaphore(self.in_flight)
 
         async def one(s: str) -> None:
-            for _ in range(rounds):
-                await self._post(replica, s)
+            async with sem:
+                for _ in range(rounds):
+                    await self._post(replica, s)
 
         async def all_() -> None:
             await asyncio.gather(*(one(s) for s in sessions))
@@ -183,8 +203,19 @@ class SessionOrderMachine(RuleBasedStateMachine):
 
     @rule()
     def restart_redis(self) -> None:
-        self.exposed |= self.backlogged
+        self.exposed |= self.run(self._fenced_in_redis())
         self.redis.restart(empty=True)
+
+    async def _fenced_in_redis(self) -> set[str]:
+        """The sessions fenced in Redis now: the ones whose messages may be in the backlog
+        (a fence lifts only once all of a session's acknowledged messages are home)."""
+        client = Redis.from_url(self.redis.url, decode_responses=True)
+        try:
+            async with asyncio.timeout(DEADLINE):
+                keys = [k async for k in client.scan_iter(match="{sbgate}:fence:*", count=1000)]
+        finally:
+            await client.aclose()
+        return {str(k).partition("\n")[2] for k in keys}
 
     def teardown(self) -> None:
         try:
@@ -205,7 +236,7 @@ class SessionOrderMachine(RuleBasedStateMachine):
         until = loop.time() + 60
         while True:
             async with asyncio.timeout(DEADLINE):
-                for e in ENTITIES:
+                for e in self.entities:
                     await gw.post(f"/admin/entities/{e}/healthy")
                 # A failback of an unused entity wakes every syphon's depth check (which
                 # lifts fences Redis lost once the backlog is empty).
@@ -220,11 +251,24 @@ class SessionOrderMachine(RuleBasedStateMachine):
                 break
             assert loop.time() < until, f"not drained: {depth} in the backlog, {fenced} fenced"
             await asyncio.sleep(1.0)  # the syphons work meanwhile; polled with a deadline
-        for s in SESSIONS:
-            if self.sent[s]:
-                got = await receive_session(self.broker, self.entity_of[s], s)
-                check_order(s, self.acked[s], got, ordered=s not in self.exposed)
+        ordered = 0
+        for s, got in (await self.received()).items():
+            check_order(s, self.acked[s], got, ordered=s not in self.exposed)
+            ordered += s not in self.exposed and s in self.backlogged
         self.checked.append(sum(len(a) for a in self.acked.values()))
+        self.ordered_backlogged.append(ordered)
+        self.summary.append(
+            f"{len(self.backlogged)} sessions answered 202 at least once, "
+            f"{len(self.exposed)} exposed by a Redis restart, {ordered} of the others checked"
+        )
+
+    async def received(self) -> dict[str, list[str]]:
+        """What a consumer sees, per session that sent anything: MessageIds in order."""
+        return {
+            s: await receive_session(self.broker, self.entity_of[s], s)
+            for s in self.all_sessions
+            if self.sent[s]
+        }
 
 
 def check_order(session: str, acked: list[str], got: list[str], ordered: bool = True) -> None:

@@ -18,10 +18,13 @@ write publishes `"on": true`. Each replica keeps the set of fenced sessions in m
 
 Fail closed: until its first resync a replica takes every session to be fenced;
 `begin_write` raises `FenceUnavailable` while Redis is unreachable (the request
-is answered 503). An `end_write` or `moved` that fails is kept and replayed after the next
-resync. A resync that finds a fence this replica knows of missing from Redis (Redis
-restarted empty, or it lifted while we were away: we cannot tell) writes it back as an
-unknown fence. Values read from Redis are validated; a field that does not parse holds the
+is answered 503). An `end_write` or `moved` that fails is tried once more on the current
+session if the one it ran on was replaced meanwhile, else kept and replayed by the next
+resync (one at a time; what fails stays). Both scripts are idempotent (an end whose write
+is no longer pending adds no tokens), so a call whose answer was lost may run twice.
+A resync that finds a fence this replica knows of missing from Redis (Redis restarted
+empty, or it lifted while we were away: we cannot tell) writes it back as an unknown
+fence. Values read from Redis are validated; a field that does not parse holds the
 fence (never a reason to send to the primary).
 """
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +52,11 @@ log = logging.getLogger(__name__)
 
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 MAX_REPLAY = 100_000  # end/moved calls kept for replay while Redis is away, at most
+# Fence calls in flight at once, per replica: each holds a connection of the client's pool
+# (100). Unbounded, a burst of session writes (a failover under load) opened connections
+# past the op timeout or the pool's limit, which broke the state session and answered every
+# session's backlog write 503. The others wait their turn, before their op timeout starts.
+MAX_CALLS = 32
 
 _LIFT_LUA = r"""
 local function held(key, now)
@@ -116,6 +125,7 @@ return {cur, tostring(gen), id}
 )
 
 # KEYS[1]; ARGV: write id, ok (1/0), now, channel, entity, session, tokens... -> age or -1.
+# Idempotent: a write whose pending entry is gone adds no tokens.
 END_LUA = (
     _LIFT_LUA
     + r"""
@@ -127,7 +137,10 @@ local p = redis.call('HGET', k, 'p:' .. ARGV[1])
 local gen = p and tonumber(string.match(p, '%s(%d+)$'))
 if not gen then gen = tonumber(redis.call('HGET', k, 'gen')) or 0 end
 redis.call('HDEL', k, 'p:' .. ARGV[1])
-if ARGV[2] == '1' then
+-- Without its pending entry this write was ended already (a replay of an end that had
+-- run, its answer lost): adding its tokens again would hold the fence for messages that
+-- may be home already.
+if ARGV[2] == '1' and p then
   local seq = tonumber(redis.call('HGET', k, 'seq')) or 0
   for i = 7, #ARGV do
     if redis.call('HDEL', k, 'x:' .. ARGV[i]) == 0 then
@@ -158,13 +171,16 @@ return lift(k, tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
 )
 
 # KEYS[1]; ARGV: now, channel, entity, session -> age or -1. An unknown fence forgets what
-# it held (the backlog is empty) and lifts unless a write is pending.
+# it held (the backlog is empty) and lifts unless a write is pending; a known one lifts if
+# nothing holds it (a write past its deadline holds nothing, and may be all that is left).
 EMPTY_LUA = (
     _LIFT_LUA
     + r"""
 local k = KEYS[1]
 fence_key(k)
-if redis.call('HEXISTS', k, 'u') == 0 then return '-1' end
+if redis.call('HEXISTS', k, 'u') == 0 then
+  return lift(k, tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
+end
 local h = redis.call('HKEYS', k)
 for _, f in ipairs(h) do
   if f == 'u' or string.sub(f, 1, 2) == 't:' then redis.call('HDEL', k, f) end
@@ -224,8 +240,9 @@ class RedisFences:
         self._clock = clock
         self._fenced: dict[FenceKey, str] = {}  # fenced session -> fence id
         self._listeners: list[FenceListener] = []
-        self._replay: list[tuple[str, FenceKey, list[str]]] = []  # ("end:<id>:<ok>"|"moved")
+        self._replay: deque[tuple[str, FenceKey, list[str]]] = deque()  # ("end"|"moved", ...)
         self._scripts: tuple[Session, dict[str, AsyncScript]] | None = None
+        self._calls = asyncio.Semaphore(MAX_CALLS)
         # Until the first resync this replica cannot know which sessions are fenced: it
         # takes every one to be (fail closed: their messages take the backlog path, which
         # needs Redis, so they are answered 503 until Redis is reached).
@@ -295,7 +312,7 @@ class RedisFences:
             return False  # cannot tell: the queue waits
         key = self._key((entity, session))
         try:
-            async with asyncio.timeout(self._store.op_timeout):
+            async with self._calls, asyncio.timeout(self._store.op_timeout):
                 h = await sess.client.hgetall(key)
         except _REDIS_ERRORS as exc:
             self._store.call_failed(sess, "fence may_move", exc)
@@ -361,24 +378,47 @@ class RedisFences:
             self._tell(key, True, 0.0)
         self._fenced = found
         self._synced = True
-        replay, self._replay = self._replay, []
-        for kind, key, args in replay:
+        # One at a time, each dropped only once it has run: a failure keeps the rest for
+        # the next resync, and what failed while this ran is replayed too (the loop ends
+        # with the list empty, and the session goes online without another await).
+        while self._replay:
+            kind, key, args = self._replay[0]
             await self._run(sess, kind, key, args)
+            self._replay.popleft()
 
     # -- helpers ------------------------------------------------------------------------------
 
     async def _settle(self, kind: str, key: FenceKey, args: list[str]) -> None:
-        """`end` or `moved`: now, or replayed after the next resync if Redis is away."""
+        """`end` or `moved`: now, or replayed after the next resync if Redis is away.
+
+        A call that fails on a session that has been replaced meanwhile is tried once more
+        on the current one: that session's resync replayed what was queued before it, so
+        queueing now would wait for a resync that may never come (and a lost `moved`
+        holds its fence for ever). Both scripts are idempotent, so a call whose answer
+        was lost after it ran may run twice."""
+        sess = self._store.session
         try:
-            await self._call(kind, key, args)
+            await self._call(kind, key, args, sess)
+            return
         except _REDIS_ERRORS:
+            current = self._store.session
+            if current is not None and current is not sess:
+                try:
+                    await self._call(kind, key, args, current)
+                    return
+                except _REDIS_ERRORS:
+                    pass
             if len(self._replay) < MAX_REPLAY:
                 self._replay.append((kind, key, args))
             else:
                 log.error("fence %s/%s: too much to replay; this %s is dropped", *key, kind)
 
-    async def _call(self, kind: str, key: FenceKey, args: list[Any]) -> Any:
-        sess = self._store.session
+    async def _call(
+        self, kind: str, key: FenceKey, args: list[Any], sess: Session | None = None
+    ) -> Any:
+        """Run script `kind` on `sess` (default: the current session); a failure breaks
+        that session (if it is still the current one) and is raised."""
+        sess = sess if sess is not None else self._store.session
         if sess is None:
             raise ConnectionError("redis is unreachable")
         try:
@@ -395,7 +435,7 @@ class RedisFences:
             args = [args[0], args[1], now, channel, *key, *args[2:]]
         elif kind in {"moved", "empty"}:
             args = [now, channel, *key, *args]
-        async with asyncio.timeout(self._store.op_timeout):
+        async with self._calls, asyncio.timeout(self._store.op_timeout):
             reply = await scripts[kind](keys=[self._key(key)], args=args, client=sess.client)
         if kind in {"end", "moved", "empty"} and reply not in (None, "-1", b"-1"):
             self._fenced.pop(key, None)  # lifted: memory at once (the event follows)
