@@ -3,6 +3,8 @@ tests/security/test_shedding.py)."""
 
 from __future__ import annotations
 
+import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -140,3 +142,61 @@ def test_the_listener_stays_paused_while_either_rule_holds() -> None:
     assert listener.calls[-1] == "pause"
     shedder.connection_closed()
     assert listener.calls[-1] == "resume"
+
+
+def test_the_in_progress_limit_follows_its_source_floored_by_littles_law() -> None:
+    now = [0.0]
+    shed: list[ShedReason] = []
+    limits = OverloadLimits(0, 1000, 1.0, retry_after=1.0, target_latency=0.05)
+    shedder = Shedder(limits, shed.append, clock=lambda: now[0])
+    assert shedder.limit == 1000  # no source: the cap
+    source: list[int | None] = [100]
+    shedder.attach_limit(lambda: source[0])
+    assert shedder.limit == 100
+    # 100 at a time, 2,000 requests done in a quarter of a second: ~8,000 a second, which at
+    # 50 ms each takes ~400 in progress.
+    for _ in range(20):
+        for _ in range(100):
+            assert shedder.admit_head()
+        now[0] += 0.0125
+        for _ in range(100):
+            shedder.done()
+    assert 7000 < shedder.peak_rate <= 8000
+    assert shedder.limit == int(shedder.peak_rate * 0.05) > 100
+    source[0] = 5000
+    now[0] += 0.25
+    assert shedder.admit_head()
+    shedder.done()
+    assert shedder.limit == 1000  # never above the cap
+    source[0] = None
+    now[0] += 0.25
+    assert shedder.admit_head()
+    shedder.done()
+    assert shedder.limit == 1000
+
+
+def test_admission_at_the_head_counts_refuses_and_sheds_a_late_handler() -> None:
+    shed: list[ShedReason] = []
+    shedder = Shedder(OverloadLimits(0, 2, 0.5, retry_after=3.0), shed.append)
+    assert shedder.admit_head() and shedder.admit_head()
+    assert not shedder.admit_head()
+    assert shed == ["in_progress"] and shedder.in_progress == 2
+    assert shedder.admitted_at_head(0.1) is None  # in time: still counted
+    assert shedder.admitted_at_head(0.6) == "head_wait"  # late: uncounted, shed
+    assert shedder.in_progress == 1 and shed == ["in_progress", "head_wait"]
+    shedder.done()
+    assert shedder.in_progress == 0
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_the_pre_encoded_503_is_one_complete_response(keep_alive: bool) -> None:
+    shedder = Shedder(OverloadLimits(0, 1, 0.0, retry_after=3.0))
+    raw = shedder.raw_503_in_progress(keep_alive=keep_alive)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 503 Service Unavailable"
+    fields = dict(line.split(b": ", 1) for line in lines[1:])
+    assert fields[b"Retry-After"] == b"3"
+    assert int(fields[b"Content-Length"]) == len(body)
+    assert orjson.loads(body)["error"] == "overloaded"
+    assert (b"Connection" in fields) is not keep_alive
