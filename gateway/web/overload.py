@@ -32,11 +32,16 @@ act before any of the request's own work:
   is read or its token checked, and its connection is closed (the unread body is not worth
   reading). This is uvicorn's ``limit_concurrency``, at the cheapest point.
 * **The adaptive limit** (with ``limits.adaptive_admission``, docs/admission.md): the
-  in-progress limit is the sum of the namespaces' adaptive limits (`gateway.core.limiter`),
-  floored by Little's law: the rate this process completes requests (its recent peak)
-  times `TARGET_LATENCY`, so a limiter that mistakes the gateway's own slowness for the
-  broker's cannot throttle below what is being delivered; and never above
-  ``http.max_requests_in_progress``. With it off the limit is that cap.
+  in-progress limit is set by Little's law, requests in progress = rate x latency: the rate
+  this process completes requests (its recent peak: what it can do) times the latency it
+  aims at, `TARGET_LATENCY` or the namespaces' learned send latency times
+  ``adaptive_tolerance`` when the broker is slower than that (so the limit rises with the
+  broker's latency, and the throughput is kept). Admitted requests then wait about that
+  latency, and the rest are refused at their head instead of queueing. It is also never
+  above the sum of the namespaces' adaptive limits (`gateway.core.limiter`: a limiter cut
+  by the broker's push-back is obeyed at the head, where refusing is cheap), never below
+  `MIN_LIMIT` and never above ``http.max_requests_in_progress``. With it off the limit is
+  that cap.
 * **Head wait** (``http.max_head_wait``): a request whose complete head waited longer than
   that for its handler (the event loop is behind) gets the same answer: by the time it
   would be served its client is likely to have given up, and serving it delays the rest.
@@ -96,13 +101,14 @@ MAX_LOOP_LAG: Final = 0.25
 # A paused listener listens again once the connections are a tenth (at least one) under the
 # cap: not at the first close, or it would flap (listen, take a burst, pause) at every close.
 RESUME_SHARE: Final = 0.9
-# Little's law floor of the adaptive limit: the completion rate times this latency (half the
-# 2xx p99 the overload goals allow), recomputed every `RATE_WINDOW` seconds; the rate is the
-# recent peak, decaying by `RATE_DECAY` a window (halved in ~8 s) so a slower period lowers it.
+# The adaptive in-progress limit (Little's law): the completion rate times this latency (half
+# the 2xx p99 the overload goals allow), recomputed every `RATE_WINDOW` seconds; the rate is
+# the recent peak, decaying by `RATE_DECAY` a window (halved in ~8 s) so a slower period
+# lowers it.
 TARGET_LATENCY: Final = 0.05
 RATE_WINDOW: Final = 0.25
 RATE_DECAY: Final = 0.98
-# The floor never goes under this many requests (a burst after an idle spell).
+# The adaptive limit never goes under this many requests (a burst after an idle spell).
 MIN_LIMIT: Final = 64
 
 
@@ -139,7 +145,8 @@ class OverloadLimits:
     max_head_wait: float
     retry_after: float
     max_loop_lag: float = 0.0  # the listener pauses while the loop runs this late (0: never)
-    target_latency: float = TARGET_LATENCY  # Little's law floor of an adaptive limit
+    target_latency: float = TARGET_LATENCY  # the latency an adaptive limit aims at
+    tolerance: float = 1.5  # x the namespaces' learned latency, when that is higher
 
 
 class Shedder:
@@ -183,7 +190,7 @@ class Shedder:
         # Requests admitted at once now (0: no limit): the cap, or the adaptive limit
         # (`attach_limit`), recomputed every RATE_WINDOW as requests complete.
         self.limit = limits.max_requests_in_progress
-        self._source: Callable[[], int | None] | None = None
+        self._source: Callable[[], tuple[int, float | None] | None] | None = None
         self.peak_rate = 0.0  # requests completed a second: the recent peak
         self._completed = 0
         self._window_start = clock()
@@ -262,20 +269,23 @@ class Shedder:
         else:
             listener.resume()
 
-    def attach_limit(self, source: Callable[[], int | None]) -> None:
-        """Take the in-progress limit from `source` (the namespaces' adaptive limits, None
-        while there are none), floored by Little's law and capped by
-        ``max_requests_in_progress`` (see the module docstring)."""
+    def attach_limit(self, source: Callable[[], tuple[int, float | None] | None]) -> None:
+        """Set the in-progress limit by Little's law (see the module docstring) from
+        `source`: the sum of the namespaces' adaptive limits and the highest of their learned
+        latencies (None until measured), or None while no namespace has a limiter."""
         self._source = source
         self.limit = self._compute_limit()
 
     def _compute_limit(self) -> int:
         cap = self._limits.max_requests_in_progress
-        adaptive = self._source() if self._source is not None else None
-        if adaptive is None:
+        got = self._source() if self._source is not None else None
+        if got is None:
             return cap
-        floor = max(MIN_LIMIT, int(self.peak_rate * self._limits.target_latency))
-        limit = max(adaptive, floor)
+        adaptive, baseline = got
+        target = self._limits.target_latency
+        if baseline is not None and baseline * self._limits.tolerance > target:
+            target = baseline * self._limits.tolerance
+        limit = max(MIN_LIMIT, min(adaptive, int(self.peak_rate * target)))
         return min(limit, cap) if cap else limit
 
     def admit_head(self) -> bool:

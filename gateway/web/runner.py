@@ -76,6 +76,7 @@ class HardenedAppRunner(web.AppRunner):
             max_head_wait=settings.http.max_head_wait,
             retry_after=settings.timeouts.retry_after,
             max_loop_lag=MAX_LOOP_LAG,
+            tolerance=settings.limits.adaptive_tolerance,
         )
         self.shedder: Shedder | None = None
         self.metrics = observer  # ShedSite reports there
@@ -97,9 +98,10 @@ class HardenedAppRunner(web.AppRunner):
             self.shedder.attach_limit(source)
         return ShedServer(base, self._deadlines, self.shedder)
 
-    def _adaptive_limit(self) -> Callable[[], int | None] | None:
-        """The sum of the namespaces' adaptive limits (None before any exists), when
-        adaptive admission is on and the app has a dispatcher."""
+    def _adaptive_limit(self) -> Callable[[], tuple[int, float | None] | None] | None:
+        """The sum of the namespaces' adaptive limits and the highest of their learned
+        latencies (None before any limiter exists), when adaptive admission is on and the
+        app has a dispatcher."""
         app = self.app
         if not self._adaptive or self._dispatcher is None or not isinstance(app, web.Application):
             return None
@@ -109,10 +111,13 @@ class HardenedAppRunner(web.AppRunner):
         if dispatcher is None or not names:
             return None
 
-        def total() -> int | None:
+        def total() -> tuple[int, float | None] | None:
             limiters = [dispatcher.limiter(name) for name in names]
-            limits = [limiter.limit for limiter in limiters if limiter is not None]
-            return sum(limits) if limits else None
+            present = [limiter for limiter in limiters if limiter is not None]
+            if not present:
+                return None
+            baselines = [lim.baseline for lim in present if lim.baseline is not None]
+            return sum(lim.limit for lim in present), max(baselines, default=None)
 
         return total
 

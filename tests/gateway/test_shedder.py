@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.web.overload import OverloadLimits, PauseReason, Shedder, ShedReason
+from gateway.web.overload import MIN_LIMIT, OverloadLimits, PauseReason, Shedder, ShedReason
 
 
 def _shedder(
@@ -144,34 +144,41 @@ def test_the_listener_stays_paused_while_either_rule_holds() -> None:
     assert listener.calls[-1] == "resume"
 
 
-def test_the_in_progress_limit_follows_its_source_floored_by_littles_law() -> None:
+def test_the_adaptive_in_progress_limit_is_littles_law_within_its_bounds() -> None:
     now = [0.0]
     shed: list[ShedReason] = []
-    limits = OverloadLimits(0, 1000, 1.0, retry_after=1.0, target_latency=0.05)
+    limits = OverloadLimits(0, 1000, 1.0, retry_after=1.0, target_latency=0.05, tolerance=1.5)
     shedder = Shedder(limits, shed.append, clock=lambda: now[0])
     assert shedder.limit == 1000  # no source: the cap
-    source: list[int | None] = [100]
+    source: list[tuple[int, float | None] | None] = [(5000, None)]
     shedder.attach_limit(lambda: source[0])
-    assert shedder.limit == 100
-    # 100 at a time, 2,000 requests done in a quarter of a second: ~8,000 a second, which at
-    # 50 ms each takes ~400 in progress.
-    for _ in range(20):
-        for _ in range(100):
-            assert shedder.admit_head()
-        now[0] += 0.0125
-        for _ in range(100):
-            shedder.done()
-    assert 7000 < shedder.peak_rate <= 8000
-    assert shedder.limit == int(shedder.peak_rate * 0.05) > 100
-    source[0] = 5000
-    now[0] += 0.25
-    assert shedder.admit_head()
-    shedder.done()
-    assert shedder.limit == 1000  # never above the cap
+    assert shedder.limit == MIN_LIMIT  # nothing completed yet: the floor
+
+    def quarter_second_of(n: int) -> None:
+        # n requests done in a quarter of a second, MIN_LIMIT at a time.
+        for _ in range(n // MIN_LIMIT):
+            for _ in range(MIN_LIMIT):
+                assert shedder.admit_head()
+            now[0] += 0.25 / (n // MIN_LIMIT)
+            for _ in range(MIN_LIMIT):
+                shedder.done()
+
+    quarter_second_of(2048)  # ~8,000 a second
+    assert 7000 < shedder.peak_rate <= 8200
+    assert shedder.limit == int(shedder.peak_rate * 0.05)  # x 50 ms
+    # The broker is slower: 60 ms learned, x 1.5: the limit rises to keep the rate.
+    source[0] = (5000, 0.06)
+    quarter_second_of(2048)
+    assert shedder.limit == int(shedder.peak_rate * 0.06 * 1.5) > 700
+    # A namespace's limiter cut by push-back bounds it; the cap bounds it too.
+    source[0] = (300, 0.06)
+    quarter_second_of(2048)
+    assert shedder.limit == 300
+    source[0] = (5000, 10.0)
+    quarter_second_of(2048)
+    assert shedder.limit == 1000
     source[0] = None
-    now[0] += 0.25
-    assert shedder.admit_head()
-    shedder.done()
+    quarter_second_of(2048)
     assert shedder.limit == 1000
 
 
