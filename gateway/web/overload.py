@@ -288,6 +288,15 @@ class Shedder:
         limit = max(MIN_LIMIT, min(adaptive, int(self.peak_rate * target)))
         return min(limit, cap) if cap else limit
 
+    def at_limit(self) -> bool:
+        """Whether a request arriving now would be refused (nothing counted)."""
+        limit = self.limit
+        return bool(limit) and self.in_progress >= limit
+
+    def refused(self) -> None:
+        """A request was refused at the limit before it was parsed: counted as shed."""
+        self._on_shed("in_progress")
+
     def admit_head(self) -> bool:
         """A request whose head was just parsed: counted in progress (True) until `done()`,
         or refused at the limit (False, counted as shed: the caller answers 503)."""

@@ -14,6 +14,17 @@ looks at each new one before aiohttp's ``start()`` sees it:
   to the handler path (`HardenedRequestHandler._handle_request`), which refuses it before
   reading its body and closes the connection.
 
+Cheaper still, and first: while the process is at its limit, bytes arriving on an idle
+connection with nothing of a head buffered are looked at before aiohttp parses them
+(`_refuse_raw`). If they are exactly one whole ``HTTP/1.1`` request whose framing is beyond
+doubt (CRLF line ends only, one ``Content-Length`` of digits or none, no
+``Transfer-Encoding``, ``Connection``, ``Upgrade`` or ``Expect`` field, the body complete and
+nothing after it, the head within ``max_header_bytes``, not an exempt route), they are
+answered ``503 overloaded`` at once and never parsed: the connection is left at a request
+boundary, as aiohttp would have left it, so the client's next request is read as usual.
+Anything else goes to the parser, as above. A request refused unparsed is not validated
+(a malformed one gets the 503, not a 400): an overloaded process owes it no more.
+
 A request counted here that never reaches its handler (the connection is lost first) is
 uncounted in `connection_lost`.
 
@@ -22,11 +33,14 @@ way): `BaseRequest._message` (the parsed head a request was made from); `Request
 ``_waiter`` (woken only once the new requests are looked at),
 ``_messages``, ``_parser`` (``message_consumed``, a parser slot freed for a removed request),
 ``_keepalive_timeout``, ``_next_keepalive_close_time`` and ``_keepalive_handle`` (a
-connection answered only by refusals is still closed when idle), ``_process_keepalive``.
+connection answered only by refusals is still closed when idle), ``_process_keepalive``;
+and `HardenedRequestHandler`'s ``_head_deadline`` (None: no head begun) and
+``_open_bodies``.
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Any
 
@@ -58,6 +72,14 @@ class ShedRequestHandler(HardenedRequestHandler):
         before = len(self._messages)
         waiter = self._waiter
         idle = waiter is not None and not waiter.done()
+        if (
+            idle
+            and self._head_deadline is None  # nothing of a head buffered in the parser
+            and not self._open_bodies
+            and shedder.at_limit()
+            and self._refuse_raw(data, shedder)
+        ):
+            return
         if idle:
             # start() is woken below, once the new requests are seen; meanwhile aiohttp wakes
             # (and a refusal cancels) a stand-in, which still says start() is idle.
@@ -74,6 +96,41 @@ class ShedRequestHandler(HardenedRequestHandler):
                 waiter.cancel()  # as force_close() and close() do
             elif self._messages:
                 waiter.set_result(None)
+
+    def _refuse_raw(self, data: bytes, shedder: Shedder) -> bool:
+        """Refuse `data` unparsed, if it is exactly one whole request whose framing is
+        beyond doubt (see the module docstring); False (nothing done) otherwise."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or end + 4 > self._deadlines.max_head_bytes:
+            return False
+        line_end = data.find(b"\r\n")
+        line = data[:line_end]
+        if not line.endswith(b" HTTP/1.1"):
+            return False
+        head = data[line_end : end + 2].lower()  # every field line, each after a CRLF
+        if head.count(b"\n") != head.count(b"\r\n") or _NOT_PLAIN.search(head) is not None:
+            return False
+        at = head.find(b"\r\ncontent-length:")
+        length = 0
+        if at >= 0:
+            if head.find(b"\r\ncontent-length:", at + 2) >= 0:
+                return False  # repeated: aiohttp's 400, not ours to frame
+            value = head[at + 17 : head.find(b"\r\n", at + 2)].strip(b" \t")
+            if not value.isdigit():
+                return False
+            length = int(value)
+        if len(data) != end + 4 + length:
+            return False  # a body still to come, or more requests behind it
+        target = line[line.find(b" ") + 1 : -9]
+        if exempt(target.partition(b"?")[0].decode("latin-1")):
+            return False
+        transport = self.transport
+        if transport is None:
+            return False
+        transport.write(shedder.raw_503_in_progress(keep_alive=True))
+        shedder.refused()
+        self._kept_alive()
+        return True
 
     def _at_heads(self, shedder: Shedder, first: int, idle: bool) -> None:
         """Count or refuse the requests queued from index `first` on (see the module
@@ -132,6 +189,10 @@ class ShedRequestHandler(HardenedRequestHandler):
                 self._admitted.popleft()
                 shedder.done()
         super().connection_lost(exc)
+
+
+# Field lines that change a request's framing or its connection: such a request is parsed.
+_NOT_PLAIN = re.compile(rb"\r\n(?:transfer-encoding|connection|upgrade|expect|content-length[ \t])")
 
 
 class ShedServer(HardenedServer):

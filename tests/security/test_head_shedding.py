@@ -136,3 +136,57 @@ async def test_requests_counted_at_their_head_are_uncounted_when_the_client_leav
     resp = await client.post("/queues/orders/messages", data=b"after")
     assert resp.status == 201
     assert "after" in await _stored(control)
+
+
+async def test_pipelined_and_chunked_requests_at_the_limit_each_get_a_whole_503_in_order(
+    hardened_gateway: GatewayFactory, control: ControlClient
+) -> None:
+    # Neither is refused unparsed (two requests in one read; a chunked body): the parser
+    # frames them, and each is answered in turn on the connection, which stays usable.
+    client = await hardened_gateway({"SBGATE_MAX_REQUESTS_IN_PROGRESS": "1"})
+    shedder = _shedder(client)
+    slow_reader, slow_writer = await _hold_one_in_progress(client.port, shedder)
+    reader, writer = await open_raw(client.port)
+    chunked = (
+        b"POST /queues/orders/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    )
+    writer.write(request_head(length=1) + b"a" + request_head(length=1) + b"b" + chunked)
+    for _ in range(3):
+        head, body = await _head_and_body(reader)
+        assert head.startswith(b"HTTP/1.1 503 "), head
+        assert orjson.loads(body)["error"] == "overloaded"
+    slow_writer.write(b"ld")
+    assert (await read_response(slow_reader, within=10))[0] == 201
+    await eventually(lambda: shedder.in_progress == 0, what="the slow request done")
+    writer.write(chunked)
+    assert (await read_response(reader, within=10))[0] == 201
+    assert sorted(await _stored(control)) == ["abc", "held"]
+    for w in (writer, slow_writer):
+        w.close()
+
+
+async def test_a_request_refused_unparsed_leaves_the_connection_at_a_request_boundary(
+    hardened_gateway: GatewayFactory, control: ControlClient
+) -> None:
+    # Refused at the limit many times over on one connection (each a whole request in one
+    # read: refused before any parsing), then served on the same connection.
+    client = await hardened_gateway({"SBGATE_MAX_REQUESTS_IN_PROGRESS": "1"})
+    shedder = _shedder(client)
+    slow_reader, slow_writer = await _hold_one_in_progress(client.port, shedder)
+    reader, writer = await open_raw(client.port)
+    body = b'{"n": "\r\n\r\nPOST / HTTP/1.1\r\n\r\n"}'  # a head inside the body: still body
+    for _ in range(20):
+        writer.write(request_head(length=len(body)) + body)
+        head, answer = await _head_and_body(reader)
+        assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: " in head, head
+        assert orjson.loads(answer)["error"] == "overloaded"
+    assert shedder.in_progress == 1
+    slow_writer.write(b"ld")
+    assert (await read_response(slow_reader, within=10))[0] == 201
+    await eventually(lambda: shedder.in_progress == 0, what="the slow request done")
+    writer.write(request_head(length=len(body)) + body)
+    assert (await read_response(reader, within=10))[0] == 201
+    assert sorted(await _stored(control)) == sorted([body.decode(), "held"])
+    for w in (writer, slow_writer):
+        w.close()
