@@ -194,6 +194,7 @@ _ADAPTIVE = re.compile(
     re.M,
 )
 _SHED = re.compile(r'^sbgate_http_shed_total\{reason="(\w+)"\} (\S+)$', re.M)
+_HEAD_LIMIT = re.compile(r"^sbgate_http_requests_in_progress_limit (\S+)$", re.M)
 
 
 async def gateway_figures(url: str) -> dict[str, float]:
@@ -208,6 +209,9 @@ async def gateway_figures(url: str) -> dict[str, float]:
     names = {"": "limit", "_baseline_seconds": "baseline_s", "_refused_total": "refused"}
     out = {names[m.group(1) or ""]: float(m.group(2)) for m in _ADAPTIVE.finditer(text)}
     out.update({f"shed_{m.group(1)}": float(m.group(2)) for m in _SHED.finditer(text)})
+    head = _HEAD_LIMIT.search(text)
+    if head is not None:
+        out["head_limit"] = float(head.group(1))
     return out
 
 
@@ -342,13 +346,13 @@ def _yes(ok: bool | None) -> str:
     return "" if ok is None else (" met" if ok else " NOT met")
 
 
-def _limit(row: dict[str, Any]) -> str:
+def _limit(row: dict[str, Any], key: str) -> str:
     before, after = row["adaptive_before"], row["adaptive"]
-    if "limit" not in after:
+    if key not in after:
         return "-"
-    text = f"{after['limit']:,.0f}"
-    if "limit" in before:
-        text = f"{before['limit']:,.0f} -> {text}"
+    text = f"{after[key]:,.0f}"
+    if key in before:
+        text = f"{before[key]:,.0f} -> {text}"
     return text
 
 
@@ -356,7 +360,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| load | offered / sent req/s (clients) | goodput / sustainable | 2xx p50 / p99 ms "
         "| excess | of it sent, refused <= fast | client-shed (of arrivals) | RSS growth "
-        "| CPU: gateway / broker / h2load | adaptive limit |",
+        "| CPU: gateway / broker / h2load | limit: at the head / the namespace's |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -371,7 +375,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             f"{' generator-bound' if row['shed_share'] > 0.1 else ''} | "
             f"{row['rss_growth'] / MiB:+.1f} MiB{_yes(met.get('rss'))} | "
             f"{cpu.get('gateway', 0):.0%} / {cpu.get('broker', 0):.0%} / "
-            f"{cpu.get('h2load', 0):.0%} | {_limit(row)} |"
+            f"{cpu.get('h2load', 0):.0%} | {_limit(row, 'head_limit')} / "
+            f"{_limit(row, 'limit')} |"
         )
     return lines
 
@@ -487,7 +492,7 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
             f"\n{name}"
             + (
                 f": the broker's round trip {stack.base_ms:g} ms, {stack.base_ms * 10:g} ms "
-                "from half-way through each phase (adaptive limit: before -> at the end)"
+                "from half-way through each phase (limits: before -> at the end)"
                 if name == "broker-x10"
                 else f": the broker's round trip {stack.base_ms:g} ms"
             )
