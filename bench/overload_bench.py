@@ -259,6 +259,13 @@ async def phase(
     started = time.monotonic()
     try:
         window = await run_h2load(load, cpus=cores.rest, watch=stack.watch)
+    except RuntimeError as exc:  # killed past its bound: this phase has no figures
+        return {
+            "factor": factor,
+            "offered": offered,
+            "connections": load.connections,
+            "failed": str(exc).splitlines()[0],
+        }
     finally:
         if slow is not None:
             slow.cancel()
@@ -292,6 +299,8 @@ async def phase(
 
 def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
     """The figures of one phase that the table prints, against the goals."""
+    if "failed" in p:
+        return {**p, "judged": p["factor"] in GOALS_AT, "met": dict.fromkeys(GOALS, False)}
     r = p["result"]
     ok = _ok(r["statuses"])
     wall = float(r["wall"]) or 1.0
@@ -364,6 +373,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        if "failed" in row:
+            lines.append(f"| {row['factor']:g}x | {row['offered']:,.0f} | {row['failed']} |")
+            continue
         met = row["met"] or {}
         cpu = row["cpu"]
         lines.append(
@@ -420,6 +432,75 @@ async def _stack(args: argparse.Namespace, cores: Cores) -> Any:
     return null() if args.sink == "null" else sdk()
 
 
+def report(
+    args: argparse.Namespace,
+    log: Any,
+    run: dict[str, Any],
+    cost: dict[str, Any],
+    unloaded: dict[str, Any],
+    baseline: int,
+    rows: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The summary: the header, the refusal's cost, a table per ladder, the goals' tally."""
+    rate, spread, ok_us, base_ms = run["rate"], run["spread"], run["ok_us"], run["base_ms"]
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    log(f"\n== P9 overload ladder ({now}, {loadavg()})")
+    log(
+        f"sink {args.sink}; adaptive admission {args.adaptive}; sustainable {rate:,.0f} req/s "
+        f"(windows {spread}; {ok_us:.0f} us of gateway CPU a 2xx); unloaded (0.5x) 2xx p50 "
+        f"{unloaded.get('p50_ms', math.nan):.0f} ms, p99 "
+        f"{unloaded.get('p99_ms', math.nan):.0f} ms; RSS baseline "
+        f"{baseline / MiB:.1f} MiB; broker round trip {base_ms:g} ms"
+    )
+    if cost:
+        ratio = cost["503"]["us"] / cost["201"]["us"]
+        log(
+            f"a refusal at the head costs {cost['503']['us']:.1f} us of gateway CPU, a 201 on "
+            f"the null sink {cost['201']['us']:.1f} us ({ratio:.2f}x), a 201 on the broker "
+            f"{ok_us:.0f} us ({cost['503']['us'] / ok_us:.2f}x)"
+        )
+    for name, ladder_rows in rows.items():
+        log(
+            f"\n{name}"
+            + (
+                f": the broker's round trip {base_ms:g} ms, {base_ms * 10:g} ms "
+                "from half-way through each phase (limits: before -> at the end)"
+                if name == "broker-x10"
+                else f": the broker's round trip {base_ms:g} ms"
+            )
+        )
+        for line in table(ladder_rows):
+            log(line)
+    log(
+        f"\ngoals at {', '.join(f'{f:g}x' for f in GOALS_AT)}: goodput >= {GOAL_GOODPUT:.0%} of "
+        f"sustainable; >= {GOAL_FAST:.0%} of the excess that was sent refused (503 or "
+        f"connection failure) within {args.fast * 1000:g} ms; 2xx p99 <= {GOAL_P99_MS:.0f} ms; "
+        "RSS growth <= 64 MiB. sent: the rate h2load managed to send; client-shed: arrivals it "
+        "could not send within the run (each client holds one request at a time); over 10 % "
+        "of the arrivals, the load was generator-bound (raise --max-connections or lower "
+        "--client-rate). CPU: each process's share of one CPU (the gateway has the first CPU; "
+        "the broker and h2load share the second); on a shared machine the shares need not add "
+        "up to saturation."
+    )
+    log(tally(rows) + f"; {loadavg()}")
+    for name, ladder_rows in rows.items():
+        for row in ladder_rows:
+            if "failed" in row:
+                continue
+            a = row["adaptive"]
+            limit = (
+                f"; adaptive limit {a.get('limit', 0):.0f} (baseline "
+                f"{a.get('baseline_s', float('nan')) * 1000:.1f} ms, "
+                f"{a.get('refused', 0):,.0f} refused by the dispatcher so far)"
+                if "limit" in a
+                else ""
+            )
+            log(
+                f"  {name} {row['factor']:g}x: {row['correctness']}; gateway shed "
+                f"{ {k: int(v) for k, v in row['gateway_shed'].items() if v} }{limit}"
+            )
+
+
 async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, Any]:
     cost: dict[str, Any] = {}
     if args.refusal_cost:
@@ -457,6 +538,9 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                     )
                     p = await phase(args, cores, stack, rss, rate, factor, name)
                     phases[name].append(p)
+                    if "failed" in p:
+                        log(f"   {p['failed']}: no figures for this phase")
+                        continue
                     r = p["result"]
                     log(
                         f"   {p['connections']:,} clients; statuses {r['statuses']}, errors "
@@ -469,62 +553,18 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
             after = rss.sample() or 0
         finally:
             await rss.close()
-    baseline = unloaded_phase["peak"] or first
+    baseline = unloaded_phase.get("peak") or first
     unloaded = summarize(unloaded_phase, rate, baseline)
     rows = {name: [summarize(p, rate, baseline) for p in ps] for name, ps in phases.items()}
-    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    log(f"\n== P9 overload ladder ({now}, {loadavg()})")
-    log(
-        f"sink {args.sink}; adaptive admission {args.adaptive}; sustainable {rate:,.0f} req/s "
-        f"(windows {spread}; {ok_us:.0f} us of gateway CPU a 2xx); unloaded (0.5x) 2xx p50 "
-        f"{unloaded['p50_ms']:.0f} ms, p99 {unloaded['p99_ms']:.0f} ms; RSS baseline "
-        f"{baseline / MiB:.1f} MiB; broker round trip {stack.base_ms:g} ms"
+    report(
+        args,
+        log,
+        {"rate": rate, "spread": spread, "ok_us": ok_us, "base_ms": stack.base_ms},
+        cost,
+        unloaded,
+        baseline,
+        rows,
     )
-    if cost:
-        ratio = cost["503"]["us"] / cost["201"]["us"]
-        log(
-            f"a refusal at the head costs {cost['503']['us']:.1f} us of gateway CPU, a 201 on "
-            f"the null sink {cost['201']['us']:.1f} us ({ratio:.2f}x), a 201 on the broker "
-            f"{ok_us:.0f} us ({cost['503']['us'] / ok_us:.2f}x)"
-        )
-    for name, ladder_rows in rows.items():
-        log(
-            f"\n{name}"
-            + (
-                f": the broker's round trip {stack.base_ms:g} ms, {stack.base_ms * 10:g} ms "
-                "from half-way through each phase (limits: before -> at the end)"
-                if name == "broker-x10"
-                else f": the broker's round trip {stack.base_ms:g} ms"
-            )
-        )
-        for line in table(ladder_rows):
-            log(line)
-    log(
-        f"\ngoals at {', '.join(f'{f:g}x' for f in GOALS_AT)}: goodput >= {GOAL_GOODPUT:.0%} of "
-        f"sustainable; >= {GOAL_FAST:.0%} of the excess that was sent refused (503 or "
-        f"connection failure) within {args.fast * 1000:g} ms; 2xx p99 <= {GOAL_P99_MS:.0f} ms; "
-        "RSS growth <= 64 MiB. sent: the rate h2load managed to send; client-shed: arrivals it "
-        "could not send within the run (each client holds one request at a time); over 10 % "
-        "of the arrivals, the load was generator-bound (raise --max-connections or lower "
-        "--client-rate). CPU: each process's share of one CPU (the gateway has the first CPU; "
-        "the broker and h2load share the second); on a shared machine the shares need not add "
-        "up to saturation."
-    )
-    log(tally(rows) + f"; {loadavg()}")
-    for name, ladder_rows in rows.items():
-        for row in ladder_rows:
-            a = row["adaptive"]
-            limit = (
-                f"; adaptive limit {a.get('limit', 0):.0f} (baseline "
-                f"{a.get('baseline_s', float('nan')) * 1000:.1f} ms, "
-                f"{a.get('refused', 0):,.0f} refused by the dispatcher so far)"
-                if "limit" in a
-                else ""
-            )
-            log(
-                f"  {name} {row['factor']:g}x: {row['correctness']}; gateway shed "
-                f"{ {k: int(v) for k, v in row['gateway_shed'].items() if v} }{limit}"
-            )
     log(f"RSS {after / MiB:.1f} MiB after {args.cooldown:g} s of calm")
     out = {
         "sink": args.sink,
@@ -539,7 +579,10 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
         "rss_first": first,
         "rss_after": after,
         "series": {
-            f"{name} {p['factor']:g}x": p["series"] for name, ps in phases.items() for p in ps
+            f"{name} {p['factor']:g}x": p["series"]
+            for name, ps in phases.items()
+            for p in ps
+            if "series" in p
         },
     }
     write_json(Path(args.out) / f"overload-{args.sink}.json", {**out, "rss": rss.samples})
@@ -598,9 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--client-rate",
         type=float,
-        default=5.0,
+        default=2.5,
         help="requests a second each open-loop client paces, so a request may take up to "
-        "1 / this before its client falls behind (5: 200 ms)",
+        "1 / this before its client falls behind (2.5: 400 ms)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="client deadline")
     parser.add_argument("--cooldown", type=float, default=5.0, help="seconds of calm after")

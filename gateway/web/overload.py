@@ -109,7 +109,7 @@ TARGET_LATENCY: Final = 0.05
 RATE_WINDOW: Final = 0.25
 RATE_DECAY: Final = 0.98
 # The adaptive limit never goes under this many requests (a burst after an idle spell).
-MIN_LIMIT: Final = 64
+MIN_LIMIT: Final = 32
 
 
 class ListenerStats(Protocol):
