@@ -129,8 +129,13 @@ async def sustainable_rate(
             args.window,
             connections=args.connections,
             body=BODY,
+            timeout=10.0,
         )
-        window = await run_h2load(load, cpus=cores.rest, watch=stack.watch)
+        try:
+            window = await run_h2load(load, cpus=cores.rest, watch=stack.watch)
+        except RuntimeError as exc:  # killed past its bound: the next window may do
+            log(f"  window {i + 1}/{args.rounds}: {str(exc).splitlines()[0]}: no figures")
+            continue
         r = window.result
         ok = _ok(r["statuses"])
         rate = ok / window.wall
@@ -143,6 +148,8 @@ async def sustainable_rate(
             f"{r['latency_ms'].get('201', {}).get('p99', float('nan')):.0f} ms, "
             f"statuses {r['statuses']}); {check}"
         )
+    if not rates:
+        raise RuntimeError("no sustainable-rate window gave figures")
     return statistics.median(rates), rates, statistics.median(costs)
 
 
