@@ -90,6 +90,10 @@ class H2Load:
             f"{max(1, round(self.duration * 1000))}ms",
             "-N",
             f"{max(1, round(self.timeout))}",
+            # No connection outlives the run and its deadline, whatever happens to it: twice
+            # on a saturated machine h2load ran past duration + -N (the cause is not known).
+            "-T",
+            f"{max(1, round(self.duration + self.timeout))}",
             "-d",
             str(body_path),
             "--log-file",

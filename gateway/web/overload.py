@@ -32,19 +32,15 @@ act before any of the request's own work:
   is read or its token checked, and its connection is closed (the unread body is not worth
   reading). This is uvicorn's ``limit_concurrency``, at the cheapest point.
 * **The adaptive limit** (with ``limits.adaptive_admission``, docs/admission.md): the
-  in-progress limit is set by Little's law, requests in progress = rate x latency: the rate
-  this process completes requests (its recent peak: what it can do) times the latency it
-  aims at, `TARGET_LATENCY` or the namespaces' learned send latency times
-  ``adaptive_tolerance`` when the broker is slower than that (so the limit rises with the
-  broker's latency, and the throughput is kept). Admitted requests then wait about that
-  latency, and the rest are refused at their head instead of queueing. It is also never
-  above the sum of the namespaces' adaptive limits (`gateway.core.limiter`: a limiter cut
-  by the broker's push-back is obeyed at the head, where refusing is cheap), never below
-  `MIN_LIMIT` and never above ``http.max_requests_in_progress``. With it off the limit is
-  that cap.
-* **Head wait** (``http.max_head_wait``): a request whose complete head waited longer than
-  that for its handler (the event loop is behind) gets the same answer: by the time it
-  would be served its client is likely to have given up, and serving it delays the rest.
+  in-progress limit is the sum of the namespaces' adaptive limits (`gateway.core.limiter`,
+  set from the broker's measured latency), floored by Little's law, requests in progress =
+  rate x latency: the rate this process completes requests (its recent peak: what it can
+  do) times the latency it aims at, `TARGET_LATENCY`, or the namespaces' learned send
+  latency times ``adaptive_tolerance`` when the broker is slower than that (so the floor
+  rises with the broker's latency and the throughput is kept). The floor keeps a limiter
+  that mistakes the gateway's own slowness for the broker's from throttling below what is
+  being delivered. Never below `MIN_LIMIT`, never above ``http.max_requests_in_progress``.
+  With it off the limit is that cap.
 
 Probes, metrics and the admin API are never shed by the request caps (nor counted): a
 liveness probe answered 503 under load would have Kubernetes restart a replica that is
@@ -285,7 +281,7 @@ class Shedder:
         target = self._limits.target_latency
         if baseline is not None and baseline * self._limits.tolerance > target:
             target = baseline * self._limits.tolerance
-        limit = max(MIN_LIMIT, min(adaptive, int(self.peak_rate * target)))
+        limit = max(MIN_LIMIT, adaptive, int(self.peak_rate * target))
         return min(limit, cap) if cap else limit
 
     def at_limit(self) -> bool:

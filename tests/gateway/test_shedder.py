@@ -144,13 +144,13 @@ def test_the_listener_stays_paused_while_either_rule_holds() -> None:
     assert listener.calls[-1] == "resume"
 
 
-def test_the_adaptive_in_progress_limit_is_littles_law_within_its_bounds() -> None:
+def test_the_adaptive_in_progress_limit_is_floored_by_littles_law_within_its_bounds() -> None:
     now = [0.0]
     shed: list[ShedReason] = []
     limits = OverloadLimits(0, 1000, 1.0, retry_after=1.0, target_latency=0.05, tolerance=1.5)
     shedder = Shedder(limits, shed.append, clock=lambda: now[0])
     assert shedder.limit == 1000  # no source: the cap
-    source: list[tuple[int, float | None] | None] = [(5000, None)]
+    source: list[tuple[int, float | None] | None] = [(10, None)]
     shedder.attach_limit(lambda: source[0])
     assert shedder.limit == MIN_LIMIT  # nothing completed yet: the floor
 
@@ -165,15 +165,15 @@ def test_the_adaptive_in_progress_limit_is_littles_law_within_its_bounds() -> No
 
     quarter_second_of(2048)  # ~8,000 a second
     assert 7000 < shedder.peak_rate <= 8200
-    assert shedder.limit == int(shedder.peak_rate * 0.05)  # x 50 ms
-    # The broker is slower: 60 ms learned, x 1.5: the limit rises to keep the rate.
-    source[0] = (5000, 0.06)
+    assert shedder.limit == int(shedder.peak_rate * 0.05)  # x 50 ms, over the namespaces' 10
+    # The broker is slower: 60 ms learned, x 1.5: the floor rises to keep the rate.
+    source[0] = (10, 0.06)
     quarter_second_of(2048)
     assert shedder.limit == int(shedder.peak_rate * 0.06 * 1.5) > 700
-    # A namespace's limiter cut by push-back bounds it; the cap bounds it too.
-    source[0] = (300, 0.06)
+    # The namespaces' limits above the floor are the limit; the cap bounds everything.
+    source[0] = (900, 0.06)
     quarter_second_of(2048)
-    assert shedder.limit == 300
+    assert shedder.limit == 900
     source[0] = (5000, 10.0)
     quarter_second_of(2048)
     assert shedder.limit == 1000
