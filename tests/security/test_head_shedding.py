@@ -57,6 +57,14 @@ async def _hold_one_in_progress(port: int, shedder: Shedder):  # type: ignore[no
     return reader, writer
 
 
+async def _release(slow, shedder: Shedder) -> None:  # type: ignore[no-untyped-def]
+    """The held request's client sends the rest of its body: it is answered 201."""
+    slow_reader, slow_writer = slow
+    slow_writer.write(b"ld")
+    assert (await read_response(slow_reader, within=10))[0] == 201
+    await eventually(lambda: shedder.in_progress == 0, what="the slow request done")
+
+
 async def test_at_the_limit_a_complete_request_gets_503_json_and_its_connection_stays_open(
     hardened_gateway: GatewayFactory, control: ControlClient
 ) -> None:
@@ -74,9 +82,7 @@ async def test_at_the_limit_a_complete_request_gets_503_json_and_its_connection_
     assert shedder.in_progress == 1  # the refused request was never counted
     # The slow request is unaffected; once it is answered, the same kept-alive connection
     # that was refused is served.
-    slow_writer.write(b"ld")
-    assert (await read_response(slow_reader, within=10))[0] == 201
-    await eventually(lambda: shedder.in_progress == 0, what="the slow request done")
+    await _release((slow_reader, slow_writer), shedder)
     writer.write(request_head(length=5) + b"again")
     status, _ = await read_response(reader, within=10)
     assert status == 201
@@ -156,9 +162,7 @@ async def test_pipelined_and_chunked_requests_at_the_limit_each_get_a_whole_503_
         head, body = await _head_and_body(reader)
         assert head.startswith(b"HTTP/1.1 503 "), head
         assert orjson.loads(body)["error"] == "overloaded"
-    slow_writer.write(b"ld")
-    assert (await read_response(slow_reader, within=10))[0] == 201
-    await eventually(lambda: shedder.in_progress == 0, what="the slow request done")
+    await _release((slow_reader, slow_writer), shedder)
     writer.write(chunked)
     assert (await read_response(reader, within=10))[0] == 201
     assert sorted(await _stored(control)) == ["abc", "held"]
@@ -182,9 +186,7 @@ async def test_a_request_refused_unparsed_leaves_the_connection_at_a_request_bou
         assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: " in head, head
         assert orjson.loads(answer)["error"] == "overloaded"
     assert shedder.in_progress == 1
-    slow_writer.write(b"ld")
-    assert (await read_response(slow_reader, within=10))[0] == 201
-    await eventually(lambda: shedder.in_progress == 0, what="the slow request done")
+    await _release((slow_reader, slow_writer), shedder)
     writer.write(request_head(length=len(body)) + body)
     assert (await read_response(reader, within=10))[0] == 201
     assert sorted(await _stored(control)) == sorted([body.decode(), "held"])
