@@ -97,7 +97,10 @@ class Stack:
         }
 
     async def reset(self) -> None:
-        """The broker's messages and counters cleared, its round trip back to the base."""
+        """The broker's messages and counters cleared, its round trip back to the base,
+        after a second for the previous run's requests to settle: one the client abandoned
+        at the end may still be stored, and must not count in the next run."""
+        await asyncio.sleep(1.0)  # the bench's pacing, not a test's wait
         if self.e2e is not None:
             await self.e2e.control.reset()
             if self.base_ms:
@@ -245,8 +248,7 @@ async def phase(
     ladder: str,
 ) -> dict[str, Any]:
     """One open-loop run at `factor` x `rate`: its answers, latencies, CPU and RSS peak."""
-    await stack.reset()
-    await asyncio.sleep(1.0)  # let the previous run's connections close
+    await stack.reset()  # a second after the previous run: its connections closed too
     offered = rate * factor
     load = H2Load(
         [stack.gateway.url + ENTITY_URL_PATH],
