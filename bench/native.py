@@ -90,6 +90,10 @@ class H2Load:
             f"{max(1, round(self.duration * 1000))}ms",
             "-N",
             f"{max(1, round(self.timeout))}",
+            # No connection outlives the run and its deadline, whatever happens to it: twice
+            # on a saturated machine h2load ran past duration + -N (the cause is not known).
+            "-T",
+            f"{max(1, round(self.duration + self.timeout))}",
             "-d",
             str(body_path),
             "--log-file",
@@ -193,7 +197,7 @@ async def run_h2load(
 ) -> Window:
     """Run `load` pinned to `cpus` and return its figures, with the CPU seconds `watch`'s
     processes and h2load itself used during the run. Bounded: h2load is killed after
-    ``duration + GRACE`` seconds (ChildError-like RuntimeError, with what it printed)."""
+    ``duration + timeout + GRACE`` seconds (ChildError-like RuntimeError, with what it printed)."""
     with tempfile.TemporaryDirectory(prefix="bench-h2load-") as tmp:
         work = Path(tmp)
         body, log = work / "body", work / "requests.tsv"
@@ -212,14 +216,15 @@ async def run_h2load(
             *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )
         try:
-            async with asyncio.timeout(load.duration + GRACE):
+            # h2load drops a request unanswered for `timeout` (-N) and only then ends.
+            async with asyncio.timeout(load.duration + load.timeout + GRACE):
                 out, _ = await proc.communicate()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             out, _ = await proc.communicate()
             raise RuntimeError(
-                f"h2load ran past {load.duration + GRACE:g} s (killed):\n"
+                f"h2load ran past {load.duration + load.timeout + GRACE:g} s (killed):\n"
                 f"{out.decode(errors='replace')[-2000:]}"
             ) from None
         finally:

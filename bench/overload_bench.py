@@ -1,38 +1,49 @@
 """P9: the gateway at 2x, 5x and 10x its sustainable request rate, as clients meet it.
 
     make bench-tools                                    # h2load and wrk (apt), once
-    .venv/bin/python -m bench.overload_bench            # ~2 minutes
+    .venv/bin/python -m bench.overload_bench            # ~5 minutes: both ladders
     .venv/bin/python -m bench.overload_bench --quick    # 6 s per load, one rate window
     .venv/bin/python -m bench.overload_bench --sink null   # the gateway alone, no broker
-    .venv/bin/python -m bench.overload_bench --broker-latency-ms 20  # broker slowed mid-run
-    .venv/bin/python -m bench.overload_bench --env SBGATE_ADAPTIVE_ADMISSION=true
+    .venv/bin/python -m bench.overload_bench --ladders steady   # without the slow broker
+    .venv/bin/python -m bench.overload_bench --adaptive off     # the fixed caps only
 
 The gateway runs pinned to the first CPU, with the real SDK against the local broker
 (`sblocal`) on the second (``--sink null``: a sink that stores nothing, to isolate the gateway
-from the broker). The load comes from `h2load` (Debian's nghttp2-client, `bench.native`),
-pinned to the second CPU: a C event loop, a fraction of the CPU per request a Python
-generator spent (which, on the same CPU as the broker, was the bottleneck: at 2x that CPU was
-97-99 % busy). Traffic goes to 127.0.0.1 only; every phase is bounded in time (h2load is
-killed past its duration + 30 s) and prints what it measured.
+from the broker), with adaptive admission on (``--adaptive``; docs/admission.md). The load
+comes from `h2load` (Debian's nghttp2-client, `bench.native`), pinned to the second CPU: a C
+event loop, a fraction of the CPU per request a Python generator spent. Traffic goes to
+127.0.0.1 only; every phase is bounded in time (h2load is killed past its duration + 30 s)
+and prints what it measured.
 
+0. **What a refusal costs**: a second gateway (null sink) with one request held in progress
+   and ``max_requests_in_progress`` 1, so that every other request is refused at its head;
+   h2load closed loop: the gateway's CPU per 503, against its CPU per 201 in the same kind of
+   window with nothing held (and the SDK gateway's per 201 from step 1).
 1. **Sustainable rate**: h2load closed loop (``--connections`` keep-alive clients) for a few
    windows; the median rate answered 2xx is what the gateway sustains here and now.
 2. **Unloaded**: open loop at 0.5x that rate: the 2xx p99 the loaded runs are compared with,
    and the RSS baseline.
-3. **The ladder**: open loop at each ``--factors`` multiple, ``--max-connections`` clients
-   each pacing its share of the rate (``--rps``).
+3. **The ladders**: open loop at each ``--factors`` multiple, each client pacing its share
+   of the rate (``--rps``), as many clients as the rate needs at ``--client-rate`` each (a
+   client holds one request at a time). ``steady``: the broker's round trip is
+   ``--broker-base-ms`` throughout; ``broker-x10``: the same, raised tenfold half-way
+   through each loaded phase (the adaptive limit must follow; it is read from /metrics just
+   before and at the end).
 
-Printed, in one table, per load: goodput as a share of the sustainable rate; the 2xx p50/p99;
-the excess (due, not answered 2xx) and how much of it was refused fast (a ``503`` or a
-connection failure within ``--fast``, 50 ms, of being sent); arrivals the generator could not
-send within the run (client-shed); the RSS growth; the CPU of the gateway, the broker and the
-generator, each as a share of one CPU. The goals (issue #38), judged at 2x, 5x and 10x, each
-marked met or not: goodput >= 90 %, >= 90 % of the excess refused within 50 ms, 2xx p99 <=
-100 ms, RSS growth <= 64 MiB. And whether the broker stored exactly the messages answered
-2xx. Latency is from when a request was sent (h2load's), not from when it was due.
+Printed, in one table per ladder, per load: the rate offered and the rate h2load managed to
+send (an arrival it could not send within the run is client-shed: the load was then
+generator-bound, flagged over 10 %); goodput as a share of the sustainable rate; the 2xx
+p50/p99; the excess (due, not answered 2xx) and how much of what was sent of it was refused
+fast (a ``503`` or a connection failure within ``--fast``, 50 ms, of being sent); the RSS
+growth; the CPU of the gateway, the broker and the generator, each as a share of one CPU.
+The goals (issue #38), judged at 2x, 5x and 10x in each ladder, each marked met or not:
+goodput >= 90 %, >= 90 % of the excess refused within 50 ms, 2xx p99 <= 100 ms, RSS growth
+<= 64 MiB; and a last line with every goal's tally. And whether the broker stored exactly the
+messages answered 2xx. Latency is from when a request was sent (h2load's), not from when it
+was due.
 
-On a shared machine absolute figures mean little and ratios are noisy: the header prints the
-load average, and a figure is only as good as the quiet it was measured in.
+On a shared machine absolute figures mean little and ratios are noisy: the header and the
+summary print the load average, and a figure is only as good as the quiet it was measured in.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import re
 import statistics
 import time
@@ -48,7 +60,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.harness import IN_MEMORY_ENV, Cores, Server, gateway_on_broker
+from bench.harness import IN_MEMORY_ENV, Cores, Server, Window, gateway_on_broker
 from bench.loadgen import make_body
 from bench.memwatch import OUT_DIR, MiB, RssSampler, run_bench, stored_vs_ok, write_json
 from bench.native import H2Load, loadavg, run_h2load
@@ -60,6 +72,9 @@ GOAL_FAST = 0.90  # share of the excess refused within --fast
 GOAL_P99_MS = 100.0  # 2xx p99
 GOAL_RSS = 64 * MiB
 GOALS_AT = (2.0, 5.0, 10.0)
+GOALS = ("goodput", "fast", "p99", "rss")
+LADDERS = ("steady", "broker-x10")
+ADAPTIVE_ENV = "SBGATE_ADAPTIVE_ADMISSION"
 
 
 def _ok(statuses: dict[str, int]) -> int:
@@ -69,9 +84,10 @@ def _ok(statuses: dict[str, int]) -> int:
 class Stack:
     """What the ladder runs against: the gateway, and the broker unless the sink is null."""
 
-    def __init__(self, gateway: Server, e2e: Any | None) -> None:
+    def __init__(self, gateway: Server, e2e: Any | None, base_ms: float) -> None:
         self.gateway = gateway
         self.e2e = e2e
+        self.base_ms = base_ms
 
     @property
     def watch(self) -> dict[str, int | None]:
@@ -81,8 +97,14 @@ class Stack:
         }
 
     async def reset(self) -> None:
+        """The broker's messages and counters cleared, its round trip back to the base,
+        after a second for the previous run's requests to settle: one the client abandoned
+        at the end may still be stored, and must not count in the next run."""
+        await asyncio.sleep(1.0)  # the bench's pacing, not a test's wait
         if self.e2e is not None:
             await self.e2e.control.reset()
+            if self.base_ms:
+                await self.e2e.control.set_latency("primary", round_trip_ms=self.base_ms)
 
     async def check(self, total_ok: int, abandoned: int) -> str:
         if self.e2e is None:
@@ -90,11 +112,19 @@ class Stack:
         return await stored_vs_ok(self.e2e.control, total_ok, ("primary",), abandoned)
 
 
+def _cpu(window: Window) -> str:
+    wall = window.wall or 1.0
+    parts = [f"{k} {v / wall:.0%}" for k, v in window.cpu.items() if v or k == "h2load"]
+    return "CPU " + ", ".join(parts)
+
+
 async def sustainable_rate(
     args: argparse.Namespace, cores: Cores, stack: Stack, log: Any
-) -> tuple[float, list[float]]:
-    """Closed-loop windows; returns the median 2xx rate and every window's."""
+) -> tuple[float, list[float], float]:
+    """Closed-loop windows; returns the median 2xx rate, every window's, and the gateway's
+    CPU microseconds per 2xx (median)."""
     rates: list[float] = []
+    costs: list[float] = []
     for i in range(args.rounds):
         await stack.reset()
         load = H2Load(
@@ -102,30 +132,110 @@ async def sustainable_rate(
             args.window,
             connections=args.connections,
             body=BODY,
+            timeout=10.0,
         )
-        window = await run_h2load(load, cpus=cores.rest, watch=stack.watch)
+        try:
+            window = await run_h2load(load, cpus=cores.rest, watch=stack.watch)
+        except RuntimeError as exc:  # killed past its bound: the next window may do
+            log(f"  window {i + 1}/{args.rounds}: {str(exc).splitlines()[0]}: no figures")
+            continue
         r = window.result
-        rate = _ok(r["statuses"]) / window.wall
+        ok = _ok(r["statuses"])
+        rate = ok / window.wall
         rates.append(rate)
+        costs.append(window.cpu.get("gateway", 0.0) / ok * 1e6 if ok else math.nan)
         check = await stack.check(int(r["total_ok"]), int(r["unanswered_at_end"]))
         log(
-            f"  window {i + 1}/{args.rounds}: {rate:,.0f} req/s 2xx ({_cpu(window)}; 2xx p99 "
+            f"  window {i + 1}/{args.rounds}: {rate:,.0f} req/s 2xx ({_cpu(window)}; "
+            f"{costs[-1]:.0f} us of gateway CPU a 2xx; 2xx p99 "
             f"{r['latency_ms'].get('201', {}).get('p99', float('nan')):.0f} ms, "
             f"statuses {r['statuses']}); {check}"
         )
-    return statistics.median(rates), rates
+    if not rates:
+        raise RuntimeError("no sustainable-rate window gave figures")
+    return statistics.median(rates), rates, statistics.median(costs)
 
 
-def _cpu(window: Any) -> str:
-    wall = window.wall or 1.0
-    parts = [f"{k} {v / wall:.0%}" for k, v in window.cpu.items() if v or k == "h2load"]
-    return "CPU " + ", ".join(parts)
+async def refusal_cost(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, Any]:
+    """Step 0 (module docstring): the gateway's CPU per 201 and per 503 refused at the head,
+    on the null sink, closed loop, each on a gateway of its own."""
+    out: dict[str, Any] = {}
+    for held in (False, True):
+        cap = {"SBGATE_MAX_REQUESTS_IN_PROGRESS": "1"} if held else {}
+        env = {**IN_MEMORY_ENV, **dict(args.env), **cap}
+        gateway = await Server.start("gateway", "gateway", env, cpus=cores.subject, sink="null")
+        hold = None
+        try:
+            if held:
+                # One request in progress, waiting for a body its client never finishes.
+                hold = await asyncio.open_connection("127.0.0.1", int(gateway.info["port"]))
+                hold[1].write(
+                    f"POST {ENTITY_URL_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    "Content-Length: 100\r\n\r\nx".encode()
+                )
+                await hold[1].drain()
+                await asyncio.sleep(0.5)  # the bench's pacing, not a test's wait
+            load = H2Load(
+                [gateway.url + ENTITY_URL_PATH],
+                args.window,
+                connections=args.connections,
+                body=BODY,
+            )
+            window = await run_h2load(load, cpus=cores.rest, watch={"gateway": gateway.pid})
+        finally:
+            if hold is not None:
+                hold[1].close()
+            await gateway.close()
+        r = window.result
+        kind = "503" if held else "201"
+        n = int(r["statuses"].get(kind, 0))
+        us = window.cpu["gateway"] / n * 1e6 if n else math.nan
+        out[kind] = {"us": us, "rate": n / window.wall, "statuses": r["statuses"]}
+        log(
+            f"  {'every request refused at its head' if held else 'every request served'}: "
+            f"{n / window.wall:,.0f} {kind}/s, {us:.1f} us of gateway CPU each "
+            f"({_cpu(window)}; statuses {r['statuses']}, errors {r['errors']})"
+        )
+    return out
 
 
-async def _slow_broker(stack: Stack, after: float, ms: float) -> None:
+_ADAPTIVE = re.compile(
+    r'^sbgate_admission_limit(_baseline_seconds|_refused_total)?\{namespace="primary"\} (\S+)$',
+    re.M,
+)
+_SHED = re.compile(r'^sbgate_http_shed_total\{reason="(\w+)"\} (\S+)$', re.M)
+_HEAD_LIMIT = re.compile(r"^sbgate_http_requests_in_progress_limit (\S+)$", re.M)
+
+
+async def gateway_figures(url: str) -> dict[str, float]:
+    """The primary namespace's adaptive limit, baseline and refusals, and the shed counts by
+    reason, from the gateway's /metrics (the limit's figures absent when it is off)."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            async with http.get(url + "/metrics") as resp:
+                text = await resp.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return {}
+    names = {"": "limit", "_baseline_seconds": "baseline_s", "_refused_total": "refused"}
+    out = {names[m.group(1) or ""]: float(m.group(2)) for m in _ADAPTIVE.finditer(text)}
+    out.update({f"shed_{m.group(1)}": float(m.group(2)) for m in _SHED.finditer(text)})
+    head = _HEAD_LIMIT.search(text)
+    if head is not None:
+        out["head_limit"] = float(head.group(1))
+    return out
+
+
+async def _slow_broker(stack: Stack, after: float, ms: float, seen: dict[str, Any]) -> None:
     await asyncio.sleep(after)
+    seen["before"] = await gateway_figures(stack.gateway.url)
     if stack.e2e is not None:
         await stack.e2e.control.set_latency("primary", round_trip_ms=ms)
+
+
+def clients_for(args: argparse.Namespace, offered: float) -> int:
+    """Clients an open-loop phase needs: each holds one request at a time, so it can send at
+    most 1 / latency a second; at ``--client-rate`` each, a request may take 1 / that."""
+    return int(min(args.max_connections, max(32, math.ceil(offered / args.client_rate))))
 
 
 async def phase(
@@ -135,96 +245,100 @@ async def phase(
     rss: RssSampler,
     rate: float,
     factor: float,
+    ladder: str,
 ) -> dict[str, Any]:
     """One open-loop run at `factor` x `rate`: its answers, latencies, CPU and RSS peak."""
-    await stack.reset()
-    await asyncio.sleep(1.0)  # let the previous run's connections close
+    await stack.reset()  # a second after the previous run: its connections closed too
     offered = rate * factor
     load = H2Load(
         [stack.gateway.url + ENTITY_URL_PATH],
         args.duration,
-        connections=min(args.max_connections, max(32, round(offered / args.client_rate))),
+        connections=clients_for(args, offered),
         rate=offered,
         body=BODY,
         timeout=args.timeout,
         fast=args.fast,
     )
+    shed_before = await gateway_figures(stack.gateway.url)
+    seen: dict[str, Any] = {}
     slow = None
-    if args.broker_latency_ms and factor != 0.5:
-        slow = asyncio.create_task(_slow_broker(stack, args.duration / 2, args.broker_latency_ms))
+    if ladder == "broker-x10" and stack.e2e is not None:
+        raised = stack.base_ms * 10
+        slow = asyncio.create_task(_slow_broker(stack, args.duration / 2, raised, seen))
     started = time.monotonic()
     try:
         window = await run_h2load(load, cpus=cores.rest, watch=stack.watch)
+    except RuntimeError as exc:  # killed past its bound: this phase has no figures
+        return {
+            "factor": factor,
+            "offered": offered,
+            "connections": load.connections,
+            "failed": str(exc).splitlines()[0],
+        }
     finally:
         if slow is not None:
             slow.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await slow
     ended = time.monotonic()
-    limit = await adaptive_limit(stack.gateway.url)
+    after = await gateway_figures(stack.gateway.url)
     r = window.result
     abandoned = sum(int(v) for v in r["errors"].values()) + int(r["unanswered_at_end"])
     check = await stack.check(int(r["total_ok"]), abandoned)
+    shed = {
+        k[5:]: after.get(k, 0.0) - shed_before.get(k, 0.0) for k in after if k.startswith("shed_")
+    }
     return {
         "factor": factor,
         "offered": offered,
+        "connections": load.connections,
         "result": {k: v for k, v in r.items() if k != "series"},
         "series": r["series"],
         "peak": max(rss.between(started, ended + 1.0), default=0),
         "span": (started, ended),
         "correctness": check,
         "cpu": {k: v / window.wall for k, v in window.cpu.items()},
-        "adaptive": limit,
+        "adaptive": {k: v for k, v in after.items() if not k.startswith("shed_")},
+        "adaptive_before": {
+            k: v for k, v in seen.get("before", {}).items() if not k.startswith("shed_")
+        },
+        "shed": shed,
     }
-
-
-_ADAPTIVE = re.compile(
-    r'^sbgate_admission_limit(_baseline_seconds|_refused_total)?\{namespace="primary"\} (\S+)$',
-    re.M,
-)
-
-
-async def adaptive_limit(url: str) -> dict[str, float]:
-    """The primary namespace's adaptive limit, baseline and refusals from the gateway's
-    /metrics at the end of a phase (empty when adaptive admission is off)."""
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            async with http.get(url + "/metrics") as resp:
-                text = await resp.text()
-    except (aiohttp.ClientError, TimeoutError):
-        return {}
-    names = {"": "limit", "_baseline_seconds": "baseline_s", "_refused_total": "refused"}
-    return {names[m.group(1) or ""]: float(m.group(2)) for m in _ADAPTIVE.finditer(text)}
 
 
 def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
     """The figures of one phase that the table prints, against the goals."""
+    if "failed" in p:
+        return {**p, "judged": p["factor"] in GOALS_AT, "met": dict.fromkeys(GOALS, False)}
     r = p["result"]
     ok = _ok(r["statuses"])
+    wall = float(r["wall"]) or 1.0
     excess = max(0, int(r["due"]) - ok)
     shed = int(r["shed"])
     fast = int(r["unavailable_fast"]) + sum(int(v) for v in r["failed_fast"].values())
     # The share refused fast is of the excess the gateway was sent: what h2load never sent
     # (client-shed) the gateway could not refuse. A run whose client-shed is over a tenth of
-    # the arrivals is generator-bound there (too few connections for the latency): judged
-    # on what was sent, and flagged.
+    # the arrivals is generator-bound there (too few clients for the latency): judged on
+    # what was sent, and flagged.
     sent_excess = max(0, excess - shed)
     ok_lat = [v for k, v in r["latency_ms"].items() if k.startswith("2") and v]
     p50 = max((x["p50"] for x in ok_lat), default=float("nan"))
     p99 = max((x["p99"] for x in ok_lat), default=float("nan"))
-    goodput = ok / float(r["wall"]) / rate if rate else float("nan")
+    goodput = ok / wall / rate if rate else float("nan")
     fast_share = fast / sent_excess if sent_excess else 1.0
     growth = p["peak"] - baseline
     judged = p["factor"] in GOALS_AT
     met = {
         "goodput": goodput >= GOAL_GOODPUT,
-        "p99": p99 <= GOAL_P99_MS,
         "fast": fast_share >= GOAL_FAST,
+        "p99": p99 <= GOAL_P99_MS,
         "rss": growth <= GOAL_RSS,
     }
     return {
         "factor": p["factor"],
         "offered": p["offered"],
+        "sent_rate": int(r["sent"]) / wall,
+        "connections": p["connections"],
         "goodput_share": goodput,
         "p50_ms": p50,
         "p99_ms": p99,
@@ -241,6 +355,8 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
         "correctness": p["correctness"],
         "cpu": p["cpu"],
         "adaptive": p["adaptive"],
+        "adaptive_before": p["adaptive_before"],
+        "gateway_shed": p["shed"],
     }
 
 
@@ -248,126 +364,235 @@ def _yes(ok: bool | None) -> str:
     return "" if ok is None else (" met" if ok else " NOT met")
 
 
+def _limit(row: dict[str, Any], key: str) -> str:
+    before, after = row["adaptive_before"], row["adaptive"]
+    if key not in after:
+        return "-"
+    text = f"{after[key]:,.0f}"
+    if key in before:
+        text = f"{before[key]:,.0f} -> {text}"
+    return text
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| load | offered req/s | goodput / sustainable | 2xx p50 / p99 ms | excess "
-        "| of it sent, refused <= fast | client-shed (of arrivals) | RSS growth "
-        "| CPU: gateway / broker / h2load |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| load | offered / sent req/s (clients) | goodput / sustainable | 2xx p50 / p99 ms "
+        "| excess | of it sent, refused <= fast | client-shed (of arrivals) | RSS growth "
+        "| CPU: gateway / broker / h2load | limit: at the head / the namespace's |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        if "failed" in row:
+            lines.append(f"| {row['factor']:g}x | {row['offered']:,.0f} | {row['failed']} |")
+            continue
         met = row["met"] or {}
         cpu = row["cpu"]
         lines.append(
-            f"| {row['factor']:g}x | {row['offered']:,.0f} | {row['goodput_share']:.0%}"
+            f"| {row['factor']:g}x | {row['offered']:,.0f} / {row['sent_rate']:,.0f} "
+            f"({row['connections']:,}) | {row['goodput_share']:.0%}"
             f"{_yes(met.get('goodput'))} | {row['p50_ms']:,.0f} / {row['p99_ms']:,.0f}"
             f"{_yes(met.get('p99'))} | {row['excess']:,} | {row['fast_share']:.0%}"
             f"{_yes(met.get('fast'))} | {row['client_shed']:,} ({row['shed_share']:.0%})"
             f"{' generator-bound' if row['shed_share'] > 0.1 else ''} | "
             f"{row['rss_growth'] / MiB:+.1f} MiB{_yes(met.get('rss'))} | "
             f"{cpu.get('gateway', 0):.0%} / {cpu.get('broker', 0):.0%} / "
-            f"{cpu.get('h2load', 0):.0%} |"
+            f"{cpu.get('h2load', 0):.0%} | {_limit(row, 'head_limit')} / "
+            f"{_limit(row, 'limit')} |"
         )
     return lines
 
 
+def tally(ladders: dict[str, list[dict[str, Any]]]) -> str:
+    """Every judged goal of every ladder, met or not, on one line."""
+    parts = []
+    met = total = 0
+    for name, rows in ladders.items():
+        for row in rows:
+            if not row["met"]:
+                continue
+            missed = [g for g in GOALS if not row["met"][g]]
+            met += len(GOALS) - len(missed)
+            total += len(GOALS)
+            parts.append(
+                f"{name} {row['factor']:g}x: "
+                + ("all met" if not missed else "NOT met: " + ", ".join(missed))
+            )
+    return f"goals met {met} of {total} ({'; '.join(parts)})"
+
+
 async def _stack(args: argparse.Namespace, cores: Cores) -> Any:
     """The gateway on the broker, or (``--sink null``) alone: an async context manager."""
+    extra = {**({ADAPTIVE_ENV: "true"} if args.adaptive == "on" else {}), **dict(args.env)}
 
     @contextlib.asynccontextmanager
     async def null() -> Any:
-        env = {**IN_MEMORY_ENV, **dict(args.env)}
+        env = {**IN_MEMORY_ENV, **extra}
         gateway = await Server.start("gateway", "gateway", env, cpus=cores.subject, sink="null")
         try:
-            yield Stack(gateway, None)
+            yield Stack(gateway, None, 0.0)
         finally:
             await gateway.close()
 
     @contextlib.asynccontextmanager
     async def sdk() -> Any:
-        async with gateway_on_broker(cores, dict(args.env)) as e2e:
-            yield Stack(e2e.gateway, e2e)
+        async with gateway_on_broker(cores, extra) as e2e:
+            yield Stack(e2e.gateway, e2e, args.broker_base_ms)
 
     return null() if args.sink == "null" else sdk()
 
 
+def report(
+    args: argparse.Namespace,
+    log: Any,
+    run: dict[str, Any],
+    cost: dict[str, Any],
+    unloaded: dict[str, Any],
+    baseline: int,
+    rows: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The summary: the header, the refusal's cost, a table per ladder, the goals' tally."""
+    rate, spread, ok_us, base_ms = run["rate"], run["spread"], run["ok_us"], run["base_ms"]
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    log(f"\n== P9 overload ladder ({now}, {loadavg()})")
+    log(
+        f"sink {args.sink}; adaptive admission {args.adaptive}; sustainable {rate:,.0f} req/s "
+        f"(windows {spread}; {ok_us:.0f} us of gateway CPU a 2xx); unloaded (0.5x) 2xx p50 "
+        f"{unloaded.get('p50_ms', math.nan):.0f} ms, p99 "
+        f"{unloaded.get('p99_ms', math.nan):.0f} ms; RSS baseline "
+        f"{baseline / MiB:.1f} MiB; broker round trip {base_ms:g} ms"
+    )
+    if cost:
+        ratio = cost["503"]["us"] / cost["201"]["us"]
+        log(
+            f"a refusal at the head costs {cost['503']['us']:.1f} us of gateway CPU, a 201 on "
+            f"the null sink {cost['201']['us']:.1f} us ({ratio:.2f}x), a 201 on the broker "
+            f"{ok_us:.0f} us ({cost['503']['us'] / ok_us:.2f}x)"
+        )
+    for name, ladder_rows in rows.items():
+        log(
+            f"\n{name}"
+            + (
+                f": the broker's round trip {base_ms:g} ms, {base_ms * 10:g} ms "
+                "from half-way through each phase (limits: before -> at the end)"
+                if name == "broker-x10"
+                else f": the broker's round trip {base_ms:g} ms"
+            )
+        )
+        for line in table(ladder_rows):
+            log(line)
+    log(
+        f"\ngoals at {', '.join(f'{f:g}x' for f in GOALS_AT)}: goodput >= {GOAL_GOODPUT:.0%} of "
+        f"sustainable; >= {GOAL_FAST:.0%} of the excess that was sent refused (503 or "
+        f"connection failure) within {args.fast * 1000:g} ms; 2xx p99 <= {GOAL_P99_MS:.0f} ms; "
+        "RSS growth <= 64 MiB. sent: the rate h2load managed to send; client-shed: arrivals it "
+        "could not send within the run (each client holds one request at a time); over 10 % "
+        "of the arrivals, the load was generator-bound (raise --max-connections or lower "
+        "--client-rate). CPU: each process's share of one CPU (the gateway has the first CPU; "
+        "the broker and h2load share the second); on a shared machine the shares need not add "
+        "up to saturation."
+    )
+    log(tally(rows) + f"; {loadavg()}")
+    for name, ladder_rows in rows.items():
+        for row in ladder_rows:
+            if "failed" in row:
+                continue
+            a = row["adaptive"]
+            limit = (
+                f"; adaptive limit {a.get('limit', 0):.0f} (baseline "
+                f"{a.get('baseline_s', float('nan')) * 1000:.1f} ms, "
+                f"{a.get('refused', 0):,.0f} refused by the dispatcher so far)"
+                if "limit" in a
+                else ""
+            )
+            log(
+                f"  {name} {row['factor']:g}x: {row['correctness']}; gateway shed "
+                f"{ {k: int(v) for k, v in row['gateway_shed'].items() if v} }{limit}"
+            )
+
+
 async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, Any]:
+    cost: dict[str, Any] = {}
+    if args.refusal_cost:
+        log("\n== what a refusal costs: null sink, closed loop")
+        cost = await refusal_cost(args, cores, log)
+    ladders = [name for name in args.ladders if name == "steady" or args.sink == "sdk"]
     async with await _stack(args, cores) as stack:
         rss = RssSampler(stack.gateway.pid, interval=0.5).start()
         try:
             first = rss.sample() or 0
             log(
-                f"gateway up (pid {stack.gateway.pid}, sink {args.sink}), RSS {first / MiB:.1f} MiB"
+                f"\ngateway up (pid {stack.gateway.pid}, sink {args.sink}, adaptive admission "
+                f"{args.adaptive}), RSS {first / MiB:.1f} MiB; broker round trip "
+                f"{stack.base_ms:g} ms"
             )
             log(f"\n== sustainable rate: {args.rounds} x {args.window:g} s, h2load closed loop")
-            rate, rates = await sustainable_rate(args, cores, stack, log)
+            rate, rates, ok_us = await sustainable_rate(args, cores, stack, log)
             spread = f"{min(rates):,.0f}..{max(rates):,.0f}"
             log(f"-> sustainable: {rate:,.0f} req/s (median; windows {spread})")
-            phases = []
-            for factor in (0.5, *args.factors):
-                log(f"\n== {factor:g}x: {rate * factor:,.0f} req/s offered for {args.duration:g} s")
-                phases.append(await phase(args, cores, stack, rss, rate, factor))
-                r = phases[-1]["result"]
-                log(
-                    f"   statuses {r['statuses']}, errors {r['errors']}, in flight at the end "
-                    f"{r['unanswered_at_end']:,}, client-shed {r['shed']:,}; CPU "
-                    + ", ".join(f"{k} {v:.0%}" for k, v in phases[-1]["cpu"].items())
-                    + f"; {phases[-1]['correctness']}"
-                )
+            log(f"\n== 0.5x: {rate * 0.5:,.0f} req/s offered for {args.duration:g} s")
+            unloaded_phase = await phase(args, cores, stack, rss, rate, 0.5, "steady")
+            phases: dict[str, list[dict[str, Any]]] = {}
+            for name in ladders:
+                phases[name] = []
+                for factor in args.factors:
+                    log(
+                        f"\n== {name} {factor:g}x: {rate * factor:,.0f} req/s offered for "
+                        f"{args.duration:g} s"
+                        + (
+                            f"; the broker's round trip {stack.base_ms:g} -> "
+                            f"{stack.base_ms * 10:g} ms half-way"
+                            if name == "broker-x10"
+                            else ""
+                        )
+                    )
+                    p = await phase(args, cores, stack, rss, rate, factor, name)
+                    phases[name].append(p)
+                    if "failed" in p:
+                        log(f"   {p['failed']}: no figures for this phase")
+                        continue
+                    r = p["result"]
+                    log(
+                        f"   {p['connections']:,} clients; statuses {r['statuses']}, errors "
+                        f"{r['errors']}, in flight at the end {r['unanswered_at_end']:,}, "
+                        f"client-shed {r['shed']:,}; gateway shed {p['shed']}; CPU "
+                        + ", ".join(f"{k} {v:.0%}" for k, v in p["cpu"].items())
+                        + f"; {p['correctness']}"
+                    )
             await asyncio.sleep(args.cooldown)
             after = rss.sample() or 0
         finally:
             await rss.close()
-    baseline = phases[0]["peak"] or first
-    unloaded = summarize(phases[0], rate, baseline)
-    rows = [summarize(p, rate, baseline) for p in phases[1:]]
-    slow = (
-        f"; the broker's round trip set to {args.broker_latency_ms:g} ms half-way through each "
-        "loaded phase"
-        if args.broker_latency_ms
-        else ""
+    baseline = unloaded_phase.get("peak") or first
+    unloaded = summarize(unloaded_phase, rate, baseline)
+    rows = {name: [summarize(p, rate, baseline) for p in ps] for name, ps in phases.items()}
+    report(
+        args,
+        log,
+        {"rate": rate, "spread": spread, "ok_us": ok_us, "base_ms": stack.base_ms},
+        cost,
+        unloaded,
+        baseline,
+        rows,
     )
-    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    log(f"\n== P9 overload ladder ({now}, {loadavg()})")
-    log(
-        f"sink {args.sink}; sustainable {rate:,.0f} req/s (windows {spread}); unloaded (0.5x) "
-        f"2xx p50 {unloaded['p50_ms']:.0f} ms, p99 {unloaded['p99_ms']:.0f} ms; RSS baseline "
-        f"{baseline / MiB:.1f} MiB{slow}"
-    )
-    for line in table(rows):
-        log(line)
-    log(
-        f"goals at {', '.join(f'{f:g}x' for f in GOALS_AT)}: goodput >= {GOAL_GOODPUT:.0%} of "
-        f"sustainable; >= {GOAL_FAST:.0%} of the excess that was sent refused (503 or "
-        f"connection failure) within {args.fast * 1000:g} ms; 2xx p99 <= {GOAL_P99_MS:.0f} ms; "
-        "RSS growth <= 64 MiB. client-shed: arrivals h2load could not send within the run "
-        "(each client holds one request at a time: every client's last one unanswered); "
-        "over 10 % of the arrivals, the load was generator-bound (raise --max-connections "
-        "or lower --client-rate). CPU: each process's share of one CPU (the gateway has the "
-        "first CPU; the broker and h2load share the second); on a shared machine the shares "
-        "need not add up to saturation."
-    )
-    for row in rows:
-        a = row["adaptive"]
-        limit = (
-            f"; adaptive limit {a.get('limit', 0):.0f} (baseline "
-            f"{a.get('baseline_s', float('nan')) * 1000:.1f} ms, {a.get('refused', 0):,.0f} "
-            "refused so far)"
-            if a
-            else ""
-        )
-        log(f"  {row['factor']:g}x: {row['correctness']}{limit}")
     log(f"RSS {after / MiB:.1f} MiB after {args.cooldown:g} s of calm")
     out = {
         "sink": args.sink,
+        "adaptive": args.adaptive,
         "loadavg": loadavg(),
+        "refusal_cost": cost,
         "sustainable_rate": rate,
         "sustainable_windows": rates,
+        "gateway_us_per_2xx": ok_us,
         "unloaded": unloaded,
-        "rows": rows,
+        "ladders": rows,
         "rss_first": first,
         "rss_after": after,
-        "series": {f"{p['factor']:g}x": p["series"] for p in phases},
+        "series": {
+            f"{name} {p['factor']:g}x": p["series"]
+            for name, ps in phases.items()
+            for p in ps
+            if "series" in p
+        },
     }
     write_json(Path(args.out) / f"overload-{args.sink}.json", {**out, "rss": rss.samples})
     return out
@@ -383,14 +608,33 @@ def main(argv: list[str] | None = None) -> int:
         "--factors", default="2,5,10", help="x the sustainable rate, comma-separated (2,5,10)"
     )
     parser.add_argument(
+        "--ladders",
+        default=",".join(LADDERS),
+        help="steady and/or broker-x10 (the broker's round trip raised tenfold half-way "
+        "through each phase), comma-separated (both; the null sink runs steady only)",
+    )
+    parser.add_argument(
         "--fast", type=float, default=0.05, help="a refusal this soon after sending is fast"
     )
     parser.add_argument("--sink", choices=("sdk", "null"), default="sdk")
     parser.add_argument(
-        "--broker-latency-ms",
+        "--adaptive",
+        choices=("on", "off"),
+        default="on",
+        help="adaptive admission (SBGATE_ADAPTIVE_ADMISSION; on)",
+    )
+    parser.add_argument(
+        "--broker-base-ms",
         type=float,
-        default=0.0,
-        help="raise the broker's round trip to this half-way through each loaded phase",
+        default=5.0,
+        help="the broker's round trip throughout (ms; the broker-x10 ladder raises it to ten "
+        "times this half-way through each phase)",
+    )
+    parser.add_argument(
+        "--no-refusal-cost",
+        dest="refusal_cost",
+        action="store_false",
+        help="skip step 0 (what a refusal costs)",
     )
     parser.add_argument(
         "--env",
@@ -406,9 +650,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--client-rate",
         type=float,
-        default=100.0,
-        help="requests a second each open-loop client paces (h2load's timers fire together: "
-        "many slow clients send in bursts)",
+        default=2.5,
+        help="requests a second each open-loop client paces, so a request may take up to "
+        "1 / this before its client falls behind (2.5: 400 ms)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="client deadline")
     parser.add_argument("--cooldown", type=float, default=5.0, help="seconds of calm after")
@@ -416,6 +660,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.duration = args.duration or (6.0 if args.quick else 15.0)
     args.factors = [float(f) for f in args.factors.split(",")]
+    args.ladders = [name for name in args.ladders.split(",") if name]
+    unknown = set(args.ladders) - set(LADDERS)
+    if unknown:
+        parser.error(f"unknown ladders: {', '.join(sorted(unknown))} (known: {LADDERS})")
     args.rounds = args.rounds or (1 if args.quick else 3)
     return run_bench("P9 overload", lambda cores, log: bench(args, cores, log))
 

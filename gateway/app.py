@@ -277,7 +277,13 @@ def edge_runner(app: web.Application, settings: Settings, **kwargs: Any) -> Hard
     metrics observe its shedder and listener, and the shedder samples the app's loop lag.
     Keyword arguments go to `HardenedAppRunner` (and on to `web.AppRunner`)."""
     return HardenedAppRunner(
-        app, settings=settings, observer=app.get(METRICS), loop_lag=LOOP_LAG, **kwargs
+        app,
+        settings=settings,
+        observer=app.get(METRICS),
+        loop_lag=LOOP_LAG,
+        dispatcher=DISPATCHER,
+        clients=CLIENTS,
+        **kwargs,
     )
 
 

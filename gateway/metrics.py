@@ -183,6 +183,12 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
             "Requests being handled (counted against http.max_requests_in_progress).",
             registry=r,
         )
+        self.http_in_progress_limit = Gauge(
+            "sbgate_http_requests_in_progress_limit",
+            "Requests admitted at once now: http.max_requests_in_progress, or the adaptive "
+            "limit (docs/admission.md); 0: none.",
+            registry=r,
+        )
         self.http_listening = Gauge(
             "sbgate_http_listening",
             "1 while the listen port accepts connections; 0 while it does not (paused under "
@@ -471,6 +477,7 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         """Read the open connections and requests in progress from the server's shedder."""
         self.http_connections.set_function(lambda: shedder.connections)
         self.http_in_progress.set_function(lambda: shedder.in_progress)
+        self.http_in_progress_limit.set_function(lambda: shedder.limit)
 
     def watch_listener(self, stats: ListenerStats) -> None:
         """Read the listen port's state and pauses from its site (read at scrape)."""

@@ -17,6 +17,12 @@ filter do:
   ``clamp(tolerance * baseline / latency, 0.5, 1)``: ``limit * gradient + sqrt(limit)``,
   smoothed. Latency within ``tolerance`` of the baseline grows the limit by about its square
   root; latency far above it shrinks the limit by up to half;
+* a **floor from Little's law**: the limit never goes below the namespace's recent peak
+  delivery rate (requests stored a second, decaying by ``rate_decay`` a window) times
+  ``target_latency``: what it takes to keep storing at that rate with that latency (a
+  push-back resets the peak to the rate of its window). A
+  gateway short of CPU runs every await late, which the gradient may take for the broker
+  slowing down; the floor keeps it from throttling below what the namespace is storing;
 * a **drop** — the broker said it is busy, a timeout, a quota error, or a request that found
   no sender free by its admission deadline — cuts the limit at once by ``backoff``
   (multiplicative decrease), at most once per window so one failed batch of many requests is
@@ -55,6 +61,8 @@ class LimiterConfig:
     window: float = 0.1  # seconds per measurement window
     min_samples: int = 5  # samples a window needs before it counts
     baseline_windows: int = 100  # windows the baseline averages over (~10 s at 0.1 s)
+    target_latency: float = 0.05  # Little's law floor: peak delivery rate x this (0: none)
+    rate_decay: float = 0.995  # the peak rate's share kept each window (halved in ~14 s)
 
 
 class GradientLimiter:
@@ -65,14 +73,17 @@ class GradientLimiter:
         "_clock",
         "_config",
         "_dropped",
+        "_floor",
         "_limit",
         "_peak",
         "_samples",
         "_started",
+        "_stored",
         "_sum",
         "baseline",
         "in_flight",
         "last_latency",
+        "peak_rate",
         "refused",
     )
 
@@ -89,11 +100,17 @@ class GradientLimiter:
         self._sum = 0.0
         self._peak = 0  # the most requests in flight during this window
         self._dropped = False
+        self._stored = 0  # requests stored during this window (every latency sample)
+        self.peak_rate = 0.0  # requests stored a second: the recent peak (Little's floor)
+        self._floor = 0  # peak_rate x target_latency; kept apart so the gradient's own limit
+        # (which the idle rule compares the in-flight peak with) is not raised by it
 
     @property
     def limit(self) -> int:
-        """Requests this namespace may hold now."""
-        return int(self._limit)
+        """Requests this namespace may hold now: the gradient's limit, or Little's floor
+        when that is higher."""
+        limit = int(self._limit)
+        return limit if limit >= self._floor else self._floor
 
     @property
     def config(self) -> LimiterConfig:
@@ -101,7 +118,7 @@ class GradientLimiter:
 
     def try_acquire(self) -> bool:
         """Admit one request (True), or refuse it at the limit (False, counted)."""
-        if self.in_flight >= int(self._limit):
+        if self.in_flight >= self.limit:
             self.refused += 1
             return False
         self.in_flight += 1
@@ -119,6 +136,7 @@ class GradientLimiter:
         elif latency is not None:
             self._samples += 1
             self._sum += latency
+            self._stored += 1
         self._maybe_update()
 
     def _maybe_update(self) -> None:
@@ -128,11 +146,16 @@ class GradientLimiter:
             return
         if not self._dropped and self._samples < cfg.min_samples:
             return  # too few samples yet: keep the window open
+        rate = self._stored / (now - self._started)
+        # A push-back says the namespace takes no more than it stores now: the peak is that.
+        self.peak_rate = rate if self._dropped else max(rate, self.peak_rate * cfg.rate_decay)
         if self._dropped:
             self._limit = max(cfg.minimum, self._limit * cfg.backoff)
         else:
             self._adjust(self._sum / self._samples)
+        self._floor = int(min(float(cfg.maximum), self.peak_rate * cfg.target_latency))
         self._started = now
+        self._stored = 0
         self._samples = 0
         self._sum = 0.0
         self._peak = self.in_flight

@@ -53,8 +53,9 @@ class ShedSite(web.TCPSite):
     * while the runner's shedder says so (`pause` / `resume`: the connection cap, a
       lagging loop);
     * for `QUEUE_PAUSE` when more than `MAX_ACCEPT_QUEUE` connections wait in the kernel's
-      accept queue at two looks in a row (every `QUEUE_CHECK`; Linux only, where
-      ``TCP_INFO`` on a listening socket gives its queue): the loop accepts them slower
+      accept queue at two looks in a row, the second no shorter than the first (every
+      `QUEUE_CHECK`; Linux only, where ``TCP_INFO`` on a listening socket gives its
+      queue): the loop accepts them slower
       than they come (measured: uvloop accepts a few per loop turn when the loop is busy),
       and each would wait there, unseen by any cap, until its client gave up.
 
@@ -96,7 +97,7 @@ class ShedSite(web.TCPSite):
         self._stopped = False
         self._check: asyncio.TimerHandle | None = None
         self._wake: asyncio.TimerHandle | None = None
-        self._was_long = False  # the accept queue was over the bound at the last look
+        self._was_long = 0  # the accept queue at the last look, when over the bound (else 0)
         self._pause_reason: PauseReason = "connections"  # the shedder's, while it pauses
         self._paused_at: float | None = None  # loop time the current pause began
         self._began: PauseReason = "connections"  # the current pause's reason
@@ -169,13 +170,14 @@ class ShedSite(web.TCPSite):
         loop = asyncio.get_running_loop()
         self._check = loop.call_later(QUEUE_CHECK, self._look)
         try:
-            long = self._server is not None and self.accept_queue() > MAX_ACCEPT_QUEUE
+            queue = self.accept_queue() if self._server is not None else 0
         except OSError:  # a socket closed under us: look again next time
-            long = False
-        # Over the bound at two looks in a row: a burst of connects the loop is still
-        # accepting (a client opening its pool) is not a backlog.
-        long, self._was_long = long and self._was_long, long
-        if long:
+            queue = 0
+        # Over the bound at two looks in a row, and no shorter at the second: a burst of
+        # connects the loop is still accepting (a client opening its pool, a load
+        # generator opening thousands at once) drains between looks, and is not a backlog.
+        before, self._was_long = self._was_long, queue if queue > MAX_ACCEPT_QUEUE else 0
+        if before and queue >= before:
             self._quiet_until = loop.time() + QUEUE_PAUSE
             if self._wake is not None:
                 self._wake.cancel()

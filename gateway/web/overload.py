@@ -21,13 +21,26 @@ act before any of the request's own work:
   queue (`gateway.web.listener.ShedSite`): measured, uvloop accepts only a few
   connections per turn of a busy loop, so without these two the excess waits in the
   accept queue and in SYN retransmits, where no cap sees it.
-* **Requests in progress** (``http.max_requests_in_progress``): a request whose head
-  completes while that many handlers run is answered ``503 overloaded`` before its body is
-  read or its token checked, and its connection is closed (the unread body is not worth
-  reading). This is uvicorn's ``limit_concurrency``.
-* **Head wait** (``http.max_head_wait``): a request whose complete head waited longer than
-  that for its handler (the event loop is behind) gets the same answer: by the time it
-  would be served its client is likely to have given up, and serving it delays the rest.
+* **Requests in progress** (``http.max_requests_in_progress``, or the adaptive limit below
+  when it is lower): each request is counted as its head is parsed, in the connection's
+  ``data_received`` (`gateway.web.shedding`), so a burst of heads parsed in one turn of the
+  loop is counted before any of their handlers runs. A head that arrives at the limit is
+  refused there, before a request object, a task or a handler exists: when its connection is
+  idle and its body already in, pre-encoded ``503 overloaded`` bytes are written at once and
+  the connection stays open (the client's next request is read as usual); otherwise (a body
+  still arriving, a pipelined request behind another) it is answered ``503`` before its body
+  is read or its token checked, and its connection is closed (the unread body is not worth
+  reading). This is uvicorn's ``limit_concurrency``, at the cheapest point.
+* **The adaptive limit** (with ``limits.adaptive_admission``, docs/admission.md): the
+  in-progress limit is the sum of the namespaces' adaptive limits (`gateway.core.limiter`,
+  set from the broker's measured latency), floored by Little's law, requests in progress =
+  rate x latency: the rate this process completes requests (its recent peak: what it can
+  do) times the latency it aims at, `TARGET_LATENCY`, or the namespaces' learned send
+  latency times ``adaptive_tolerance`` when the broker is slower than that (so the floor
+  rises with the broker's latency and the throughput is kept). The floor keeps a limiter
+  that mistakes the gateway's own slowness for the broker's from throttling below what is
+  being delivered. Never below `MIN_LIMIT`, never above ``http.max_requests_in_progress``.
+  With it off the limit is that cap.
 
 Probes, metrics and the admin API are never shed by the request caps (nor counted): a
 liveness probe answered 503 under load would have Kubernetes restart a replica that is
@@ -48,6 +61,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
@@ -83,6 +97,15 @@ MAX_LOOP_LAG: Final = 0.25
 # A paused listener listens again once the connections are a tenth (at least one) under the
 # cap: not at the first close, or it would flap (listen, take a burst, pause) at every close.
 RESUME_SHARE: Final = 0.9
+# The adaptive in-progress limit (Little's law): the completion rate times this latency (half
+# the 2xx p99 the overload goals allow), recomputed every `RATE_WINDOW` seconds; the rate is
+# the recent peak, decaying by `RATE_DECAY` a window (halved in ~8 s) so a slower period
+# lowers it.
+TARGET_LATENCY: Final = 0.05
+RATE_WINDOW: Final = 0.25
+RATE_DECAY: Final = 0.98
+# The adaptive limit never goes under this many requests (a burst after an idle spell).
+MIN_LIMIT: Final = 32
 
 
 class ListenerStats(Protocol):
@@ -118,6 +141,8 @@ class OverloadLimits:
     max_head_wait: float
     retry_after: float
     max_loop_lag: float = 0.0  # the listener pauses while the loop runs this late (0: never)
+    target_latency: float = TARGET_LATENCY  # the latency an adaptive limit aims at
+    tolerance: float = 1.5  # x the namespaces' learned latency, when that is higher
 
 
 class Shedder:
@@ -126,26 +151,46 @@ class Shedder:
     Not thread-safe: the event loop's thread alone calls it (from the protocol)."""
 
     __slots__ = (
+        "_clock",
+        "_completed",
         "_late_before",
         "_limits",
         "_listener",
         "_on_shed",
         "_raw_body",
         "_raw_head",
+        "_raw_head_kept",
         "_resume_at",
+        "_source",
+        "_window_end",
+        "_window_start",
         "connections",
         "in_progress",
         "lagging",
+        "limit",
         "paused",
+        "peak_rate",
     )
 
     def __init__(
-        self, limits: OverloadLimits, on_shed: Callable[[ShedReason], None] | None = None
+        self,
+        limits: OverloadLimits,
+        on_shed: Callable[[ShedReason], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limits = limits
         self._on_shed = on_shed or (lambda _reason: None)
+        self._clock = clock
         self.connections = 0
         self.in_progress = 0
+        # Requests admitted at once now (0: no limit): the cap, or the adaptive limit
+        # (`attach_limit`), recomputed every RATE_WINDOW as requests complete.
+        self.limit = limits.max_requests_in_progress
+        self._source: Callable[[], tuple[int, float | None] | None] | None = None
+        self.peak_rate = 0.0  # requests completed a second: the recent peak
+        self._completed = 0
+        self._window_start = clock()
+        self._window_end = self._window_start + RATE_WINDOW
         self._listener: Listener | None = None
         self.paused = False  # the process is at its connection cap
         self.lagging = False  # the event loop runs later than `max_loop_lag`
@@ -159,6 +204,14 @@ class Shedder:
             b"Content-Length: %d\r\n"
             b"Retry-After: %s\r\n"
             b"Connection: close\r\n" % (len(self._raw_body), self.retry_after.encode())
+        )
+        self._raw_head_kept = b"".join(
+            (
+                b"HTTP/1.1 503 Service Unavailable\r\n"
+                b"Content-Type: application/json\r\n"
+                b"Content-Length: %d\r\n" % len(_IN_PROGRESS_BODY),
+                b"Retry-After: %s\r\n" % self.retry_after.encode(),
+            )
         )
 
     @property
@@ -212,12 +265,61 @@ class Shedder:
         else:
             listener.resume()
 
-    def admit(self, waited: float) -> ShedReason | None:
-        """Whether a request whose head waited `waited` seconds may run now; when it may,
-        it is counted in progress until `done()`."""
+    def attach_limit(self, source: Callable[[], tuple[int, float | None] | None]) -> None:
+        """Set the in-progress limit by Little's law (see the module docstring) from
+        `source`: the sum of the namespaces' adaptive limits and the highest of their learned
+        latencies (None until measured), or None while no namespace has a limiter."""
+        self._source = source
+        self.limit = self._compute_limit()
+
+    def _compute_limit(self) -> int:
         cap = self._limits.max_requests_in_progress
+        got = self._source() if self._source is not None else None
+        if got is None:
+            return cap
+        adaptive, baseline = got
+        target = self._limits.target_latency
+        if baseline is not None and baseline * self._limits.tolerance > target:
+            target = baseline * self._limits.tolerance
+        limit = max(MIN_LIMIT, adaptive, int(self.peak_rate * target))
+        return min(limit, cap) if cap else limit
+
+    def at_limit(self) -> bool:
+        """Whether a request arriving now would be refused (nothing counted)."""
+        limit = self.limit
+        return bool(limit) and self.in_progress >= limit
+
+    def refused(self) -> None:
+        """A request was refused at the limit before it was parsed: counted as shed."""
+        self._on_shed("in_progress")
+
+    def admit_head(self) -> bool:
+        """A request whose head was just parsed: counted in progress (True) until `done()`,
+        or refused at the limit (False, counted as shed: the caller answers 503)."""
+        limit = self.limit
+        if limit and self.in_progress >= limit:
+            self._on_shed("in_progress")
+            return False
+        self.in_progress += 1
+        return True
+
+    def admitted_at_head(self, waited: float) -> ShedReason | None:
+        """A request counted by `admit_head` reaches its handler after `waited` seconds:
+        None, or "head_wait" (counted as shed and no longer in progress: the caller answers
+        503 and does not call `done()`)."""
+        if self._limits.max_head_wait and waited > self._limits.max_head_wait:
+            self.in_progress -= 1
+            self._on_shed("head_wait")
+            return "head_wait"
+        return None
+
+    def admit(self, waited: float) -> ShedReason | None:
+        """Whether a request not counted at its head (`admit_head`), whose head waited
+        `waited` seconds, may run now; when it may, it is counted in progress until
+        `done()`."""
+        limit = self.limit
         reason: ShedReason | None = None
-        if cap and self.in_progress >= cap:
+        if limit and self.in_progress >= limit:
             reason = "in_progress"
         elif self._limits.max_head_wait and waited > self._limits.max_head_wait:
             reason = "head_wait"
@@ -228,12 +330,38 @@ class Shedder:
         return None
 
     def done(self) -> None:
+        """An admitted request is answered (or abandoned): no longer in progress. Every
+        `RATE_WINDOW` the completion rate's peak and the limit are brought up to date."""
         self.in_progress -= 1
+        self._completed += 1
+        now = self._clock()
+        if now >= self._window_end:
+            elapsed = now - self._window_start
+            self.peak_rate = max(self._completed / elapsed, self.peak_rate * RATE_DECAY)
+            self._completed = 0
+            self._window_start = now
+            self._window_end = now + RATE_WINDOW
+            if self._source is not None:
+                self.limit = self._compute_limit()
 
     def raw_503(self) -> bytes:
         """A complete ``503 overloaded`` response that closes the connection, as bytes."""
         request_id = os.urandom(16).hex().encode()
         return self._raw_head + b"X-Request-Id: " + request_id + b"\r\n\r\n" + self._raw_body
+
+    def raw_503_in_progress(self, *, keep_alive: bool) -> bytes:
+        """A complete ``503 overloaded`` response for a request refused at the in-progress
+        limit, as bytes: the connection kept open (`keep_alive`) or closed after it."""
+        request_id = os.urandom(16).hex().encode()
+        return b"".join(
+            (
+                self._raw_head_kept,
+                b"X-Request-Id: ",
+                request_id,
+                b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n",
+                _IN_PROGRESS_BODY,
+            )
+        )
 
 
 def overloaded_body(reason: ShedReason) -> bytes:
@@ -245,3 +373,6 @@ _MESSAGES: Final[dict[ShedReason, str]] = {
     "in_progress": "this replica has too many requests in progress; retry later",
     "head_wait": "this replica is behind: the request waited too long to be served; retry later",
 }
+
+
+_IN_PROGRESS_BODY: Final = overloaded_body("in_progress")

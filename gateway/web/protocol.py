@@ -277,7 +277,7 @@ class HardenedRequestHandler(RequestHandler):
             or exempt(request.path)
         ):
             return await super()._handle_request(request, start_time, request_handler)
-        reason = shedder.admit(self._loop.time() - head_done)
+        reason = self._admit(request, self._loop.time() - head_done)
         if reason is not None:
             self._lingering_time = 0.0  # the body is not read: close right after the answer
             return await super()._handle_request(request, start_time, _shed(reason, shedder))
@@ -285,6 +285,12 @@ class HardenedRequestHandler(RequestHandler):
             return await super()._handle_request(request, start_time, request_handler)
         finally:
             shedder.done()
+
+    def _admit(self, request: BaseRequest, waited: float) -> ShedReason | None:
+        """The shedder's decision for `request`, whose head waited `waited` seconds (a hook:
+        `gateway.web.shedding` counts requests as their heads arrive)."""
+        assert self._shedder is not None
+        return self._shedder.admit(waited)
 
     # -- errors aiohttp answers itself --------------------------------------------------
 

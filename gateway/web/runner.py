@@ -1,8 +1,9 @@
 """The runners that serve the gateway's apps with `gateway.web.protocol`'s connections.
 
-`HardenedAppRunner` serves the main app (with the shedder: `gateway.web.overload`),
-`ProbeRunner` the probe port's (no shedding). Both replace the server aiohttp builds for the
-app by one whose connections are `HardenedRequestHandler`s.
+`HardenedAppRunner` serves the main app (with the shedder: `gateway.web.overload`, its
+connections `gateway.web.shedding`'s, which admit each request at its head), `ProbeRunner`
+the probe port's (no shedding, `HardenedRequestHandler`s). Both replace the server aiohttp
+builds for the app.
 
 **aiohttp's private names used here** (guarded by tests/security/test_aiohttp_privates.py):
 `AppRunner._make_server`, overridden (called by `BaseRunner.setup`, after the app's start-up).
@@ -10,6 +11,7 @@ app by one whose connections are `HardenedRequestHandler`s.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -21,8 +23,10 @@ from gateway.web.overload import (
     Shedder,
 )
 from gateway.web.protocol import Deadlines, HardenedServer, handler_kwargs
+from gateway.web.shedding import ShedServer
 
 if TYPE_CHECKING:
+    from gateway.core.dispatcher import Dispatcher
     from gateway.core.looplag import LoopLag
     from gateway.web.observer import EdgeObserver
 
@@ -34,10 +38,21 @@ class HardenedAppRunner(web.AppRunner):
     `gateway.app.edge_runner` builds it for the gateway's app). `observer` hears the
     shedder's and the listener's figures (the app's metrics); `loop_lag` is the app key of
     the event loop's measured delay, which exists once the app has started: the shedder
-    samples it. Extra keyword arguments go to `web.AppRunner` and win over
-    `handler_kwargs`."""
+    samples it. `dispatcher` and `clients` are the app keys of the dispatcher and of the
+    namespaces' clients: with adaptive admission on, the shedder's in-progress limit follows
+    the namespaces' adaptive limits (docs/admission.md). Extra keyword arguments go to
+    `web.AppRunner` and win over `handler_kwargs`."""
 
-    __slots__ = ("_deadlines", "_limits", "_loop_lag", "metrics", "shedder")
+    __slots__ = (
+        "_adaptive",
+        "_clients",
+        "_deadlines",
+        "_dispatcher",
+        "_limits",
+        "_loop_lag",
+        "metrics",
+        "shedder",
+    )
 
     def __init__(
         self,
@@ -46,16 +61,22 @@ class HardenedAppRunner(web.AppRunner):
         settings: Settings,
         observer: EdgeObserver | None = None,
         loop_lag: web.AppKey[LoopLag] | None = None,
+        dispatcher: web.AppKey[Dispatcher] | None = None,
+        clients: web.AppKey[Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(app, **{**handler_kwargs(settings), **kwargs})
         self._deadlines = Deadlines.from_settings(settings)
+        self._adaptive = settings.limits.adaptive_admission
+        self._dispatcher = dispatcher
+        self._clients = clients
         self._limits = OverloadLimits(
             max_connections=settings.http.max_connections,
             max_requests_in_progress=settings.http.max_requests_in_progress,
             max_head_wait=settings.http.max_head_wait,
             retry_after=settings.timeouts.retry_after,
             max_loop_lag=MAX_LOOP_LAG,
+            tolerance=settings.limits.adaptive_tolerance,
         )
         self.shedder: Shedder | None = None
         self.metrics = observer  # ShedSite reports there
@@ -72,7 +93,33 @@ class HardenedAppRunner(web.AppRunner):
             lag = self.app.get(self._loop_lag)
         if lag is not None:
             lag.watch(self.shedder.loop_sampled)
-        return HardenedServer(base, self._deadlines, self.shedder)
+        source = self._adaptive_limit()
+        if source is not None:
+            self.shedder.attach_limit(source)
+        return ShedServer(base, self._deadlines, self.shedder)
+
+    def _adaptive_limit(self) -> Callable[[], tuple[int, float | None] | None] | None:
+        """The sum of the namespaces' adaptive limits and the highest of their learned
+        latencies (None before any limiter exists), when adaptive admission is on and the
+        app has a dispatcher."""
+        app = self.app
+        if not self._adaptive or self._dispatcher is None or not isinstance(app, web.Application):
+            return None
+        dispatcher = app.get(self._dispatcher)
+        clients = app.get(self._clients) if self._clients is not None else None
+        names = tuple(clients) if clients is not None else ()
+        if dispatcher is None or not names:
+            return None
+
+        def total() -> tuple[int, float | None] | None:
+            limiters = [dispatcher.limiter(name) for name in names]
+            present = [limiter for limiter in limiters if limiter is not None]
+            if not present:
+                return None
+            baselines = [lim.baseline for lim in present if lim.baseline is not None]
+            return sum(lim.limit for lim in present), max(baselines, default=None)
+
+        return total
 
 
 class ProbeRunner(web.AppRunner):

@@ -218,3 +218,30 @@ async def test_the_loop_s_own_lag_is_left_out_of_the_samples(late: float, baseli
         assert limiter is not None and limiter.baseline == pytest.approx(baseline)
     finally:
         await d.close(grace=1)
+
+
+def test_the_limit_never_falls_below_littles_law_floor_and_a_pushback_resets_it() -> None:
+    # Target 0.5 s so the floor shows: 40 requests stored per 0.1 s window is 400 a second,
+    # which at 0.5 s each takes 200 in flight.
+    lim, clock = _limiter(target_latency=0.5)
+
+    def steady(latency: float) -> None:
+        # 40 held and released one at a time across the window (a steady 400 a second).
+        for _ in range(40):
+            assert lim.try_acquire()
+        for _ in range(40):
+            clock.now += lim.config.window / 40
+            lim.release(latency)
+
+    steady(0.01)
+    assert lim.peak_rate == pytest.approx(400.0)
+    assert lim.limit == int(lim.peak_rate * 0.5) >= 199
+    # The latency rises tenfold: the gradient would cut, the floor holds (decaying slowly).
+    for _ in range(10):
+        steady(0.1)
+    assert lim.limit == int(lim.peak_rate * 0.5) > 150
+    before = lim.peak_rate
+    # The broker pushes back: the rate of the window it ended in is the peak now.
+    _pushback(lim, clock)
+    assert lim.peak_rate < before / 2
+    assert lim.limit < 150

@@ -3,10 +3,12 @@ tests/security/test_shedding.py)."""
 
 from __future__ import annotations
 
+import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.web.overload import OverloadLimits, PauseReason, Shedder, ShedReason
+from gateway.web.overload import MIN_LIMIT, OverloadLimits, PauseReason, Shedder, ShedReason
 
 
 def _shedder(
@@ -140,3 +142,68 @@ def test_the_listener_stays_paused_while_either_rule_holds() -> None:
     assert listener.calls[-1] == "pause"
     shedder.connection_closed()
     assert listener.calls[-1] == "resume"
+
+
+def test_the_adaptive_in_progress_limit_is_floored_by_littles_law_within_its_bounds() -> None:
+    now = [0.0]
+    shed: list[ShedReason] = []
+    limits = OverloadLimits(0, 1000, 1.0, retry_after=1.0, target_latency=0.05, tolerance=1.5)
+    shedder = Shedder(limits, shed.append, clock=lambda: now[0])
+    assert shedder.limit == 1000  # no source: the cap
+    source: list[tuple[int, float | None] | None] = [(10, None)]
+    shedder.attach_limit(lambda: source[0])
+    assert shedder.limit == MIN_LIMIT  # nothing completed yet: the floor
+
+    def quarter_second_of(n: int) -> None:
+        # n requests done in a quarter of a second, MIN_LIMIT at a time.
+        for _ in range(n // MIN_LIMIT):
+            for _ in range(MIN_LIMIT):
+                assert shedder.admit_head()
+            now[0] += 0.25 / (n // MIN_LIMIT)
+            for _ in range(MIN_LIMIT):
+                shedder.done()
+
+    quarter_second_of(2048)  # ~8,000 a second
+    assert 7000 < shedder.peak_rate <= 8200
+    assert shedder.limit == int(shedder.peak_rate * 0.05)  # x 50 ms, over the namespaces' 10
+    # The broker is slower: 60 ms learned, x 1.5: the floor rises to keep the rate.
+    source[0] = (10, 0.06)
+    quarter_second_of(2048)
+    assert shedder.limit == int(shedder.peak_rate * 0.06 * 1.5) > 700
+    # The namespaces' limits above the floor are the limit; the cap bounds everything.
+    source[0] = (900, 0.06)
+    quarter_second_of(2048)
+    assert shedder.limit == 900
+    source[0] = (5000, 10.0)
+    quarter_second_of(2048)
+    assert shedder.limit == 1000
+    source[0] = None
+    quarter_second_of(2048)
+    assert shedder.limit == 1000
+
+
+def test_admission_at_the_head_counts_refuses_and_sheds_a_late_handler() -> None:
+    shed: list[ShedReason] = []
+    shedder = Shedder(OverloadLimits(0, 2, 0.5, retry_after=3.0), shed.append)
+    assert shedder.admit_head() and shedder.admit_head()
+    assert not shedder.admit_head()
+    assert shed == ["in_progress"] and shedder.in_progress == 2
+    assert shedder.admitted_at_head(0.1) is None  # in time: still counted
+    assert shedder.admitted_at_head(0.6) == "head_wait"  # late: uncounted, shed
+    assert shedder.in_progress == 1 and shed == ["in_progress", "head_wait"]
+    shedder.done()
+    assert shedder.in_progress == 0
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_the_pre_encoded_503_is_one_complete_response(keep_alive: bool) -> None:
+    shedder = Shedder(OverloadLimits(0, 1, 0.0, retry_after=3.0))
+    raw = shedder.raw_503_in_progress(keep_alive=keep_alive)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 503 Service Unavailable"
+    fields = dict(line.split(b": ", 1) for line in lines[1:])
+    assert fields[b"Retry-After"] == b"3"
+    assert int(fields[b"Content-Length"]) == len(body)
+    assert orjson.loads(body)["error"] == "overloaded"
+    assert (b"Connection" in fields) is not keep_alive

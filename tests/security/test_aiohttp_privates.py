@@ -1,6 +1,7 @@
 """The guard on aiohttp's private code the HTTP edge relies on.
 
-gateway/web/protocol.py subclasses `RequestHandler` and `web.Server`, gateway/web/runner.py
+gateway/web/protocol.py subclasses `RequestHandler` and `web.Server` (and
+gateway/web/shedding.py subclasses those), gateway/web/runner.py
 overrides `AppRunner._make_server`, and gateway/web/listener.py closes and reopens the
 listening socket under a `TCPSite` (their docstrings list each private name they use).
 pyproject.toml bounds aiohttp to the minor release this table was taken on; a change here
@@ -30,6 +31,13 @@ RELIED_ON = {
     "aiohttp.web_protocol.RequestHandler.connection_lost": "df2fe6e95fd04c7c",
     "aiohttp.web_protocol.RequestHandler.force_close": "38d0e1e798e4d3b7",
     "aiohttp.web_protocol._ErrInfo": "0dc0301f961a8bf5",
+    # gateway/web/shedding.py: _keepalive_timeout, _next_keepalive_close_time and
+    # _keepalive_handle (armed by connection_made, re-checked by _process_keepalive),
+    # _parser.message_consumed (the C parser mirrors the Python one), BaseRequest._message
+    "aiohttp.web_protocol.RequestHandler._process_keepalive": "b472e0fb8445ce42",
+    "aiohttp.web_protocol.RequestHandler.connection_made": "44d50b5763b2c7e4",
+    "aiohttp.http_parser.HttpParser.message_consumed": "c86a2f61373da10f",
+    "aiohttp.web_request.BaseRequest.__init__": "dae5bbed7d90f1dd",
     # web.Server: _kwargs, _loop; __call__ builds the protocol (ours replaces it)
     "aiohttp.web_server.Server.__init__": "ceb06418afb91a22",
     "aiohttp.web_server.Server.__call__": "c5700549e688b164",

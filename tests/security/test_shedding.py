@@ -230,6 +230,27 @@ async def test_a_long_accept_queue_closes_the_listener_for_a_while(
     assert await _stored(control) == 1
 
 
+async def test_a_long_accept_queue_that_is_draining_does_not_close_the_listener(
+    broker: BrokerProcess, control: ControlClient
+) -> None:
+    """A burst of connects (a load generator opening its clients at once) is long at one
+    look and shorter at the next, as the loop accepts it: not a backlog, the listener stays
+    open (closing it would reset every connection still queued, for good)."""
+    waiting: list[socket.socket] = []
+    async with serving(broker) as (site, _):
+        address = ("127.0.0.1", site.port)
+        waiting = [socket.create_connection(address) for _ in range(MAX_ACCEPT_QUEUE + 1)]
+        # The previous look saw a longer queue than this one: it is being drained.
+        site._was_long = MAX_ACCEPT_QUEUE + 50
+        site._look()
+        assert site.listening
+        assert site.pauses("accept_queue") == 0
+        await served(site.port)
+    for sock in waiting:
+        sock.close()
+    assert await _stored(control) == 1
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize(
     ("path", "is_exempt"),
