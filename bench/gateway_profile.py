@@ -111,7 +111,7 @@ def _build(parts: set[str]) -> tuple[web.AppRunner, Callable[[], None]]:
             return None
 
         metrics: Any = app[EDGE].observer
-        metrics.request_answered = metrics.messages_accepted = _noop
+        metrics.request_answered = _noop
     runner: web.AppRunner
     if "runner" in parts:
         runner = web.AppRunner(app, access_log=None)
