@@ -8,7 +8,6 @@ Nothing here knows the Service Bus SDK: handlers parse the REST format into
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 
@@ -70,7 +69,7 @@ def request_id_of(request: web.Request) -> str:
 def _assign_request_id(request: web.Request) -> str:
     rid = request.headers.get("X-Request-Id") or ""
     if not rid or len(rid) > 128 or not rid.isascii() or not rid.isprintable():
-        rid = os.urandom(16).hex()  # as uuid4().hex, at a quarter of the cost
+        rid = rest.random_id()
     request[REQUEST_ID] = rid
     return rid
 
