@@ -1,0 +1,49 @@
+"""Every route is registered inside the edge's frame (`handlers.edge`: request id, path
+guard, Host check, errors as JSON, drain), so that the serving app needs no aiohttp
+middleware; the apps where aiohttp may answer by itself (the syphon's, the probe port's)
+keep the edge middleware for that. A route added without `edge` fails here."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+
+from gateway.web.handlers import edge, edge_middleware
+from gateway.web.probes import probe_app
+from tests.gateway.test_app import Journal, build
+
+pytestmark = pytest.mark.unit
+
+
+def _unframed(app: web.Application) -> list[str]:
+    return [
+        f"{route.method} {route.resource.canonical if route.resource else '?'}"
+        for route in app.router.routes()
+        if not getattr(route.handler, "sbgate_edged", False)
+    ]
+
+
+def test_every_route_of_the_serving_app_is_in_the_edge_frame_and_there_is_no_middleware():
+    app = build({}, Journal())
+    assert len(list(app.router.routes())) > 8
+    assert _unframed(app) == []
+    assert list(app.middlewares) == []  # tracing off: aiohttp skips its middleware chain
+
+
+def test_the_syphons_app_and_the_probe_port_keep_the_middleware_for_aiohttps_own_answers():
+    syphon = build({}, Journal(), mode="syphon")
+    assert _unframed(syphon) == []
+    assert list(syphon.middlewares) == [edge_middleware]
+    probes = probe_app(build({}, Journal()))
+    assert _unframed(probes) == []
+    assert list(probes.middlewares) == [edge_middleware]
+
+
+def test_the_frame_keeps_the_handlers_name_and_the_handler_itself():
+    async def list_things(request: web.Request) -> web.StreamResponse:
+        """Doc."""
+        return web.Response()
+
+    framed = edge(list_things)
+    assert framed.__name__ == "list_things" and framed.__doc__ == "Doc."
+    assert framed.__wrapped__ is list_things  # type: ignore[attr-defined]
