@@ -47,3 +47,34 @@ def test_the_frame_keeps_the_handlers_name_and_the_handler_itself():
     framed = edge(list_things)
     assert framed.__name__ == "list_things" and framed.__doc__ == "Doc."
     assert framed.__wrapped__ is list_things  # type: ignore[attr-defined]
+
+
+def _refusal(raw_path: str) -> str | None:
+    """What the path guard says of `raw_path`, as its rules read one by one."""
+    path = raw_path.split("?", 1)[0]
+    if "%" in path:
+        return "percent-encoded characters are not allowed in the path"
+    if any(seg in {".", ".."} for seg in path.split("/")):
+        return "'.' and '..' segments are not allowed in the path"
+    if "//" in path:
+        return "empty path segments are not allowed"
+    return None
+
+
+def test_the_path_guards_one_regex_pass_lets_through_exactly_what_its_rules_do():
+    """`_raw_path_ok` screens a path with one regex and reads the rules only for a suspect
+    one: every path of up to six pieces gets the same answer as the rules alone."""
+    from itertools import product
+
+    from gateway.errors import InvalidEntityPath
+    from gateway.web.handlers import _raw_path_ok
+
+    for n in range(1, 7):
+        for pieces in product(["/", ".", "..", "%", "a", "?"], repeat=n):
+            path = "".join(pieces)
+            try:
+                _raw_path_ok(path)
+                said = None
+            except InvalidEntityPath as err:
+                said = err.message
+            assert said == _refusal(path), path
