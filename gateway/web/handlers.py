@@ -465,7 +465,7 @@ async def _allowed_methods(request: web.Request) -> str:
     """The methods the app's other routes accept on this path, as an ``Allow`` value."""
     methods: set[str] = set()
     for resource in request.app.router.resources():
-        if any(route.handler is _REFUSE for route in resource):
+        if any(route.handler in (_REFUSE, _NOT_FOUND) for route in resource):
             continue
         _match, allowed = await resource.resolve(request)
         methods |= allowed
@@ -481,7 +481,15 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(f"/{{name:.+}}/{_MESSAGES}", message_route)
 
 
+async def not_found(request: web.Request) -> web.StreamResponse:
+    """404 for a path no other route matches: one with a line feed in it (``.`` in the
+    catch-all's pattern does not match one). aiohttp would answer it itself, outside any
+    route's edge frame; this answers the same inside it (JSON, ``X-Request-Id``)."""
+    raise web.HTTPNotFound()
+
+
 _REFUSE = edge(not_ingestion)
+_NOT_FOUND = edge(not_found)
 
 
 def add_not_ingestion_routes(app: web.Application) -> None:
@@ -489,6 +497,7 @@ def add_not_ingestion_routes(app: web.Application) -> None:
     app.router.add_route("*", f"/{{name:.+}}/{_MESSAGES}/{_HEAD}", _REFUSE)
     app.router.add_route("*", f"/{{name:.+}}/{_MESSAGES}/{{id}}/{{lock}}", _REFUSE)
     app.router.add_route("*", "/{name:.*}", _REFUSE)
+    app.router.add_route("*", r"/{name:[\s\S]*}", _NOT_FOUND)
 
 
 __all__ = [

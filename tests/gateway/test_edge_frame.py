@@ -5,14 +5,15 @@ keep the edge middleware for that. A route added without `edge` fails here."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from aiohttp import web
 
 from gateway.web.handlers import edge, edge_middleware
 from gateway.web.probes import probe_app
+from tests.conftest import GatewayFactory
 from tests.gateway.test_app import Journal, build
-
-pytestmark = pytest.mark.unit
+from tests.support.http import exchange
 
 
 def _unframed(app: web.Application) -> list[str]:
@@ -23,6 +24,7 @@ def _unframed(app: web.Application) -> list[str]:
     ]
 
 
+@pytest.mark.unit
 def test_every_route_of_the_serving_app_is_in_the_edge_frame_and_there_is_no_middleware():
     app = build({}, Journal())
     assert len(list(app.router.routes())) > 8
@@ -30,6 +32,7 @@ def test_every_route_of_the_serving_app_is_in_the_edge_frame_and_there_is_no_mid
     assert list(app.middlewares) == []  # tracing off: aiohttp skips its middleware chain
 
 
+@pytest.mark.unit
 def test_the_syphons_app_and_the_probe_port_keep_the_middleware_for_aiohttps_own_answers():
     syphon = build({}, Journal(), mode="syphon")
     assert _unframed(syphon) == []
@@ -39,6 +42,7 @@ def test_the_syphons_app_and_the_probe_port_keep_the_middleware_for_aiohttps_own
     assert list(probes.middlewares) == [edge_middleware]
 
 
+@pytest.mark.unit
 def test_the_frame_keeps_the_handlers_name_and_the_handler_itself():
     async def list_things(request: web.Request) -> web.StreamResponse:
         """Doc."""
@@ -61,6 +65,7 @@ def _refusal(raw_path: str) -> str | None:
     return None
 
 
+@pytest.mark.unit
 def test_the_path_guards_one_regex_pass_lets_through_exactly_what_its_rules_do():
     """`_raw_path_ok` screens a path with one regex and reads the rules only for a suspect
     one: every path of up to six pieces gets the same answer as the rules alone."""
@@ -78,3 +83,23 @@ def test_the_path_guards_one_regex_pass_lets_through_exactly_what_its_rules_do()
             except InvalidEntityPath as err:
                 said = err.message
             assert said == _refusal(path), path
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("method", "target"),
+    [("POST", "/queues/a%0Ab/messages"), ("GET", "/x%0A"), ("DELETE", "/%0A/%0A")],
+)
+async def test_a_path_no_route_matches_is_still_answered_inside_the_edge_frame(
+    gateway: GatewayFactory, method: str, target: str
+):
+    """A line feed in the decoded path matches none of the catch-all's ``.``s: aiohttp would
+    answer 404 in plain text, outside every route. The path guard refuses it first, as JSON
+    with a request id, as it did when the frame was a middleware."""
+    gw = await gateway()
+    raw = f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+    status, headers, body = await exchange(gw.server.port, raw.encode())
+    assert status == 400, body
+    assert headers["content-type"] == "application/json" and headers["x-request-id"]
+    answer = orjson.loads(body)
+    assert answer["error"] == "invalid_entity_path" and "percent-encoded" in answer["message"]
