@@ -286,29 +286,6 @@ def log_outcome(
     if not access_log.enabled(level):
         return
     request_id = outcome.request_id
-    ids = log_ids()
-    if error is None and not outcome.fields and not ids:
-        # The common line (a request stored, no trace ids): serialised value by value, the
-        # same bytes as the dict below gives, without building it (test_access_line.py).
-        values: list[object] = [
-            request_id,
-            outcome.protocol,
-            entity,
-            status,
-            route,
-            [m.message_id for m in messages[:20]],
-            len(messages),
-            round(elapsed * 1000, 3),
-        ]
-        names: tuple[str, ...] = _ACCEPTED_FIELDS
-        if outcome.key_name is not None:
-            values.append(outcome.key_name)
-            names = _ACCEPTED_FIELDS_KEY
-        try:
-            access_log.write_values(level, f"request {request_id} -> {status}", names, values)
-            return
-        except TypeError:  # a value orjson refuses: the dict's path writes it loosely
-            pass
     extra: dict[str, object] = {
         "request_id": request_id,
         "protocol": outcome.protocol,
@@ -328,18 +305,4 @@ def log_outcome(
     if error is not None:
         extra["error"] = error.code
         extra["error_message"] = error.message
-    access_log.write(level, f"request {request_id} -> {status}", extra, ids)  # + trace ids
-
-
-# The fields of an accepted request's access line, in `log_outcome`'s order.
-_ACCEPTED_FIELDS = (
-    "request_id",
-    "protocol",
-    "entity",
-    "status",
-    "route",
-    "message_ids",
-    "messages",
-    "latency_ms",
-)
-_ACCEPTED_FIELDS_KEY = (*_ACCEPTED_FIELDS, "key_name")
+    access_log.write(level, f"request {request_id} -> {status}", extra, log_ids())  # + trace ids

@@ -14,7 +14,7 @@ import datetime as dt
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import IO, Any
 
 import orjson
@@ -78,9 +78,6 @@ ACCESS_LOGGER = "gateway.requests"
 _FLUSH_BYTES = 64 * 1024
 _MILLIS = tuple(f".{ms:03d}+00:00" for ms in range(1000))
 _LEVEL_NAMES = {logging.INFO: "INFO", logging.WARNING: "WARNING", logging.ERROR: "ERROR"}
-_MSG = b'","logger":"' + ACCESS_LOGGER.encode() + b'","msg":'
-# `AccessLog.write_values`' field names, each as its JSON key (after a comma), by name tuple.
-_JSON_KEYS: dict[tuple[str, ...], tuple[bytes, ...]] = {}
 
 
 class AccessLog:
@@ -156,35 +153,6 @@ class AccessLog:
             record = logging.LogRecord(ACCESS_LOGGER, level, "", 0, msg, None, None)
             record.created = now
             data = (_TEXT.format(record) + "\n").encode("utf-8", "backslashreplace")
-        self._buffer(data)
-
-    def write_values(
-        self, level: int, msg: str, names: tuple[str, ...], values: Sequence[Any]
-    ) -> None:
-        """`write` for fields given as `names` and their `values` (in that order), without a
-        dict: the same bytes as `write` gives for ``dict(zip(names, values))``, each value
-        serialised on its own. In text format, `write` (the message alone). Raises
-        orjson's `TypeError` for a value it refuses, before anything is written (then call
-        `write`, which writes such a value loosely)."""
-        if self._fmt != "json":
-            self.write(level, msg, {})
-            return
-        keys = _JSON_KEYS.get(names)
-        if keys is None:
-            keys = _JSON_KEYS[names] = tuple(b',"' + name.encode() + b'":' for name in names)
-        dumps = orjson.dumps
-        parts = [b'{"ts":"', self._iso(time.time()).encode(), b'","level":"']
-        parts += (
-            (_LEVEL_NAMES.get(level) or logging.getLevelName(level)).encode(),
-            _MSG,
-            dumps(msg),
-        )
-        for key, value in zip(keys, values, strict=True):
-            parts += (key, dumps(value))
-        parts.append(b"}\n")
-        self._buffer(b"".join(parts))
-
-    def _buffer(self, data: bytes) -> None:
         self._parts.append(data)
         self._size += len(data)
         if self._size >= _FLUSH_BYTES or self._loop is None:
