@@ -19,7 +19,8 @@ Variants (combine with ``+``, e.g. ``router+metrics``):
 * ``handler`` — the message routes answered by the bare handler (the gateway's frame only);
 * ``router`` — `submit` returns at once (no dispatcher hop);
 * ``metrics`` — the per-request Prometheus metrics are no-ops;
-* ``middlewares`` — no middleware (the gateway has one: path guard, errors, request id);
+* ``middlewares`` — no edge frame (`handlers.edge`, around every route: path guard, errors,
+  request id) and no middleware (the serving app has none with tracing off);
 * ``runner`` — aiohttp's plain `AppRunner` instead of `HardenedAppRunner`;
 * ``info`` — request logging at INFO, the default (the access line on every request);
 * ``auth`` — SAS rules configured, every request with the same token (the verified-token
@@ -96,22 +97,24 @@ def _build(parts: set[str]) -> tuple[web.AppRunner, Callable[[], None]]:
         return web.AppRunner(bare_app(), access_log=None), lambda: None
     app, settings = gateway_app("null")
     from gateway.core.router import Delivery
-    from gateway.web.handlers import EDGE, ROUTER
+    from gateway.web.handlers import EDGE, ROUTER, edge
 
-    if "handler" in parts:
+    if "handler" in parts:  # the bare handler inside the edge's frame
         for resource in app.router.resources():
             for route in resource:
                 if route.method == "POST":
-                    route._handler = _bare_post
-    if "middlewares" in parts:
+                    route._handler = edge(_bare_post)  # type: ignore[assignment]
+    if "middlewares" in parts:  # no edge frame: each route's own handler, unwrapped
         app._middlewares = type(app._middlewares)([])
+        for route in app.router.routes():
+            route._handler = getattr(route._handler, "__wrapped__", route._handler)
     if "metrics" in parts:
 
         def _noop(*args: Any) -> None:
             return None
 
         metrics: Any = app[EDGE].observer
-        metrics.request_answered = metrics.messages_accepted = _noop
+        metrics.request_answered = _noop
     runner: web.AppRunner
     if "runner" in parts:
         runner = web.AppRunner(app, access_log=None)
@@ -206,8 +209,8 @@ LAYERS = (
     ("request task: handle, answer, keep-alive", "aiohttp/web_protocol.py", "_handle_request"),
     ("  app: route, middleware, handler", "aiohttp/web_app.py", "_handle"),
     ("    route resolution", "aiohttp/web_urldispatcher.py", "resolve"),
-    ("    edge middleware (with the handler)", "gateway/web/handlers.py", "edge_middleware"),
-    ("      message route", "gateway/web/handlers.py", "post_messages"),
+    ("    the edge's frame with the message route", "gateway/web/handlers.py", "_send_request"),
+    ("      message route", "gateway/web/handlers.py", "_send"),
     ("        read and parse the request", "gateway/web/handlers.py", "_read_messages"),
     ("          read the body", "gateway/web/handlers.py", "_read_body"),
     ("          build the message", "gateway/web/rest.py", "build_message"),

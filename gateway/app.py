@@ -190,12 +190,16 @@ def create_app(
     tracer = tracer or create_tracer(settings.tracing)
     _name_the_server()
     metrics = metrics or Metrics()
-    # The server span's middleware (tracing on) goes first: it sees every answer.
+    # The server span's middleware (tracing on) goes first: it sees every answer. Every route
+    # is registered inside the edge's frame (`handlers.edge`); the edge middleware is for what
+    # aiohttp answers itself, which only an app without the catch-all route (the syphon's)
+    # lets it do. With tracing off the serving app has no middleware, and aiohttp skips its
+    # middleware chain.
     tracing_middleware = getattr(tracer, "middleware", None)
     app = web.Application(
         middlewares=[
             *([tracing_middleware] if tracing_middleware else []),
-            handlers.edge_middleware,
+            *([handlers.edge_middleware] if mode != "serve" else []),
         ],
         client_max_size=settings.limits.max_body_bytes,
         handler_args={"max_field_size": settings.limits.max_header_bytes},
@@ -266,7 +270,7 @@ def _add_routes(app: web.Application, mode: Mode) -> None:
         add_admin_routes(app)
     else:
         handlers.add_health_routes(app)
-    app.router.add_get("/metrics", _metrics_handler(app[METRICS]))
+    app.router.add_get("/metrics", handlers.edge(_metrics_handler(app[METRICS])))
     add_openapi_route(app, serving=mode == "serve")
     if mode == "serve":
         handlers.add_not_ingestion_routes(app)  # last: it answers every other path

@@ -43,13 +43,19 @@ class IngestObserver:
     def admission_refused(self) -> None:
         """A request was answered 503: no room freed up within ``admission_timeout``."""
 
-    def messages_accepted(self, entity: str, route: str, n: int) -> None:
-        """`n` messages of one request were accepted (202/201) by `route`."""
-
     def request_answered(
-        self, entity: str, status: int, route: str, seconds: float, protocol: str = "http"
+        self,
+        entity: str,
+        status: int,
+        route: str,
+        seconds: float,
+        protocol: str = "http",
+        messages: int = 0,
     ) -> None:
-        """A send request was answered `status` after `seconds`, over `protocol`."""
+        """A send request was answered `status` after `seconds`, over `protocol`: accepted by
+        `route` (``primary`` or ``backlog``) with its `messages`, or refused (route
+        ``none``, no messages). One call per request: the metrics count it as plain
+        numbers, exported at scrape time."""
 
     def amqp_put_token(self, result: str) -> None:
         """A `$cbs` put-token was ``granted`` or ``refused`` (gateway.amqp)."""
@@ -211,16 +217,17 @@ def record_outcome(
     until they were read within the limits (nothing to put in the ledger before that)."""
     elapsed = time.perf_counter() - started
     observer = state.observer
+    accepted = 0
     if isinstance(result, GatewayError):
         status, route, error = result.status, "none", result
         if isinstance(result, Saturated):
             observer.admission_refused()
     else:
         status, route, error = result.status, result.route, None
-        observer.messages_accepted(entity, route, len(messages))
+        accepted = len(messages)
     if messages and state.ledger.enabled:
         _emit_ledger(state.ledger, entity, messages, result, elapsed)
-    observer.request_answered(entity, status, route, elapsed, outcome.protocol)
+    observer.request_answered(entity, status, route, elapsed, outcome.protocol, accepted)
     log_outcome(state.access_log, outcome, entity, status, route, messages, elapsed, error)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import platform
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import (
@@ -25,8 +26,9 @@ from prometheus_client import (
     Info,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from gateway import __version__
 from gateway.core.dispatcher import DispatchObserver
@@ -76,37 +78,21 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self._syphon(self.registry)
         self._sessions(self.registry)
         self._health(self.registry)
-        # Labelled children of the per-request metrics, looked up once per label set (the
-        # sets are bounded: declared entities and "_unknown" x status codes x routes).
-        self._answered: dict[tuple[str, int, str, str], tuple[Counter, Histogram]] = {}
-        self._accepted: dict[tuple[str, str], Counter] = {}
         self._fenced: dict[str, set[str]] = {}  # entity -> fenced sessions (the gauge)
 
     def _requests(self, r: CollectorRegistry) -> None:
         """Build information, and what each message request was answered."""
         self.build_info = Info("sbgate_build", "Version of the running gateway.", registry=r)
         self.build_info.info({"version": __version__, "python": platform.python_version()})
-        self.http_requests = Counter(
-            "sbgate_http_requests_total",
-            "Send requests answered, by entity, status code, route and protocol (`http`, or "
-            "`amqp`: one per delivery, with the status code an HTTP request would have had).",
-            ["entity", "status", "route", "protocol"],
-            registry=r,
-        )
-        self.http_duration = Histogram(
-            "sbgate_http_request_duration_seconds",
-            "Time from request received to answer, for message requests (an AMQP delivery: "
-            "from its last frame to its settlement), by route and protocol.",
-            ["route", "protocol"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.messages = Counter(
-            "sbgate_messages_total",
-            "Messages accepted (stored by Service Bus), by entity and route.",
-            ["entity", "route"],
-            registry=r,
-        )
+        # The per-request series are plain numbers, counted on the event loop and exported
+        # at scrape time (`_RequestTable`): a request costs a dict lookup and a few integer
+        # additions instead of four locked prometheus_client updates.
+        self.requests_table = _RequestTable()
+        self.http_requests = _AnsweredCollector(self.requests_table)
+        self.http_duration = _DurationCollector(self.requests_table)
+        self.messages = _MessagesCollector(self.requests_table)
+        for collector in (self.http_requests, self.http_duration, self.messages):
+            r.register(collector)
 
     def _sending(self, r: CollectorRegistry) -> None:
         """Broker send operations, and admission (waiting for room to send)."""
@@ -448,24 +434,15 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
 
     # Every edge, once per request (gateway.ingest)
     def request_answered(
-        self, entity: str, status: int, route: str, seconds: float, protocol: str = "http"
+        self,
+        entity: str,
+        status: int,
+        route: str,
+        seconds: float,
+        protocol: str = "http",
+        messages: int = 0,
     ) -> None:
-        key = (entity, status, route, protocol)
-        children = self._answered.get(key)
-        if children is None:
-            children = (
-                self.http_requests.labels(entity, str(status), route, protocol),
-                self.http_duration.labels(route, protocol),
-            )
-            self._answered[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
-
-    def messages_accepted(self, entity: str, route: str, n: int) -> None:
-        child = self._accepted.get((entity, route))
-        if child is None:
-            child = self._accepted[(entity, route)] = self.messages.labels(entity, route)
-        child.inc(n)
+        self.requests_table.count(entity, status, route, seconds, protocol, messages)
 
     def shed(self, reason: ShedReason) -> None:
         self.http_shed.labels(reason).inc()
@@ -676,3 +653,140 @@ class _LedgerCollector(Collector):
         yield GaugeMetricFamily(
             "sbgate_ledger_queue_depth", "Ledger events buffered in memory.", value=lg.queue_depth
         )
+
+
+# -- the per-request series: plain numbers, exported at scrape time ----------------------------
+
+_REQUESTS_DOC = (
+    "Send requests answered, by entity, status code, route and protocol (`http`, or `amqp`: "
+    "one per delivery, with the status code an HTTP request would have had)."
+)
+_DURATION_DOC = (
+    "Time from request received to answer, for message requests (an AMQP delivery: from its "
+    "last frame to its settlement), by route and protocol."
+)
+_MESSAGES_DOC = "Messages accepted (stored by Service Bus), by entity and route."
+# The buckets' upper bounds, +Inf last, and their `le` labels as prometheus_client writes them.
+_LATENCY_BOUNDS = (*(float(b) for b in _LATENCY_BUCKETS), math.inf)
+_LATENCY_LE = tuple(floatToGoString(b) for b in _LATENCY_BOUNDS)  # type: ignore[no-untyped-call]
+
+
+class _Timing:
+    """One series of the duration histogram: a count per bucket (not cumulative) and the sum."""
+
+    __slots__ = ("buckets", "sum")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * len(_LATENCY_BOUNDS)
+        self.sum = 0.0
+
+
+class _Answered:
+    """One label set of `sbgate_http_requests_total`: its count, the messages its requests
+    had accepted, and the duration series (route, protocol) it also counts in."""
+
+    __slots__ = ("count", "messages", "timing")
+
+    def __init__(self, timing: _Timing) -> None:
+        self.count = 0
+        self.messages = 0
+        self.timing = timing
+
+
+class _RequestTable:
+    """The numbers behind `sbgate_http_requests_total`, `sbgate_http_request_duration_seconds`
+    and `sbgate_messages_total`, counted once per request on the event loop and read by the
+    collectors below at scrape time (in a worker thread: `gateway.app`).
+
+    The values are those prometheus_client's `Counter` and `Histogram` would hold for the same
+    calls, series for series and in the same order (tests/gateway/test_metrics_table.py holds
+    the exposition to theirs): a request's duration goes to the first bucket whose bound is
+    not below it, and each series' sum adds its durations in the order they came. A scrape
+    copies each container with one C-level call (`list(...)`), which no other thread can
+    interleave with under the GIL; a count read a moment early is what any scrape sees."""
+
+    __slots__ = ("answered", "timings")
+
+    def __init__(self) -> None:
+        # The label sets are bounded: declared entities and "_unknown" x status codes x routes
+        # x protocols; insertion order is the series' order.
+        self.answered: dict[tuple[str, int, str, str], _Answered] = {}
+        self.timings: dict[tuple[str, str], _Timing] = {}
+
+    def count(
+        self, entity: str, status: int, route: str, seconds: float, protocol: str, messages: int
+    ) -> None:
+        """One request answered `status` after `seconds`; `messages` of them accepted (a
+        refusal's route is ``none``, and it adds no `sbgate_messages_total` series)."""
+        row = self.answered.get((entity, status, route, protocol))
+        if row is None:
+            row = self._new(entity, status, route, protocol)
+        row.count += 1
+        row.messages += messages
+        timing = row.timing
+        timing.buckets[bisect_left(_LATENCY_BOUNDS, seconds)] += 1
+        timing.sum += seconds
+
+    def _new(self, entity: str, status: int, route: str, protocol: str) -> _Answered:
+        timing = self.timings.get((route, protocol))
+        if timing is None:
+            timing = self.timings[(route, protocol)] = _Timing()
+        row = self.answered[(entity, status, route, protocol)] = _Answered(timing)
+        return row
+
+
+class _AnsweredCollector(Collector):
+    """`sbgate_http_requests_total`, from the `_RequestTable`."""
+
+    _name = "sbgate_http_requests"  # read by tests/support/doc_tables.py, with _labelnames
+    _labelnames = ("entity", "status", "route", "protocol")
+
+    def __init__(self, table: _RequestTable) -> None:
+        self._table = table
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, _REQUESTS_DOC, labels=self._labelnames)
+        for (entity, status, route, protocol), row in list(self._table.answered.items()):
+            family.add_metric([entity, str(status), route, protocol], row.count)
+        yield family
+
+
+class _DurationCollector(Collector):
+    """`sbgate_http_request_duration_seconds`, from the `_RequestTable`."""
+
+    _name = "sbgate_http_request_duration_seconds"
+    _labelnames = ("route", "protocol")
+
+    def __init__(self, table: _RequestTable) -> None:
+        self._table = table
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, _DURATION_DOC, labels=self._labelnames)
+        for (route, protocol), timing in list(self._table.timings.items()):
+            total = timing.sum
+            cumulative, acc = [], 0
+            for le, n in zip(_LATENCY_LE, list(timing.buckets), strict=True):
+                acc += n
+                cumulative.append((le, acc))
+            family.add_metric([route, protocol], cumulative, total)
+        yield family
+
+
+class _MessagesCollector(Collector):
+    """`sbgate_messages_total`: the accepted requests' messages, by entity and route."""
+
+    _name = "sbgate_messages"
+    _labelnames = ("entity", "route")
+
+    def __init__(self, table: _RequestTable) -> None:
+        self._table = table
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, _MESSAGES_DOC, labels=self._labelnames)
+        sums: dict[tuple[str, str], int] = {}
+        for (entity, _status, route, _protocol), row in list(self._table.answered.items()):
+            if route != "none":  # a refusal: nothing accepted
+                sums[(entity, route)] = sums.get((entity, route), 0) + row.messages
+        for labels, n in sums.items():
+            family.add_metric(list(labels), n)
+        yield family

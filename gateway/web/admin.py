@@ -19,7 +19,7 @@ from gateway.entitypath import validate_entity_path
 from gateway.errors import GatewayError
 from gateway.state.base import EntityState
 from gateway.web.auth import PRINCIPAL, authorize
-from gateway.web.handlers import EDGE, json_response
+from gateway.web.handlers import EDGE, edge, json_response
 
 
 class FailoverNotConfigured(GatewayError):
@@ -102,6 +102,6 @@ def _answer(st: EntityState) -> dict[str, Any]:
 
 def add_admin_routes(app: web.Application) -> None:
     # Registered before the catch-all message routes would match "/admin/.../messages".
-    app.router.add_get("/admin/entities", list_entities)
-    app.router.add_post("/admin/entities/{entity:.+}/healthy", mark_healthy)
-    app.router.add_post("/admin/entities/{entity:.+}/failover", force_failover)
+    app.router.add_get("/admin/entities", edge(list_entities))
+    app.router.add_post("/admin/entities/{entity:.+}/healthy", edge(mark_healthy))
+    app.router.add_post("/admin/entities/{entity:.+}/failover", edge(force_failover))

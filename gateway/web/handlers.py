@@ -7,8 +7,9 @@ Nothing here knows the Service Bus SDK: handlers parse the REST format into
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -33,7 +34,7 @@ from gateway.ingest import EdgeState, Lifecycle, Outcome, ingest
 from gateway.logs import AccessLog
 from gateway.tracing import request_properties
 from gateway.web import rest
-from gateway.web.auth import PRINCIPAL, authorize
+from gateway.web.auth import AUTHORIZER, PRINCIPAL, authorize
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -63,21 +64,26 @@ def request_id_of(request: web.Request) -> str:
     """The client's X-Request-Id when it is sane, else a new one; the same for the request."""
     try:
         return request[REQUEST_ID]
-    except KeyError:  # only without the edge middleware, which assigns it first
+    except KeyError:  # only outside the edge's frame, which assigns it first
         return _assign_request_id(request)
 
 
 def _assign_request_id(request: web.Request) -> str:
     rid = request.headers.get("X-Request-Id") or ""
     if not rid or len(rid) > 128 or not rid.isascii() or not rid.isprintable():
-        rid = os.urandom(16).hex()  # as uuid4().hex, at a quarter of the cost
+        rid = rest.random_id()
     request[REQUEST_ID] = rid
     return rid
 
 
-@web.middleware
-async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The one middleware every answer passes through (one, because each costs per request):
+# Set on every handler `edge` wraps; `functools.update_wrapper` (aiohttp's middleware chain)
+# copies it onto the partials around it, so `edge_middleware` can tell.
+_EDGED = "sbgate_edged"
+
+
+def edge(handler: Handler) -> Handler:
+    """`handler` inside the edge's frame, the work every answer needs (register every route
+    through it: tests/gateway/test_edge_frame.py checks that each route is):
 
     * refuses raw paths the router would normalise (percent-encoding, dot segments);
     * in open mode, refuses a request for a host it does not serve (`EdgeState.host_check`);
@@ -85,36 +91,99 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     * gives every answer an ``X-Request-Id``;
     * while draining, closes the connection after the answer (``Connection: close``), so
       the client's next request goes to another replica instead of racing our close.
-    """
+
+    A frame per route rather than an aiohttp middleware: an app with no middleware at all
+    skips aiohttp's middleware chain (a cache lookup, a partial and a frame of its own that
+    sets the current app, on every request). The frame is `_in_edge` called directly (a
+    partial, no coroutine of its own); the message route's is `_send_request`, the frame and
+    the route in one coroutine. Where aiohttp may answer without any route of ours (a 404
+    or 405 of an app with no catch-all route: the syphon's, the probe port's),
+    `edge_middleware` does the same."""
+    if handler is post_messages:
+        return _send_request
+    framed = functools.partial(_in_edge, handler=handler)
+    setattr(framed, _EDGED, True)  # a plain attribute (partials have a __dict__)
+    framed.__name__ = getattr(handler, "__name__", "edged")  # type: ignore[attr-defined]
+    framed.__doc__ = handler.__doc__
+    framed.__wrapped__ = handler  # type: ignore[attr-defined]  # as functools.wraps sets it
+    return framed
+
+
+@web.middleware
+async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """`edge`'s frame for what no route of ours answers (aiohttp's own 404 and 405, in an app
+    without a catch-all route); a route registered through `edge` passes straight through."""
+    if getattr(handler, _EDGED, False):
+        return await handler(request)
+    return await _in_edge(request, handler=handler)
+
+
+async def _in_edge(request: web.Request, *, handler: Handler) -> web.StreamResponse:
     request_id = _assign_request_id(request)
-    edge = request.app[EDGE]
+    state = request.app[EDGE]
+    started = time.perf_counter()
+    try:
+        _raw_path_ok(request.raw_path)
+        if state.host_check is not None:
+            state.host_check(request)
+        response = await handler(request)
+    except (GatewayError, web.HTTPException) as err:
+        response = _error_answer(err)
+    return _framed(request, state, response, request_id, started, logged=False)
+
+
+async def _send_request(request: web.Request) -> web.StreamResponse:
+    """The message route in the edge's frame, in one coroutine: `_in_edge` with
+    `post_messages` inlined (the route answered on every send; the others are rare)."""
+    request_id = _assign_request_id(request)
+    app = request.app
+    state = app[EDGE]
     started = time.perf_counter()
     logged = False  # a send request writes its own access line (gateway.ingest)
     try:
         _raw_path_ok(request.raw_path)
-        if edge.host_check is not None:
-            edge.host_check(request)
-        logged = request.match_info.handler is post_messages
-        response = await handler(request)
-    except GatewayError as err:
-        response = error_response(err)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = exc.reason.lower().replace(" ", "_")
-        response = json_response(
-            exc.status,
-            {"error": code, "message": exc.reason},
-            {k: v for k, v in exc.headers.items() if k.lower() == "allow"},
-        )
+        if state.host_check is not None:
+            state.host_check(request)
+        logged = True
+        response = await _send(request, app, state, request_id)
+    except (GatewayError, web.HTTPException) as err:
+        response = _error_answer(err)
+    return _framed(request, state, response, request_id, started, logged)
+
+
+def _error_answer(err: GatewayError | web.HTTPException) -> web.Response:
+    """Every error as JSON ``{"error", "message"}``; an HTTPException below 400 (a redirect)
+    is not an error and goes on up."""
+    if isinstance(err, GatewayError):
+        return error_response(err)
+    if err.status < 400:
+        raise err
+    code = err.reason.lower().replace(" ", "_")
+    return json_response(
+        err.status,
+        {"error": code, "message": err.reason},
+        {k: v for k, v in err.headers.items() if k.lower() == "allow"},
+    )
+
+
+def _framed(
+    request: web.Request,
+    state: EdgeState,
+    response: web.StreamResponse,
+    request_id: str,
+    started: float,
+    logged: bool,
+) -> web.StreamResponse:
+    """The answer's part of the frame: its request id, the drain's ``Connection: close``, the
+    access line of a request that is no send (`logged`: the send wrote its own)."""
     if not response.prepared:
         headers = response.headers
         if "X-Request-Id" not in headers:
             headers["X-Request-Id"] = request_id
-        if edge.lifecycle.draining:
+        if state.lifecycle.draining:
             response.force_close()  # aiohttp then writes "Connection: close"
     if not logged:
-        _log_other(edge.access_log, request, response.status, request_id, started)
+        _log_other(state.access_log, request, response.status, request_id, started)
     return response
 
 
@@ -153,9 +222,15 @@ def _log_other(
     )
 
 
+# Whatever `_raw_path_ok` refuses: a "%", an empty segment, a "." or ".." segment.
+_SUSPECT_PATH = re.compile(r"%|//|(?:^|/)\.\.?(?:/|$)")
+
+
 def _raw_path_ok(raw_path: str) -> None:
     """Refuse percent-encoding and dot segments before the router normalises them away."""
     path = raw_path.split("?", 1)[0]
+    if _SUSPECT_PATH.search(path) is None:
+        return  # the common case, in one C call; otherwise say which rule it breaks
     if "%" in path:
         raise InvalidEntityPath("percent-encoded characters are not allowed in the path")
     for seg in path.split("/"):
@@ -187,15 +262,31 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 async def post_messages(request: web.Request) -> web.StreamResponse:
     """POST /queues/{name}/messages, /topics/{name}/messages, /{name}/messages: one send
-    request (gateway.ingest), answered as JSON."""
+    request (gateway.ingest), answered as JSON. Registered through `edge`, it is served by
+    `_send_request` (the frame and this, in one coroutine)."""
     app = request.app
-    state = app[EDGE]
-    request_id = request_id_of(request)
-    match_info = request.match_info
+    return await _send(request, app, app[EDGE], request_id_of(request))
 
-    def authorize_send(path: str) -> str | None:
-        principal = authorize(request, path, Right.SEND)
-        return None if principal is None else principal.key_name
+
+setattr(_send_request, _EDGED, True)
+_send_request.__wrapped__ = post_messages  # type: ignore[attr-defined]
+
+
+def _open(_path: str) -> None:
+    """The rights check of an app without SAS rules (open mode): nobody to name."""
+    return None
+
+
+async def _send(
+    request: web.Request, app: web.Application, state: EdgeState, request_id: str
+) -> web.StreamResponse:
+    match_info = request.match_info
+    authorize_send: Callable[[str], str | None] = _open
+    if app.get(AUTHORIZER) is not None:
+
+        def authorize_send(path: str) -> str | None:
+            principal = authorize(request, path, Right.SEND)
+            return None if principal is None else principal.key_name
 
     async def read(_entity: EntityRef) -> list[OutboundMessage]:
         return await _read_messages(request, state.limits, state.tracer)
@@ -309,8 +400,8 @@ async def readyz(request: web.Request) -> web.StreamResponse:
 
 
 def add_health_routes(app: web.Application) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/healthz", edge(healthz))
+    app.router.add_get("/readyz", edge(readyz))
 
 
 # Service Bus treats the `messages` segment case-insensitively (the legacy Node.js client
@@ -374,7 +465,7 @@ async def _allowed_methods(request: web.Request) -> str:
     """The methods the app's other routes accept on this path, as an ``Allow`` value."""
     methods: set[str] = set()
     for resource in request.app.router.resources():
-        if any(route.handler is not_ingestion for route in resource):
+        if any(route.handler in (_REFUSE, _NOT_FOUND) for route in resource):
             continue
         _match, allowed = await resource.resolve(request)
         methods |= allowed
@@ -385,15 +476,28 @@ def add_routes(app: web.Application) -> None:
     """The message routes, then the 405 answers for the rest of the REST API (registered
     last: aiohttp tries resources in order)."""
     add_health_routes(app)
-    app.router.add_post(f"/{{kind:queues|topics}}/{{name:.+}}/{_MESSAGES}", post_messages)
-    app.router.add_post(f"/{{name:.+}}/{_MESSAGES}", post_messages)
+    message_route = edge(post_messages)
+    app.router.add_post(f"/{{kind:queues|topics}}/{{name:.+}}/{_MESSAGES}", message_route)
+    app.router.add_post(f"/{{name:.+}}/{_MESSAGES}", message_route)
+
+
+async def not_found(request: web.Request) -> web.StreamResponse:
+    """404 for a path no other route matches: one with a line feed in it (``.`` in the
+    catch-all's pattern does not match one). aiohttp would answer it itself, outside any
+    route's edge frame; this answers the same inside it (JSON, ``X-Request-Id``)."""
+    raise web.HTTPNotFound()
+
+
+_REFUSE = edge(not_ingestion)
+_NOT_FOUND = edge(not_found)
 
 
 def add_not_ingestion_routes(app: web.Application) -> None:
     """Call after every other route: catches every remaining method and path."""
-    app.router.add_route("*", f"/{{name:.+}}/{_MESSAGES}/{_HEAD}", not_ingestion)
-    app.router.add_route("*", f"/{{name:.+}}/{_MESSAGES}/{{id}}/{{lock}}", not_ingestion)
-    app.router.add_route("*", "/{name:.*}", not_ingestion)
+    app.router.add_route("*", f"/{{name:.+}}/{_MESSAGES}/{_HEAD}", _REFUSE)
+    app.router.add_route("*", f"/{{name:.+}}/{_MESSAGES}/{{id}}/{{lock}}", _REFUSE)
+    app.router.add_route("*", "/{name:.*}", _REFUSE)
+    app.router.add_route("*", r"/{name:[\s\S]*}", _NOT_FOUND)
 
 
 __all__ = [
@@ -404,5 +508,6 @@ __all__ = [
     "RequestError",
     "add_not_ingestion_routes",
     "add_routes",
+    "edge",
     "edge_middleware",
 ]

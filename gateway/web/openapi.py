@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway.config import LimitSettings
 from gateway.entitypath import ENTITY_PATH_PATTERN as _ENTITY_PATTERN
 from gateway.web import rest
+from gateway.web.handlers import edge
 
 _LIMITS = LimitSettings()
 _RFC1123 = r"^[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT$"
@@ -560,4 +561,4 @@ def add_openapi_route(app: web.Application, *, serving: bool) -> None:
     async def openapi(request: web.Request) -> web.StreamResponse:
         return web.Response(body=body, content_type="application/json")
 
-    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/openapi.json", edge(openapi))

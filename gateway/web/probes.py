@@ -22,7 +22,7 @@ from typing import Final
 from aiohttp import web
 
 from gateway.config import Settings
-from gateway.web.handlers import EDGE, Handler
+from gateway.web.handlers import EDGE, Handler, edge_middleware
 from gateway.web.runner import ProbeRunner
 
 PROBE_PATHS: Final = ("/healthz", "/readyz", "/metrics")
@@ -34,7 +34,12 @@ def probe_app(app: web.Application) -> web.Application:
     """An application serving `app`'s own GET handlers for `PROBE_PATHS`, with its state and
     its middlewares: the edge middleware (errors as JSON, the drain flag), the server span
     (tracing on) and the open mode's ``Host`` check (`/metrics` names the entities)."""
-    probes = web.Application(middlewares=app.middlewares)
+    # The edge middleware answers the paths it does not serve (aiohttp's 404) as JSON; the
+    # routes copied here are inside the edge's frame already (`handlers.edge`).
+    middlewares = list(app.middlewares)
+    if edge_middleware not in middlewares:
+        middlewares.append(edge_middleware)
+    probes = web.Application(middlewares=middlewares)
     probes[EDGE] = app[EDGE]
     for route in app.router.routes():
         info = route.resource.get_info() if route.resource is not None else {}

@@ -53,6 +53,7 @@ import os
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -124,7 +125,10 @@ class HeadTooLarge(hx.BadHttpMessage):
 def head_size(message: RawRequestMessage) -> int:
     """The size of a parsed request head as sent: request line, fields, the blank line."""
     line = len(message.method) + len(message.path) + 12  # spaces, "HTTP/1.1", CRLF
-    fields = sum(len(name) + len(value) + 4 for name, value in message.raw_headers)
+    raw = message.raw_headers
+    # Each field adds ": " and CRLF to its name and value; counted in C, not per field in
+    # Python (this runs for every request).
+    fields = sum(map(len, chain.from_iterable(raw))) + 4 * len(raw)
     return line + fields + 2
 
 

@@ -1,0 +1,137 @@
+"""The per-request metrics are plain numbers exported at scrape time (`gateway.metrics`
+`_RequestTable`): what a scrape shows must be, line for line, what prometheus_client's own
+`Counter` and `Histogram` would show for the same requests."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from gateway.metrics import (
+    _DURATION_DOC,
+    _LATENCY_BUCKETS,
+    _MESSAGES_DOC,
+    _REQUESTS_DOC,
+    Metrics,
+)
+
+pytestmark = pytest.mark.unit
+
+
+class _Reference:
+    """The per-request metrics as they were declared before: prometheus_client's classes."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "sbgate_http_requests_total",
+            _REQUESTS_DOC,
+            ["entity", "status", "route", "protocol"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "sbgate_http_request_duration_seconds",
+            _DURATION_DOC,
+            ["route", "protocol"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.messages = Counter(
+            "sbgate_messages_total", _MESSAGES_DOC, ["entity", "route"], registry=self.registry
+        )
+
+    def answered(
+        self, entity: str, status: int, route: str, seconds: float, protocol: str, n: int
+    ) -> None:
+        if route != "none":
+            self.messages.labels(entity, route).inc(n)
+        self.requests.labels(entity, str(status), route, protocol).inc()
+        self.duration.labels(route, protocol).observe(seconds)
+
+
+def _lines(registry: CollectorRegistry) -> list[str]:
+    """The exposition's lines of the three per-request families, in their order."""
+    names = {
+        "sbgate_http_requests_total",
+        "sbgate_messages_total",
+        *(f"sbgate_http_request_duration_seconds{s}" for s in ("", "_bucket", "_count", "_sum")),
+    }
+    out = []
+    for line in generate_latest(registry).decode().splitlines():
+        name = line.split()[2] if line.startswith("#") else line.split("{")[0].split()[0]
+        if name in names:
+            out.append(line)
+    return out
+
+
+def _requests(rng: random.Random, count: int) -> list[tuple[str, int, str, float, str, int]]:
+    """Send requests' outcomes: accepted (201 primary, 202 backlog, 1..100 messages) and
+    refused (4xx, 5xx: route none, nothing accepted), durations on and between bucket bounds."""
+    bounds = [float(b) for b in _LATENCY_BUCKETS]
+    out = []
+    for _ in range(count):
+        entity = rng.choice(["orders", "events", "Orders/Sub", "_unknown"])
+        protocol = rng.choice(["http", "http", "amqp"])
+        kind = rng.random()
+        if kind < 0.6:
+            status, route, n = 201, "primary", rng.randint(1, 100)
+        elif kind < 0.75:
+            status, route, n = 202, "backlog", rng.randint(1, 5)
+        else:
+            status, route, n = rng.choice([400, 401, 404, 413, 503, 504]), "none", 0
+        seconds = rng.choice(
+            [rng.choice(bounds), rng.uniform(0, 0.2), rng.uniform(0, 60), 0.0, 1e-7]
+        )
+        out.append((entity, status, route, seconds, protocol, n))
+    return out
+
+
+def test_a_scrape_is_what_prometheus_clients_own_metrics_show_for_the_same_requests() -> None:
+    metrics, reference = Metrics(), _Reference()
+    assert _lines(metrics.registry) == _lines(reference.registry)  # before any request
+    for i, request in enumerate(_requests(random.Random(38), 3000)):
+        metrics.request_answered(*request)
+        reference.answered(*request)
+        if i in {0, 1, 17, 500}:  # series appear in the same order, at the same requests
+            assert _lines(metrics.registry) == _lines(reference.registry)
+    lines = _lines(metrics.registry)
+    assert lines == _lines(reference.registry)
+    assert any(
+        line.startswith('sbgate_messages_total{entity="orders",route="backlog"}') for line in lines
+    )
+    assert any('route="none"' in line and "sbgate_http_requests_total" in line for line in lines)
+    assert not any(
+        line.startswith("sbgate_messages_total") and 'route="none"' in line for line in lines
+    )
+
+
+def test_a_scrape_in_another_thread_while_requests_are_counted_sees_every_one_at_the_end() -> None:
+    """`/metrics` renders in a worker thread while the event loop counts: no scrape fails,
+    and once counting stops the scrape is exact."""
+    metrics, reference = Metrics(), _Reference()
+    requests = _requests(random.Random(7), 20_000)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def scrape() -> None:
+        try:
+            while not done.is_set():
+                generate_latest(metrics.registry)
+        except BaseException as exc:  # reported below, in the test's thread
+            failures.append(exc)
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        for request in requests:
+            metrics.request_answered(*request)
+            reference.answered(*request)
+    finally:
+        done.set()
+        scraper.join(timeout=60)
+    assert not scraper.is_alive()
+    assert failures == []
+    assert _lines(metrics.registry) == _lines(reference.registry)
