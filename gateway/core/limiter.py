@@ -62,7 +62,7 @@ class LimiterConfig:
     min_samples: int = 5  # samples a window needs before it counts
     baseline_windows: int = 100  # windows the baseline averages over (~10 s at 0.1 s)
     target_latency: float = 0.05  # Little's law floor: peak delivery rate x this (0: none)
-    rate_decay: float = 0.995  # the peak rate's share kept each window (halved in ~14 s)
+    rate_decay: float = 0.95  # the peak rate's share kept each window (halved in ~1.4 s)
 
 
 class GradientLimiter:
