@@ -104,6 +104,13 @@ def _banner(settings: Settings, info: dict[str, Any] | None, *, dev: bool = Fals
     amqp = _amqp_connection_string(settings)
     if amqp is not None:
         lines.append(f"AMQP for Service Bus SDK senders (connection string): {amqp}")
+        usual = int(DEV_PROFILE["SBGATE_AMQP_PLAIN_PORT"])
+        chosen = "SBGATE_AMQP_PLAIN_PORT" in os.environ
+        if dev and not chosen and settings.amqp.plain_port != usual:
+            lines.append(
+                f"  (port {usual} is in use by another process, an AMQP broker perhaps: this one "
+                "was free; SBGATE_AMQP_PLAIN_PORT chooses)"
+            )
     if dev:
         lines.append(
             "development profile (gateway serve --dev): a failed-over entity is pinged every "
@@ -379,7 +386,30 @@ def _dev_env(env: dict[str, str]) -> None:
             not os.path.exists(value) or "SBGATE_AUTH_RULES" in env
         ):
             continue
+        if name == "SBGATE_AMQP_PLAIN_PORT" and name not in env:
+            host = env.get("SBGATE_AMQP_PLAIN_HOST", "127.0.0.1")
+            value = str(dev_amqp_port(host, int(value)))
         env.setdefault(name, value)
+
+
+def dev_amqp_port(host: str, port: int) -> int:
+    """The development profile's AMQP port: `port`, or a free one when another process holds
+    it (5672 is also RabbitMQ's and other brokers' port: `make run` must not fail on a machine
+    that runs one). Only the profile's own default moves; a port the user chose is bound as
+    given and a busy one is an error. The banner prints the connection string with the port
+    in use, and says why it is not the usual one."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # asyncio's server sets SO_REUSEADDR too: a port in TIME_WAIT is free to it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+        return port
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            return port  # not ours to judge: the listener's own bind reports it
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 # Command-line options that stand for settings: each one sets its environment variable, so

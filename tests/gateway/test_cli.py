@@ -159,6 +159,42 @@ def test_the_development_profile_fills_in_only_what_the_environment_leaves_unset
     assert production.auth_rules_file is None
 
 
+@pytest.mark.integration
+def test_the_development_amqp_port_moves_off_a_port_another_broker_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """5672 is RabbitMQ's port too: `make run` on a machine running one must still start. The
+    profile's default moves to a free port, the banner's connection string carries it and
+    says why; a port the user chose is left as given (a busy one is the listener's error)."""
+    import socket
+
+    from gateway.cli import _banner, dev_amqp_port
+    from gateway.config import load_settings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        moved = dev_amqp_port("127.0.0.1", busy)
+        assert moved not in (0, busy)
+        with socket.socket() as check:  # the port it chose can be listened on
+            check.bind(("127.0.0.1", moved))
+    assert dev_amqp_port("127.0.0.1", moved) == moved  # a free port stays
+
+    env = {
+        "SBGATE_PRIMARY_CONNECTION_STRING": "Endpoint=sb://p.example/;SharedAccessKeyName=k;"
+        "SharedAccessKey=a2V5",
+        "SBGATE_ENTITIES": "queue:orders",
+        "SBGATE_AMQP_PLAIN_PORT": str(moved),
+    }
+    monkeypatch.delenv("SBGATE_AMQP_PLAIN_PORT", raising=False)
+    lines = _banner(load_settings(env), None, dev=True).splitlines()
+    assert f"Endpoint=sb://localhost:{moved};" in lines[1]
+    assert lines[2].startswith("  (port 5672 is in use by another process")
+    monkeypatch.setenv("SBGATE_AMQP_PLAIN_PORT", str(moved))  # the user's own choice
+    assert "in use" not in _banner(load_settings(env), None, dev=True)
+
+
 def test_the_development_banner_says_the_ping_interval_and_exports_the_demo_variables() -> None:
     import shlex
 
