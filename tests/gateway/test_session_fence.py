@@ -273,3 +273,17 @@ def test_a_hostile_stamp_is_an_unstamped_message():
         props = {**good.application_properties, name: value}
         hostile = replace(good, application_properties=props)
         assert fence_stamp(hostile, entities, 1001.0) is None, (name, value)
+
+
+def test_after_a_rebuild_a_receiver_without_the_oldest_message_waits():
+    """Two syphon receivers (two replicas) each hold some of S's older messages of one
+    queue: only the one holding the oldest moves, then the other."""
+    t = FenceTable(Clock())
+    unknown_fence(t)
+    q = QUEUES[0]
+    t.rebuild(KEY, order_found({q: [(f"m{i}", 1.0 + i) for i in range(4)]}))
+    assert t.movable(KEY, q, ["m2", "m3"]) == 0, "m0 is held by the other receiver"
+    assert t.movable(KEY, q, ["m0", "m1"]) == 2
+    t.moved(KEY, ["m0", "m1"])
+    assert t.movable(KEY, q, ["m2", "m3"]) == 2
+    assert t.moved(KEY, ["m2", "m3"]) is not None
