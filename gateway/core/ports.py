@@ -102,6 +102,9 @@ class Received:
     # Why the adapter could not read it as a message (a property of a type no REST client can
     # send, say): the syphon dead-letters it. `message` then holds only its MessageId.
     unreadable: str | None = None
+    # The queue's sequence number: its stored order (a receive after an abandon may hand
+    # messages back in another order). None if the adapter cannot say.
+    sequence: int | None = None
 
 
 class BacklogPort(Protocol):
@@ -123,6 +126,14 @@ class BacklogPort(Protocol):
 
     async def renew(self, path: str, message: Received) -> float | None:
         """Renew the lock; returns the new locked-until (unix time)."""
+        ...
+
+    async def peek(
+        self, path: str, from_sequence: int, max_count: int
+    ) -> list[tuple[int, OutboundMessage | None]]:
+        """Up to `max_count` messages of `path` from sequence number `from_sequence` (>= 1)
+        on, locked or not, without locking them: (sequence number, message as stored; None
+        for one that cannot be read)."""
         ...
 
     async def depths(self, paths: Sequence[str]) -> dict[str, int] | None:

@@ -85,9 +85,12 @@ class SdkBacklogPort:
         self._settings = settings
         self._credential = credential
         self._receivers: dict[str, ServiceBusReceiver] = {}
+        # Peeks go through receivers of their own: never on a link with a receive waiting.
+        self._peekers: dict[str, ServiceBusReceiver] = {}
 
-    async def _receiver(self, path: str) -> ServiceBusReceiver:
-        r = self._receivers.get(path)
+    async def _receiver(self, path: str, peek: bool = False) -> ServiceBusReceiver:
+        receivers = self._peekers if peek else self._receivers
+        r = receivers.get(path)
         if r is None:
             r = self._client.get_queue_receiver(
                 path, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0
@@ -98,23 +101,29 @@ class SdkBacklogPort:
                 with contextlib.suppress(Exception):
                     await r.close()
                 raise
-            self._receivers[path] = r
+            receivers[path] = r
         return r
 
-    async def _call(self, path: str, op: Callable[[ServiceBusReceiver], Awaitable[_T]]) -> _T:
+    async def _call(
+        self,
+        path: str,
+        op: Callable[[ServiceBusReceiver], Awaitable[_T]],
+        peek: bool = False,
+    ) -> _T:
         try:
             with map_exceptions(f"{self._settings.name}/{path}", BrokerFailure):
-                return await op(await self._receiver(path))
+                return await op(await self._receiver(path, peek))
         except BrokerFailure as failure:
             if failure.classification.recreate_sender:
                 await self._drop(path)
             raise
 
     async def _drop(self, path: str) -> None:
-        r = self._receivers.pop(path, None)
-        if r is not None:
-            with contextlib.suppress(Exception):
-                await r.close()
+        for receivers in (self._receivers, self._peekers):
+            r = receivers.pop(path, None)
+            if r is not None:
+                with contextlib.suppress(Exception):
+                    await r.close()
 
     async def receive(self, path: str, max_count: int, wait: float) -> list[Received]:
         async def op(r: ServiceBusReceiver) -> list[ServiceBusReceivedMessage]:
@@ -136,6 +145,7 @@ class SdkBacklogPort:
                     locked_until=locked.timestamp() if locked else None,
                     delivery_count=m.delivery_count or 0,
                     unreadable=unreadable,
+                    sequence=m.sequence_number,
                 )
             )
         return out
@@ -160,6 +170,24 @@ class SdkBacklogPort:
         new = await self._call(path, lambda r: r.renew_message_lock(message.handle))
         return new.timestamp() if new is not None else None
 
+    async def peek(
+        self, path: str, from_sequence: int, max_count: int
+    ) -> list[tuple[int, OutboundMessage | None]]:
+        async def op(r: ServiceBusReceiver) -> list[ServiceBusReceivedMessage]:
+            # An explicit start: the SDK reads 0 as "after the last message received".
+            return await r.peek_messages(
+                max_message_count=max_count, sequence_number=max(from_sequence, 1)
+            )
+
+        out: list[tuple[int, OutboundMessage | None]] = []
+        for m in await self._call(path, op, peek=True):
+            try:
+                message: OutboundMessage | None = from_sdk(m)
+            except Exception:  # anyone with Send on the namespace can write anything
+                message = None
+            out.append((int(m.sequence_number or 0), message))
+        return out
+
     async def depths(self, paths: Sequence[str]) -> dict[str, int] | None:
         wanted = {p.lower(): p for p in paths}
         found: dict[str, int] = {}
@@ -176,7 +204,7 @@ class SdkBacklogPort:
         return {p: found.get(p, 0) for p in paths}
 
     async def reset(self) -> None:
-        for path in list(self._receivers):
+        for path in {*self._receivers, *self._peekers}:
             await self._drop(path)
 
     async def close(self) -> None:

@@ -24,7 +24,7 @@ replica); the shared implementation runs the same steps as Lua scripts.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,19 +53,40 @@ class Fence:
             return True
         return any(deadline > now for deadline, _ in self.pending.values())
 
+    def movable(self, queue: str, held: Sequence[str | None], now: float) -> int:
+        """How many of a syphon's messages of this session, received in stored order from
+        `queue` (`held`: each one's token, None for one without), may move now: a prefix.
+        None of them while the fence is unknown (its contents were lost: `rebuild` first). With
+        acknowledged messages outstanding, only a receiver that holds the oldest one (the
+        head), in its generation's queue, with no write to an older generation in flight,
+        moves, and only up to its first message of a later generation (a queue may hold
+        two generations: S's messages of the one between, in another queue, go first).
+        With nothing acknowledged outstanding, only a write in flight to another queue's
+        older generation holds them back."""
+        if self.unknown:
+            return 0
+        pending = [g for deadline, g in self.pending.values() if deadline > now]
+        if not self.tokens:
+            return len(held) if not pending or self.queues.get(min(pending)) == queue else 0
+        head, (generation, _) = min(self.tokens.items(), key=lambda kv: kv[1])
+        if any(g < generation for g in pending):
+            return 0
+        if self.queues.get(generation) != queue or head not in held:
+            return 0
+        for i, token in enumerate(held):
+            counted = self.tokens.get(token) if token is not None else None
+            if counted is not None and counted[0] != generation:
+                return i
+        return len(held)
+
     def may_move(self, queue: str, tokens: Collection[str], now: float) -> bool:
         """May a syphon holding this session's messages `tokens`, received in stored order
         from `queue`, move them now? Only if the oldest acknowledged message outstanding is
         among them (so not held by another receiver) in that queue, and no write to an
-        older generation is in flight. With nothing acknowledged outstanding, only a write
-        in flight to another queue's older generation holds them back."""
-        pending = [g for deadline, g in self.pending.values() if deadline > now]
-        if not self.tokens:
-            return not pending or self.queues.get(min(pending)) == queue
-        head, (generation, _) = min(self.tokens.items(), key=lambda kv: kv[1])
-        if any(g < generation for g in pending):
-            return False
-        return self.queues.get(generation) == queue and head in tokens
+        older generation is in flight; never while the fence is unknown."""
+        return self.movable(queue, list(tokens), now) > 0 or (
+            not tokens and not self.unknown and self.movable(queue, [None], now) > 0
+        )
 
 
 FenceKey = tuple[str, str]  # (entity key, session id)
@@ -140,6 +161,34 @@ class FenceTable:
         fence = self.fences.get(key)
         return fence is None or fence.may_move(queue, tokens, self._clock())
 
+    def movable(self, key: FenceKey, queue: str, held: Sequence[str | None]) -> int:
+        """`Fence.movable` (all of them for a session with no fence)."""
+        fence = self.fences.get(key)
+        return len(held) if fence is None else fence.movable(queue, held, self._clock())
+
+    def unknown(self, key: FenceKey) -> bool:
+        fence = self.fences.get(key)
+        return fence is not None and fence.unknown
+
+    def rebuild(self, key: FenceKey, old: Sequence[tuple[str, str]]) -> float | None:
+        """Make unknown fence `key` known again from what the backlog holds of its session
+        (`old`: (token, queue) in the order `order_found` gives). Each run of one queue in
+        `old` becomes a generation, numbered below every generation the fence has seen
+        since it was written back (negative: -1 the newest), so S's older messages move
+        first, in that order; a token the fence counts already, or that was moved home
+        meanwhile, is skipped. Returns the fence's age if this lifted it."""
+        fence = self.fences.get(key)
+        if fence is None or not fence.unknown:
+            return None
+        for token, generation, sequence, queue in generations(old):
+            fence.queues[generation] = queue
+            if token in fence.early:
+                fence.early.discard(token)
+            elif token not in fence.tokens:
+                fence.tokens[token] = (generation, sequence)
+        fence.unknown = False
+        return self._lift_if_done(key, fence)
+
     def backlog_empty(self, entities: Collection[str]) -> list[tuple[FenceKey, float]]:
         """Every backlog queue holding `entities`' messages was found empty: unknown fences
         of those entities with no write pending lift, and so do known ones that nothing
@@ -164,6 +213,37 @@ class FenceTable:
             return None
         del self.fences[key]
         return now - fence.since
+
+
+def order_found(found: Mapping[str, Sequence[tuple[str, float]]]) -> list[tuple[str, str]]:
+    """One session's messages found in the backlog queues, `found`: per queue, (token,
+    acceptance time) in stored order. Returns (token, queue) in the order they were
+    acknowledged: each queue's stored order kept, the queues merged by acceptance time
+    (the earliest head first; ties by queue name)."""
+    heads = {q: 0 for q, items in found.items() if items}
+    out: list[tuple[str, str]] = []
+    while heads:
+        queue = min(heads, key=lambda q: (found[q][heads[q]][1], q))
+        i = heads[queue]
+        out.append((found[queue][i][0], queue))
+        if i + 1 < len(found[queue]):
+            heads[queue] = i + 1
+        else:
+            del heads[queue]
+    return out
+
+
+def generations(old: Sequence[tuple[str, str]]) -> list[tuple[str, int, int, str]]:
+    """`old` as (token, generation, sequence, queue): a generation per run of one queue,
+    the last run -1, the one before -2...; sequences negative and ascending."""
+    runs = sum(1 for i, (_, q) in enumerate(old) if i == 0 or old[i - 1][1] != q)
+    out: list[tuple[str, int, int, str]] = []
+    generation = -runs - 1
+    for i, (token, queue) in enumerate(old):
+        if i == 0 or old[i - 1][1] != queue:
+            generation += 1
+        out.append((token, generation, i - len(old), queue))
+    return out
 
 
 class FenceStore(Protocol):
@@ -198,10 +278,20 @@ class FenceStore(Protocol):
         pending holds the fence until its deadline: safe)."""
         ...
 
-    async def may_move(
-        self, entity: str, session: str, queue: str, tokens: Collection[str]
-    ) -> bool:
-        """`FenceTable.may_move`. False if the backend cannot be reached."""
+    async def movable(
+        self, entity: str, session: str, queue: str, held: Sequence[str | None]
+    ) -> int:
+        """`FenceTable.movable`. 0 if the backend cannot be reached."""
+        ...
+
+    async def unknown(self, entity: str, session: str) -> bool:
+        """Is the fence of (entity, session) unknown (`FenceTable.rebuild` wanted)? False
+        if the backend cannot be reached."""
+        ...
+
+    async def rebuild(self, entity: str, session: str, old: Sequence[tuple[str, str]]) -> None:
+        """`FenceTable.rebuild`, cluster-wide (once: a fence already rebuilt is left
+        alone). Never raises for backend errors (the fence stays unknown: safe)."""
         ...
 
     async def moved(self, entity: str, session: str, tokens: Sequence[str]) -> None:
@@ -256,10 +346,18 @@ class MemoryFences:
         if age is not None:
             self._tell((entity, session), False, age)
 
-    async def may_move(
-        self, entity: str, session: str, queue: str, tokens: Collection[str]
-    ) -> bool:
-        return self.table.may_move((entity, session), queue, tokens)
+    async def movable(
+        self, entity: str, session: str, queue: str, held: Sequence[str | None]
+    ) -> int:
+        return self.table.movable((entity, session), queue, held)
+
+    async def unknown(self, entity: str, session: str) -> bool:
+        return self.table.unknown((entity, session))
+
+    async def rebuild(self, entity: str, session: str, old: Sequence[tuple[str, str]]) -> None:
+        age = self.table.rebuild((entity, session), old)
+        if age is not None:
+            self._tell((entity, session), False, age)
 
     async def moved(self, entity: str, session: str, tokens: Sequence[str]) -> None:
         age = self.table.moved((entity, session), tokens)

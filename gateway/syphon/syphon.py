@@ -31,9 +31,12 @@ Sessions (docs/failover.md#sessions-keep-their-order): a receive is grouped by (
 session); each session's messages go home one at a time in stored order, each completed
 only after it is stored at home, and a failure abandons it and every later message of that
 session in the receive. A fenced session moves only from the queue, and the receiver, that
-holds its oldest acknowledged message (`FenceStore.may_move`); each move is counted in its
-fence, which lifts when nothing acknowledged is left. Messages without a session move in
-parallel, as before.
+holds its oldest acknowledged message, and only that generation's messages
+(`FenceStore.movable`); each move is counted in its fence, which lifts when nothing
+acknowledged is left. An *unknown* fence (Redis lost its contents) holds every message of
+its session until a syphon rebuilds it: it peeks every backlog queue of the pair and puts
+the session's messages back in its fence in the order they were acknowledged. Messages
+without a session move in parallel, as before.
 
 Effectively once: a crash between the send and the complete redelivers the message; the
 MessageId is kept, so an entity with duplicate detection stores it once.
@@ -67,7 +70,7 @@ from gateway.errors import BrokerFailure, FailureKind, GatewayError, SendFailure
 from gateway.ledger import EventLedger, NullLedger
 from gateway.lifetimes import CANCEL_GRACE, Backoff, TaskSet, supervised
 from gateway.state.base import BacklogState, EntityState, StateStore
-from gateway.state.fence import FenceStore
+from gateway.state.fence import FenceStore, order_found
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,10 @@ MIN_CHECK_SPACING = 1.0  # at most one depth check per second, however many fail
 BUSY_CHECK_INTERVAL = 60.0
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 60.0
 RETRY = Backoff(BACKOFF_MIN, BACKOFF_MAX)
+# Rebuilding unknown fences peeks every backlog queue: in pages of `PEEK_PAGE`, at most
+# `MAX_PEEK` messages a queue (a session's messages past that are ordered by their queue
+# alone).
+PEEK_PAGE, MAX_PEEK = 250, 20_000
 
 
 # How the syphon settles a backlog message it does not move or dead-letter.
@@ -154,6 +161,29 @@ class SyphonStats:
     operations: Counter[str] = field(default_factory=Counter)
 
 
+def fence_stamp(
+    m: OutboundMessage | None, entities: Collection[str], now: float
+) -> tuple[str, str, str, float] | None:
+    """A peeked backlog message's (entity key, session, fence token, acceptance time), for
+    rebuilding its fence; `entities`: the pair's entity keys (lower case). None if it
+    lacks one, or any does not read back, or it is not for one of `entities`: it is then
+    ordered by its own queue alone, like a message its fence never counted. Anyone with
+    Send on the secondary namespace can write these: nothing here may raise."""
+    if m is None:
+        return None
+    try:
+        restored = restore(m, now)
+    except Exception:  # RestoreError, or whatever else hostile properties may cause
+        return None
+    if restored is None or restored.entity_path.lower() not in entities:
+        return None
+    session, token = restored.message.session_id, restored.fence_token
+    at = restored.accepted_at
+    if session is None or token is None or at is None:
+        return None
+    return restored.entity_path.lower(), session, token, at
+
+
 class Syphon:
     """One pair's syphon. Owned tasks: a supervisor and one loop per backlog queue, all
     cancelled and awaited by `close()`."""
@@ -204,6 +234,7 @@ class Syphon:
         self._tasks = TaskSet("syphon")  # its loops, and a reset of the receivers
         self._reset_task: asyncio.Task[None] | None = None  # closing receivers after a fault
         self._reset_wanted = False
+        self._rebuilding = asyncio.Lock()  # one rebuild of unknown fences at a time
         self._moving = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -401,6 +432,10 @@ class Syphon:
         tokens: dict[int, str] = {}  # id(received) -> its fence token
         held_back: set[str] = set()  # entities held back in this receive
         blocked = False
+        # In stored order: a receive that follows an abandon may hand messages back in
+        # another (seen on the local broker: a session's abandoned messages came back last
+        # first). Stable: without sequence numbers, the order received.
+        received = sorted(received, key=lambda r: (r.sequence is None, r.sequence or 0))
         for r in received:
             try:  # per message: one that cannot go home never holds up the others
                 triaged = await self._triage(path, r, now, held_back)
@@ -437,17 +472,23 @@ class Syphon:
     async def _move_session(
         self, path: str, entity: str, session: str, items: list[Item], tokens: dict[int, str]
     ) -> str:
-        """Move one session's messages of one receive home, one at a time in stored order.
-        "moved"; "waited" (its fence holds them back: abandoned, the queue waits); or
-        "failed" (a move failed: it and every later one abandoned, never sent first)."""
+        """Move one session's messages of one receive home, one at a time in stored order,
+        as many as its fence allows (a prefix: `FenceStore.movable`; the rest abandoned).
+        "moved"; "waited" (its fence holds them all back: abandoned, the queue waits; an
+        unknown fence is rebuilt from the backlog first); or "failed" (a move failed: it
+        and every later one abandoned, never sent first)."""
         key = entity.lower()
         fences = self._fences
-        held = [tokens[id(r)] for r, _ in items if id(r) in tokens]
-        if fences is not None and not await fences.may_move(key, session, path, held):
+        n = len(items)
+        if fences is not None:
+            n = await fences.movable(key, session, path, [tokens.get(id(r)) for r, _ in items])
+        if n == 0:
             await self._abandon_all(path, items)
             self._observer.session_move("waited")
+            if fences is not None and await fences.unknown(key, session):
+                await self._rebuild_fences(fences)
             return "waited"
-        for i, item in enumerate(items):
+        for i, item in enumerate(items[:n]):
             if not await self._move(path, entity, [item]):
                 await self._abandon_all(path, items[i + 1 :])
                 self._observer.session_move("failed")
@@ -455,8 +496,49 @@ class Syphon:
             token = tokens.get(id(item[0]))
             if fences is not None and token is not None:
                 await fences.moved(key, session, [token])
+        await self._abandon_all(path, items[n:])  # a later generation's: after another queue's
         self._observer.session_move("moved")
         return "moved"
+
+    async def _rebuild_fences(self, fences: FenceStore) -> None:
+        """Unknown fences (Redis lost their contents) are rebuilt from the backlog: every
+        backlog queue of the pair is peeked (locked messages included, up to `MAX_PEEK`
+        each), and each fenced session found gets its messages back in its fence, in the
+        order they were acknowledged (`order_found`: stored order per queue, the queues
+        merged by acceptance time). One pass at a time; a pass that cannot peek every
+        queue rebuilds nothing (the fences stay unknown: the next wait tries again)."""
+        if self._rebuilding.locked():
+            return  # one pass is under way; a session it missed waits for the next
+        async with self._rebuilding:
+            found: dict[tuple[str, str], dict[str, list[tuple[str, float]]]] = {}
+            seen: set[tuple[str, str, str]] = set()  # (entity, session, token): once each
+            for q in self._queues:
+                start, count = 1, 0
+                while count < MAX_PEEK:
+                    self._op("peek")
+                    try:
+                        async with asyncio.timeout(self._timeouts.send_timeout):
+                            page = await self._backlog.peek(q, start, PEEK_PAGE)
+                    except (BrokerFailure, TimeoutError) as exc:
+                        log.warning("syphon: cannot peek %s to rebuild fences: %s", q, exc)
+                        return
+                    if not page:
+                        break
+                    count += len(page)
+                    for seq, m in page:
+                        start = max(start, seq + 1)
+                        stamp = fence_stamp(m, self._entities, self._clock.now())
+                        if stamp is not None and stamp[:3] not in seen:
+                            seen.add(stamp[:3])
+                            entity, session, token, at = stamp
+                            found.setdefault((entity, session), {}).setdefault(q, []).append(
+                                (token, at)
+                            )
+            for (entity, session), queues in found.items():
+                if fences.fenced(entity, session):
+                    await fences.rebuild(entity, session, order_found(queues))
+        for q in self._queues:
+            self._signal(q)  # what waited for a rebuilt fence may move now
 
     async def _abandon_all(self, path: str, items: list[Item]) -> None:
         for r, _ in items:

@@ -3,12 +3,15 @@ session, exact counting of acknowledged writes and moves, generations, the lift.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.config import ConfigError, load_settings
 from gateway.core.backlog import FENCE_TOKEN, restore, rewrite, session_ranking
 from gateway.core.message import OutboundMessage
-from gateway.state.fence import FenceTable
+from gateway.state.fence import Fence, FenceTable, generations, order_found
+from gateway.syphon.syphon import fence_stamp
 
 pytestmark = pytest.mark.unit
 
@@ -182,3 +185,105 @@ def test_a_fence_held_only_by_an_expired_write_lifts_when_the_backlog_is_found_e
     clock.now = 1011.0
     assert [key for key, _ in table.backlog_empty(["orders"])] == [KEY]
     assert KEY not in table.fences
+
+
+# -- a fence Redis lost, rebuilt from the backlog -----------------------------------------
+
+
+def test_the_backlog_order_merges_queues_by_acceptance_and_keeps_each_queues_order():
+    found = {
+        "qa": [("a0", 10.0), ("a1", 11.0), ("a2", 30.0)],
+        "qb": [("b0", 20.0), ("b1", 5.0)],  # a skewed stamp cannot reorder its own queue
+    }
+    assert order_found(found) == [
+        ("a0", "qa"),
+        ("a1", "qa"),
+        ("b0", "qb"),
+        ("b1", "qb"),
+        ("a2", "qa"),
+    ]
+    assert generations(order_found(found)) == [
+        ("a0", -3, -5, "qa"),
+        ("a1", -3, -4, "qa"),
+        ("b0", -2, -3, "qb"),
+        ("b1", -2, -2, "qb"),
+        ("a2", -1, -1, "qa"),
+    ]
+    assert order_found({}) == [] and order_found({"qa": []}) == []
+
+
+def unknown_fence(t: FenceTable) -> None:
+    """KEY's fence as a replica writes it back after Redis restarted empty."""
+    t.fences[KEY] = Fence(since=999.0, unknown=True)
+
+
+def test_an_unknown_fence_moves_nothing_until_rebuilt_then_old_messages_go_first():
+    t = FenceTable(Clock())
+    unknown_fence(t)
+    qa, qb = QUEUES[0], QUEUES[1]
+    # A new message after the write-back: counted exactly, in generation 1 (queue qa).
+    assert t.begin(KEY, "w1", QUEUES, (), deadline=2000.0) == (qa, 1, False)
+    assert t.end(KEY, "w1", ["new"], ok=True) is None
+    assert t.movable(KEY, qa, ["old0", "new"]) == 0, "unknown: nothing moves"
+    assert not t.may_move(KEY, qa, ["old0", "new"])
+    assert t.unknown(KEY)
+    # The backlog holds old0 (qa), old1 (qb), then "new" (qa); "gone" was moved meanwhile.
+    t.moved(KEY, ["gone"])
+    old = order_found({qa: [("old0", 1.0), ("new", 9.0)], qb: [("old1", 2.0), ("gone", 3.0)]})
+    assert t.rebuild(KEY, old) is None
+    assert not t.unknown(KEY)
+    assert t.movable(KEY, qb, ["old1"]) == 0, "old0, in qa, goes first"
+    assert t.movable(KEY, qa, ["old0", "new"]) == 1, "only up to the later generation"
+    assert t.moved(KEY, ["old0"]) is None
+    assert t.movable(KEY, qa, ["new"]) == 0, "old1, in qb, before new"
+    assert t.movable(KEY, qb, ["old1", None]) == 2
+    assert t.moved(KEY, ["old1"]) is None
+    assert t.movable(KEY, qa, ["new"]) == 1
+    assert t.moved(KEY, ["new"]) is not None, "nothing left: lifted"
+    assert KEY not in t.fences
+
+
+def test_a_rebuild_runs_once_and_one_that_finds_nothing_lifts_the_fence():
+    t = FenceTable(Clock())
+    unknown_fence(t)
+    assert t.rebuild(KEY, []) is not None, "nothing in the backlog holds it"
+    assert KEY not in t.fences
+    t.begin(KEY, "w1", QUEUES, (), deadline=2000.0)
+    t.end(KEY, "w1", ["a"], ok=True)
+    assert t.rebuild(KEY, [("x", QUEUES[3])]) is None
+    assert t.fences[KEY].tokens == {"a": (1, 1)}, "a known fence is left alone"
+
+
+def test_a_hostile_stamp_is_an_unstamped_message():
+    entities = {"orders"}
+    m = OutboundMessage(body=b"x", message_id="m1", session_id="s1")
+    good = rewrite(m, "Orders", 1000.0, "tok1")
+    assert fence_stamp(good, entities, 1001.0) == ("orders", "s1", "tok1", 1000.0)
+    assert fence_stamp(None, entities, 1001.0) is None
+    assert fence_stamp(rewrite(m, "other", 1000.0, "tok1"), entities, 1001.0) is None
+    assert fence_stamp(rewrite(m, "orders", 1000.0), entities, 1001.0) is None
+    for name, value in [
+        (FENCE_TOKEN, 7),
+        (FENCE_TOKEN, "x" * 500),
+        ("x-ms-acceptedtimeutc", "yesterday"),
+        ("x-ms-acceptedtimeutc", 10**30),
+        ("x-ms-sessionid", b"\x00"),
+        ("x-ms-types", "{not json"),
+    ]:
+        props = {**good.application_properties, name: value}
+        hostile = replace(good, application_properties=props)
+        assert fence_stamp(hostile, entities, 1001.0) is None, (name, value)
+
+
+def test_after_a_rebuild_a_receiver_without_the_oldest_message_waits():
+    """Two syphon receivers (two replicas) each hold some of S's older messages of one
+    queue: only the one holding the oldest moves, then the other."""
+    t = FenceTable(Clock())
+    unknown_fence(t)
+    q = QUEUES[0]
+    t.rebuild(KEY, order_found({q: [(f"m{i}", 1.0 + i) for i in range(4)]}))
+    assert t.movable(KEY, q, ["m2", "m3"]) == 0, "m0 is held by the other receiver"
+    assert t.movable(KEY, q, ["m0", "m1"]) == 2
+    t.moved(KEY, ["m0", "m1"])
+    assert t.movable(KEY, q, ["m2", "m3"]) == 2
+    assert t.moved(KEY, ["m2", "m3"]) is not None

@@ -63,8 +63,8 @@ async def test_a_fence_set_on_one_replica_is_seen_on_the_other_and_lifts_exactly
         await eventually(lambda: b.fences.fenced(E, S), what="b learns the fence")
         # b's write goes to the same queue: the fence chose it for the whole cluster.
         assert await write(b, "w2", ["t3"]) == queue
-        assert await b.fences.may_move(E, S, queue, ["t1", "t2", "t3"])
-        assert not await b.fences.may_move(E, S, queue, ["t3"]), "t1 is held elsewhere"
+        assert await b.fences.movable(E, S, queue, ["t1", "t2", "t3"]) == 3
+        assert await b.fences.movable(E, S, queue, ["t3"]) == 0, "t1 is held elsewhere"
         await b.fences.moved(E, S, ["t1", "t2"])
         assert a.fences.fenced(E, S) and b.fences.fenced(E, S)
         await b.fences.moved(E, S, ["t3"])
@@ -191,3 +191,36 @@ async def test_many_session_writes_at_once_do_not_exhaust_the_redis_connections(
             :3
         ]
         assert a.connected
+
+
+async def test_a_fence_redis_lost_is_rebuilt_once_in_the_backlogs_order(
+    redis_server: RedisServer,
+):
+    """After Redis restarts empty, the fence comes back unknown: nothing of S moves until a
+    syphon rebuilds it from what the backlog holds (the older messages first, in the order
+    given), once, whichever replica gets there first."""
+    qa, qb = QUEUES
+    async with two(redis_server) as (a, b):
+        await write(a, "w1", ["old0"])
+        redis_server.restart(empty=True)
+        await eventually(
+            lambda: all(r.connected and r.stats.reconnects for r in (a, b)),
+            within=15,
+            what="both reconnected and resynced",
+        )
+        assert await a.fences.unknown(E, S)
+        assert await write(b, "w2", ["new"]) == qa  # counted exactly, generation 1
+        assert await a.fences.movable(E, S, qa, ["old0", "new"]) == 0, "unknown"
+        await a.fences.moved(E, S, ["gone"])  # a move from before the restart, replayed
+        old = [("old0", qa), ("old1", qb), ("gone", qb), ("new", qa)]
+        await a.fences.rebuild(E, S, old)
+        assert not await b.fences.unknown(E, S)
+        await b.fences.rebuild(E, S, [("x", qb)])  # too late: a known fence is left alone
+        assert await b.fences.movable(E, S, qb, ["old1", "x"]) == 0, "old0 first"
+        assert await b.fences.movable(E, S, qa, ["old0", "new"]) == 1
+        await b.fences.moved(E, S, ["old0"])
+        assert await b.fences.movable(E, S, qb, ["old1", "x"]) == 2
+        await b.fences.moved(E, S, ["old1"])
+        assert await b.fences.movable(E, S, qa, ["new"]) == 1
+        await b.fences.moved(E, S, ["new"])
+        await eventually(lambda: not a.fences.fenced(E, S), what="lifted everywhere")

@@ -15,8 +15,9 @@ order (by sequence number), and each session's MessageIds are the subsequence wi
 SessionId. A session receiver delivers exactly that, a session's messages in stored order
 (the local broker's session contract: tests/sblocal); opening 2,100 session receivers one
 after the other would cost minutes, not the property. Checked as in the small test: no
-acknowledged message lost; for every session whose fence Redis did not lose, the
-acknowledged messages in acknowledgement order; copies resolved by MessageId.
+acknowledged message lost; for every session except one whose fence Redis lost and no
+replica wrote back, the acknowledged messages in acknowledgement order; copies resolved by
+MessageId.
 """
 
 from __future__ import annotations

@@ -147,7 +147,11 @@ class FakeNamespace:
             s.locked_until = now + BACKLOG_LOCK_DURATION
             s.token = next(self._tokens)
             s.deliveries += 1
-            out.append(Received(s.message, (path, s.seq, s.token), s.locked_until, s.deliveries))
+            out.append(
+                Received(
+                    s.message, (path, s.seq, s.token), s.locked_until, s.deliveries, sequence=s.seq
+                )
+            )
         return out
 
     def _lock_expiries(self, path: str) -> list[float]:
@@ -181,6 +185,14 @@ class FakeNamespace:
         s = self._held_lock(message)
         s.locked_until = _now() + BACKLOG_LOCK_DURATION
         return s.locked_until
+
+    async def peek(
+        self, path: str, from_sequence: int, max_count: int
+    ) -> list[tuple[int, OutboundMessage | None]]:
+        if self.down:
+            raise BrokerFailure(CONNECTION, f"{self._name} is down")
+        found = [s for s in self.entities.get(path, []) if s.seq >= from_sequence]
+        return [(s.seq, s.message) for s in found[:max_count]]
 
     async def depths(self, paths: Sequence[str]) -> dict[str, int] | None:
         if self.down:

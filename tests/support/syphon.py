@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from gateway.core.message import OutboundMessage
 from gateway.core.ports import Received
 from gateway.errors import CONNECTION, BrokerFailure
 from tests.support.waiting import eventually
@@ -78,6 +79,12 @@ class FakeBacklog:
     async def renew(self, path: str, message: Received) -> float | None:
         self.ops.append("renew")
         return None
+
+    async def peek(
+        self, path: str, from_sequence: int, max_count: int
+    ) -> list[tuple[int, OutboundMessage | None]]:
+        self.ops.append("peek")
+        return []
 
     async def depths(self, paths: Sequence[str]) -> dict[str, int] | None:
         self.ops.append("depths")

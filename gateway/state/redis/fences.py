@@ -9,7 +9,9 @@ path holds no newline, so the key splits back unambiguously):
 * `p:<write id>` — `"<deadline> <gen>"`: a write in flight;
 * `t:<token>` — `"<gen> <seq>"`: an acknowledged message not yet home;
 * `x:<token>` — a message moved home before its acknowledgement was recorded;
-* `u` — an unknown fence (its contents were lost): lifts on an empty backlog.
+* `u` — an unknown fence (its contents were lost): nothing of the session moves until a
+  syphon rebuilds it from the backlog (`REBUILD_LUA`: the session's older messages in
+  generations numbered from -1 down), or it lifts on an empty backlog.
 
 Every change is one Lua script (check, write, lift, publish: atomic); the lift deletes the
 hash and publishes `{"kind": "fence", "on": false, ...}` on the state channel, the first
@@ -35,13 +37,20 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from gateway.state.fence import Fence, FenceKey, FenceListener, FenceStore, FenceUnavailable
+from gateway.state.fence import (
+    Fence,
+    FenceKey,
+    FenceListener,
+    FenceStore,
+    FenceUnavailable,
+    generations,
+)
 from gateway.state.redis.values import Invalid, parse_text, parse_time
 
 if TYPE_CHECKING:
@@ -189,6 +198,29 @@ return lift(k, tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
 """
 )
 
+# KEYS[1]; ARGV: now, channel, entity, session, n generations, n queues (generation -n
+# first, -1 last), then (token, "<gen> <seq>") pairs -> age or -1. Only on an unknown fence
+# (run once, by whichever replica's syphon gets there first); a token the fence counts
+# already, or moved home meanwhile (`x:`), is skipped.
+REBUILD_LUA = (
+    _LIFT_LUA
+    + r"""
+local k = KEYS[1]
+fence_key(k)
+if redis.call('HEXISTS', k, 'u') == 0 then return '-1' end
+local n = tonumber(ARGV[5])
+for i = 1, n do redis.call('HSET', k, 'q:' .. (i - n - 1), ARGV[5 + i]) end
+for i = 6 + n, #ARGV, 2 do
+  local t = ARGV[i]
+  if redis.call('HDEL', k, 'x:' .. t) == 0 and redis.call('HEXISTS', k, 't:' .. t) == 0 then
+    redis.call('HSET', k, 't:' .. t, ARGV[i + 1])
+  end
+end
+redis.call('HDEL', k, 'u')
+return lift(k, tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
+"""
+)
+
 # KEYS[1]; ARGV: now, id. Write a fence back as unknown if Redis lacks it -> the id Redis
 # holds (another replica may have written it back first).
 UNKNOWN_LUA = r"""
@@ -304,23 +336,45 @@ class RedisFences:
     async def moved(self, entity: str, session: str, tokens: Sequence[str]) -> None:
         await self._settle("moved", (entity, session), list(tokens))
 
-    async def may_move(
-        self, entity: str, session: str, queue: str, tokens: Collection[str]
-    ) -> bool:
+    async def movable(
+        self, entity: str, session: str, queue: str, held: Sequence[str | None]
+    ) -> int:
+        fence = await self._read((entity, session))
+        if fence is None:
+            return 0  # cannot tell: the queue waits
+        return len(held) if fence is False else fence.movable(queue, held, self._clock())
+
+    async def unknown(self, entity: str, session: str) -> bool:
+        fence = await self._read((entity, session))
+        return isinstance(fence, Fence) and fence.unknown
+
+    async def rebuild(self, entity: str, session: str, old: Sequence[tuple[str, str]]) -> None:
+        runs = generations(old)
+        queues = [q for i, (_, g, _, q) in enumerate(runs) if i == 0 or runs[i - 1][1] != g]
+        args: list[str | int] = [len(queues), *queues]
+        for token, gen, seq, _ in runs:
+            args += [token, f"{gen} {seq}"]
+        try:
+            await self._call("rebuild", (entity, session), args)
+        except _REDIS_ERRORS:
+            return  # still unknown: the next wait of the session tries again
+
+    async def _read(self, key: FenceKey) -> Fence | Literal[False] | None:
+        """The fence of `key` as Redis holds it: False if there is none, None if Redis
+        cannot be reached."""
         sess = self._store.session
         if sess is None:
-            return False  # cannot tell: the queue waits
-        key = self._key((entity, session))
+            return None
         try:
             async with self._calls, asyncio.timeout(self._store.op_timeout):
-                h = await sess.client.hgetall(key)
+                h = await sess.client.hgetall(self._key(key))
         except _REDIS_ERRORS as exc:
-            self._store.call_failed(sess, "fence may_move", exc)
-            return False
+            self._store.call_failed(sess, "fence read", exc)
+            return None
         if not h:
-            return True
+            return False
         text = {str(f): str(v) for f, v in h.items()}  # the client decodes: str already
-        return fence_from_hash(text).may_move(queue, tokens, self._clock())
+        return fence_from_hash(text)
 
     async def backlog_empty(self, entities: Collection[str]) -> None:
         for key in [k for k in self._fenced if k[0] in entities]:
@@ -433,11 +487,11 @@ class RedisFences:
         channel = self._store.channel
         if kind == "end":
             args = [args[0], args[1], now, channel, *key, *args[2:]]
-        elif kind in {"moved", "empty"}:
+        elif kind in {"moved", "empty", "rebuild"}:
             args = [now, channel, *key, *args]
         async with self._calls, asyncio.timeout(self._store.op_timeout):
             reply = await scripts[kind](keys=[self._key(key)], args=args, client=sess.client)
-        if kind in {"end", "moved", "empty"} and reply not in (None, "-1", b"-1"):
+        if kind in {"end", "moved", "empty", "rebuild"} and reply not in (None, "-1", b"-1"):
             self._fenced.pop(key, None)  # lifted: memory at once (the event follows)
         return reply
 
@@ -456,6 +510,7 @@ class RedisFences:
                     "moved": reg(MOVED_LUA),
                     "empty": reg(EMPTY_LUA),
                     "unknown": reg(UNKNOWN_LUA),
+                    "rebuild": reg(REBUILD_LUA),
                 },
             )
         return self._scripts[1]
