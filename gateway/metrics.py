@@ -376,7 +376,8 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self.billed_operations = Counter(
             "sbgate_syphon_billed_operations_total",
             "Messaging operations Service Bus bills, made by the syphon and the pinger, by "
-            "kind (receive, send, complete, abandon, dead_letter, renew_lock, ping).",
+            "kind (receive, send, complete, abandon, dead_letter, renew_lock, ping, peek: the "
+            "peeks that rebuild a session fence Redis lost).",
             ["kind"],
             registry=r,
         )
