@@ -38,7 +38,7 @@ import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
@@ -83,19 +83,26 @@ class Destination:
         return f"{self.client.name}/{self.path}"
 
 
-@dataclass(slots=True, eq=False)
 class _Group:
-    """The messages of one request: sent together, settled together."""
+    """The messages of one request: sent together, settled together. A plain slotted class,
+    not a dataclass: one is made per request, on the hot path."""
 
-    messages: Sequence[OutboundMessage]
-    size: int
-    future: asyncio.Future[None]
-    deadline: float  # loop time by which a worker must have taken it (else: Saturated)
-    trace: object | None = None  # the sender's span context (tracing on), linked to the batch
-    batch_key: str | None = field(init=False)
+    __slots__ = ("batch_key", "deadline", "future", "messages", "size", "trace")
 
-    def __post_init__(self) -> None:
-        self.batch_key = self.messages[0].batch_key if self.messages else None
+    def __init__(
+        self,
+        messages: Sequence[OutboundMessage],
+        size: int,
+        future: asyncio.Future[None],
+        deadline: float,  # loop time by which a worker must have taken it (else: Saturated)
+        trace: object | None = None,  # the sender's span context (tracing on), linked to the batch
+    ) -> None:
+        self.messages = messages
+        self.size = size
+        self.future = future
+        self.deadline = deadline
+        self.trace = trace
+        self.batch_key: str | None = messages[0].batch_key if messages else None
 
 
 def split_budget(requests: int) -> int:
@@ -322,7 +329,9 @@ class Dispatcher:
 
     async def _submit(self, dest: Destination, messages: Sequence[OutboundMessage]) -> None:
         """`send` once admitted by the adaptive limit (or without it)."""
-        size = sum(m.size for m in messages)
+        size = 0
+        for m in messages:
+            size += m.size
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._limits.admission_timeout
         tracer = self._tracer
@@ -345,9 +354,12 @@ class Dispatcher:
             group = _Group(messages, size, loop.create_future(), deadline, trace)
             lane.pending.append(group)
             lane.wakeup.set()
-            free = lane.has(_State.IDLE, _State.STARTING)
-            if not free and len(lane.workers) < self._limits.senders_per_entity:
-                self._spawn(lane)  # no worker free: the lane grows with its load
+            for w in lane.workers:  # `lane.has(IDLE, STARTING)`, inline: once per request
+                if w.state is _State.IDLE or w.state is _State.STARTING:
+                    break
+            else:
+                if len(lane.workers) < self._limits.senders_per_entity:
+                    self._spawn(lane)  # no worker free: the lane grows with its load
             if lane.expiry is None:
                 lane.expiry = loop.call_at(deadline, self._expire, lane)
             try:
