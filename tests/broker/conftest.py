@@ -47,6 +47,14 @@ async def running(config: BrokerConfig) -> AsyncIterator[LocalBroker]:
         await b.stop()
 
 
+def running_queues(names: list[str]) -> contextlib.AbstractAsyncContextManager[LocalBroker]:
+    """`running` with one namespace, "primary", that holds the queues `names`."""
+    primary = NamespaceConfig(
+        name="primary", management_port=None, queues=tuple(QueueConfig(q) for q in names)
+    )
+    return running(fast_config(namespaces=(primary,)))
+
+
 @contextlib.asynccontextmanager
 async def pooled_client(broker: LocalBroker, connections: int) -> AsyncIterator[Any]:
     """The gateway's `SdkNamespaceClient` for `primary`: its senders on `connections` pooled

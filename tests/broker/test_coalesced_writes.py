@@ -21,10 +21,9 @@ from gateway.core.message import OutboundMessage
 from gateway.errors import FailureKind, SendFailure
 from gateway.servicebus.client import SdkNamespaceClient, SdkSender
 from gateway.servicebus.internals import pool
-from sblocal.config import NamespaceConfig, QueueConfig
 from sblocal.server import LocalBroker
 from sblocal.testing import ControlClient
-from tests.broker.conftest import fast_config, pooled_client, running
+from tests.broker.conftest import pooled_client, running_queues
 
 QUEUES = [f"q{i}" for i in range(40)]
 DEADLINE = 30.0  # on every client call: an SDK mismatch must fail the test, not hang it
@@ -32,10 +31,7 @@ DEADLINE = 30.0  # on every client call: an SDK mismatch must fail the test, not
 
 @pytest.fixture
 async def broker() -> AsyncIterator[LocalBroker]:
-    primary = NamespaceConfig(
-        name="primary", management_port=None, queues=tuple(QueueConfig(q) for q in QUEUES)
-    )
-    async with running(fast_config(namespaces=(primary,))) as b:
+    async with running_queues(QUEUES) as b:
         yield b
 
 

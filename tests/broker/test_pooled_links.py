@@ -22,10 +22,9 @@ from gateway.errors import FailureKind, SendFailure
 from gateway.servicebus.client import SdkNamespaceClient, SdkSender
 from gateway.servicebus.internals.shared_cbs import SharedCbsAuthenticator
 from sblocal import sas
-from sblocal.config import NamespaceConfig, QueueConfig
 from sblocal.server import LocalBroker
 from sblocal.testing import ControlClient
-from tests.broker.conftest import fast_config, pooled_client, running
+from tests.broker.conftest import pooled_client, running_queues
 from tests.support.fakes import Restarts
 from tests.support.waiting import eventually
 
@@ -34,10 +33,7 @@ QUEUES = [f"q{i}" for i in range(24)]
 
 @pytest.fixture
 async def broker() -> AsyncIterator[LocalBroker]:
-    primary = NamespaceConfig(
-        name="primary", management_port=None, queues=tuple(QueueConfig(q) for q in QUEUES)
-    )
-    async with running(fast_config(namespaces=(primary,))) as b:
+    async with running_queues(QUEUES) as b:
         yield b
 
 
