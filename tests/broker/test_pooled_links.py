@@ -205,7 +205,9 @@ async def test_a_refused_put_token_fails_only_that_open(broker: LocalBroker) -> 
         assert isinstance(refused.value.__cause__, ServiceBusAuthenticationError)
         assert refused.value.kind == FailureKind.UNAUTHORIZED
         await ok.send([_msg(3)])
-        # A new put-token on the same pair is still answered.
+        # A new put-token on the same pair is still answered (q0's token forgotten: it
+        # would cover the new sender, `shared_cbs.Grant`).
+        client.pool._slots[0]._cbs.grants.clear()
         again = await client.open_sender("q0")
         await again.send([_msg(4)])
         counters = broker.namespace("primary").counters
@@ -278,6 +280,9 @@ async def test_a_connection_carries_more_put_tokens_than_pyamqps_session_window(
         for i in range(300):
             sender = await pooled.open_sender(QUEUES[i % len(QUEUES)])
             await sender.close()
+            # Forgotten, so that every open puts one (a token on the connection would cover
+            # the next sender to its entity, `shared_cbs.Grant`).
+            pooled.pool._slots[0]._cbs.grants.clear()
         sender = await pooled.open_sender(QUEUES[0])
         await sender.send([_msg(0)])
         assert pooled.pool._slots[0].reading, "the connection's reader still reads"
@@ -325,3 +330,70 @@ async def test_a_reader_that_raises_is_logged_counted_and_restarted(
         await sender.close()
     finally:
         await pooled.close()
+
+
+async def test_one_put_token_per_entity_per_connection(
+    broker: LocalBroker, control: ControlClient
+) -> None:
+    """A token put for an entity authorizes every link to it on the connection
+    (`shared_cbs.Grant`): a second sender to the same entity, opened while the first's
+    put-token is in flight or after it was accepted, or after the first was closed, puts none
+    of its own; another entity still puts its own. Each sender sends."""
+    async with pooled_client(broker, connections=1) as pooled:
+        counters = broker.namespace("primary").counters
+        together = await asyncio.gather(*(pooled.open_sender(QUEUES[0]) for _ in range(3)))
+        assert counters.cbs_tokens == 1
+        later = await pooled.open_sender(QUEUES[0])
+        await together[0].close()
+        after_close = await pooled.open_sender(QUEUES[0])
+        other = await pooled.open_sender(QUEUES[1])
+        assert counters.cbs_tokens == 2
+        senders = [*together[1:], later, after_close, other]
+        await asyncio.gather(*(s.send([_msg(i)]) for i, s in enumerate(senders)))
+        assert await _stored(control) == len(senders)
+        for s in senders:
+            await s.close()
+
+
+async def test_a_second_sender_goes_where_its_entitys_token_is(broker: LocalBroker) -> None:
+    """Of two connections, a sender to an entity whose token is on one binds there (while
+    that one has at most one link more than the other), so its open puts no token."""
+    async with pooled_client(broker, connections=2) as pooled:
+        counters = broker.namespace("primary").counters
+        first = await pooled.open_sender(QUEUES[0])
+        second = await pooled.open_sender(QUEUES[0])
+        assert counters.cbs_tokens == 1
+        assert pooled.pool.open_connections() == 1
+        third = await pooled.open_sender(QUEUES[0])  # two links more there: the other one
+        assert counters.cbs_tokens == 2 and pooled.pool.open_connections() == 2
+        for i, s in enumerate((first, second, third)):
+            await s.send([_msg(i)])
+            await s.close()
+
+
+async def test_senders_waiting_for_a_refused_put_token_put_their_own(
+    broker: LocalBroker,
+) -> None:
+    """Senders to an entity the key does not cover, opened together: each is refused by an
+    answer of its own (`ServiceBusAuthenticationError`), none waits past it."""
+    from gateway.config import NamespaceSettings, Secret, TimeoutSettings
+
+    key_name, key = broker._key("primary")
+    host = f"localhost:{broker.amqp_port('primary')}"
+    token = sas.sign(f"sb://{host}/q0", key_name, key, int(time.time()) + 3600)
+    conn_str = f"Endpoint=sb://{host};SharedAccessSignature={token};UseDevelopmentEmulator=true;"
+    ns = NamespaceSettings(name="primary", connection_string=Secret(conn_str))
+    client = SdkNamespaceClient(ns, TimeoutSettings(sdk_retry_total=0), connections=1)
+    try:
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                *(client.open_sender("q1") for _ in range(3)), return_exceptions=True
+            )
+        assert all(isinstance(r, SendFailure) for r in results), results
+        assert all(isinstance(r.__cause__, ServiceBusAuthenticationError) for r in results)
+        assert broker.namespace("primary").counters.cbs_rejected == 3
+        ok = await client.open_sender("q0")
+        await ok.send([_msg(1)])
+        await ok.close()
+    finally:
+        await client.close()

@@ -37,7 +37,9 @@ connection fails; the handlers then see the connection's error, and the slot rep
 connection on the next open. A reader that raises with its connection up is logged, counted
 and started again (`supervised`).
 
-Each slot opens its connection on first use; a link goes to the slot with the fewest links.
+Each slot opens its connection on first use; a link goes to the slot with the fewest links,
+or to one with at most one link more that already holds a token for the link's entity
+(`Slot.holds`: its open then needs no put-token, `shared_cbs.Grant`).
 Cancellation: `connection()` may be cancelled (the caller owns the deadline); a half-opened
 connection is then closed.
 """
@@ -239,6 +241,12 @@ class Slot:
     def view(self, conn: Connection) -> _View:
         """A new handler's view of `conn` (this slot's connection)."""
         return _View(self, conn)
+
+    def holds(self, audience: str) -> bool:
+        """Whether this connection has a token for `audience` put, or being put
+        (`shared_cbs.Grant`): a sender for it opens here with the attach alone."""
+        shared = self._cbs
+        return shared is not None and shared.usable and shared.holds(audience)
 
     def watch(self, session: Any, view: _View | SharedCbs) -> None:
         self._views[session] = view
@@ -508,6 +516,11 @@ class ConnectionPool:
         SDK's `_open` builds its credential and handler, then opens the handler on the
         connection we set (`open_handler_with_deadline(handler, sender._connection, ...)`)."""
         slot = min(self._slots, key=lambda s: s.links)
+        audience = getattr(sender, "_auth_uri", None)
+        if audience:  # its entity's token already on a connection: no put-token there
+            held = [s for s in self._slots if s.holds(audience) and s.links <= slot.links + 1]
+            if held:
+                slot = min(held, key=lambda s: s.links)
         slot.links += 1
         if not self.sharing:
             return slot
