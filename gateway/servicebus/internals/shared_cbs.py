@@ -54,9 +54,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import uuid4
 
-from azure.servicebus._pyamqp.cbs import check_expiration_and_refresh_status
-
 from azure.servicebus._pyamqp.aio._cbs_async import CBSAuthenticator
+from azure.servicebus._pyamqp.cbs import check_expiration_and_refresh_status
 from azure.servicebus._pyamqp.constants import (
     CBS_EXPIRATION,
     CBS_NAME,
@@ -102,9 +101,7 @@ class Grant:
         """Accepted, and neither expired nor due for the SDK's refresh."""
         if not self.ok or self.expires_on is None or self.refresh_window is None:
             return False
-        expired, refresh = check_expiration_and_refresh_status(
-            self.expires_on, self.refresh_window
-        )
+        expired, refresh = check_expiration_and_refresh_status(self.expires_on, self.refresh_window)
         return not expired and not refresh
 
 
