@@ -39,7 +39,8 @@ and started again (`supervised`).
 
 Each slot opens its connection on first use; a link goes to the slot with the fewest links,
 or to one with at most one link more that already holds a token for the link's entity
-(`Slot.holds`: its open then needs no put-token, `shared_cbs.Grant`).
+or a sender to it is bound (`Slot.holds`: its open then needs no put-token of its own,
+`shared_cbs.Grant`).
 Cancellation: `connection()` may be cancelled (the caller owns the deadline); a half-opened
 connection is then closed.
 """
@@ -233,6 +234,8 @@ class Slot:
         self._views: weakref.WeakKeyDictionary[Any, _View | SharedCbs] = weakref.WeakKeyDictionary()
         self._cbs: SharedCbs | None = None  # the connection's `$cbs` pair (`shared_cbs`)
         self._cbs_lock = asyncio.Lock()
+        # The senders bound here, by audience (their entity): gone once collected.
+        self.bound: dict[str, weakref.WeakSet[ServiceBusSender]] = {}
 
     @property
     def reading(self) -> bool:
@@ -244,7 +247,13 @@ class Slot:
 
     def holds(self, audience: str) -> bool:
         """Whether this connection has a token for `audience` put, or being put
-        (`shared_cbs.Grant`): a sender for it opens here with the attach alone."""
+        (`shared_cbs.Grant`), or a sender to it that will put one: a sender for it opens
+        here with the attach alone."""
+        bound = self.bound.get(audience)
+        if bound is not None:
+            if bound:  # another sender to it is opening (or open) here: it puts the token
+                return True
+            del self.bound[audience]
         shared = self._cbs
         return shared is not None and shared.usable and shared.holds(audience)
 
@@ -521,6 +530,7 @@ class ConnectionPool:
             held = [s for s in self._slots if s.holds(audience) and s.links <= slot.links + 1]
             if held:
                 slot = min(held, key=lambda s: s.links)
+            slot.bound.setdefault(audience, weakref.WeakSet()).add(sender)
         slot.links += 1
         if not self.sharing:
             return slot
