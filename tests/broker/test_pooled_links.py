@@ -403,3 +403,20 @@ async def test_senders_waiting_for_a_refused_put_token_put_their_own(
         await ok.close()
     finally:
         await client.close()
+
+
+async def test_the_pool_forgets_the_entities_of_senders_gone(broker: LocalBroker) -> None:
+    """`Slot.bound` (which entity's sender is bound where) keeps no entry per entity ever
+    sent to: senders bound and dropped, one per entity, leave a bounded number behind."""
+    import gc
+
+    async with pooled_client(broker, connections=1) as pooled:
+        slot = pooled.pool._slots[0]
+        for i in range(300):
+            sender = pooled.sdk_client.get_queue_sender(f"gone{i}")
+            bound = pooled.pool.bind(sender)
+            pooled.pool.unbind(bound)
+            del sender
+            if i % 50 == 0:
+                gc.collect()
+        assert len(slot.bound) <= 64 + 50 + 1

@@ -531,6 +531,8 @@ class ConnectionPool:
             if held:
                 slot = min(held, key=lambda s: s.links)
             slot.bound.setdefault(audience, weakref.WeakSet()).add(sender)
+            if len(slot.bound) > 2 * slot.links + 64:  # amortized: the closed ones' entries
+                slot.bound = {a: live for a, live in slot.bound.items() if live}
         slot.links += 1
         if not self.sharing:
             return slot
