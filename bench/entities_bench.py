@@ -15,7 +15,8 @@ bodies, each connection cycling through every entity's URL) POSTing over all of 
 * how long the gateway's listener was closed under overload during the window (it closes
   while its loop lags; the load starts only once it listens: a refused h2load client does
   not reconnect);
-* what the gateway holds open at the broker (its census: connections and sender links);
+* what the gateway holds open at the broker (its census: connections and sender links),
+  and how many `$cbs` put-tokens the broker answered (one per entity per connection);
 * the 201 share;
 * the first send to a cold entity (its sender opens) and the next one, one request each,
   before the load;
@@ -67,6 +68,7 @@ class Row:
     broker_cpu_per_req_us: float
     connections: int
     send_links: int
+    put_tokens: int  # `$cbs` put-tokens the broker answered, start-up and load
     links: int
     ok_share: float
     statuses: dict[str, int]
@@ -100,6 +102,7 @@ async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Ro
             paused = await _paused_seconds(gateway.url) - paused_before
             rss_load = (rss_bytes(gateway.pid) or 0) / MiB
             census = await broker.control.connections("primary")
+            counters = await broker.control.counters("primary")
         finally:
             await gateway.close()
     finally:
@@ -118,6 +121,7 @@ async def _one(n: int, args: argparse.Namespace, cores: Cores, work: Path) -> Ro
         broker_cpu_per_req_us=window.cpu["broker"] / requests * 1e6,
         connections=int(census["connections"]),
         send_links=int(census["send_links"]),
+        put_tokens=int(counters["cbs_tokens"]),
         links=int(census["links"]),
         ok_share=statuses.get("201", 0) / requests,
         statuses=statuses,
@@ -312,8 +316,8 @@ def _table(rows: list[Row]) -> list[str]:
     out = [
         "| entities | ready | RSS start | RSS after load | req/s | x 1 entity | CPU/req "
         "| x 1 entity | gateway busy | broker CPU/req | listener closed | connections "
-        "| sender links (all links) | 201 share | cold / warm send |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| sender links (all links) | put-tokens | 201 share | cold / warm send |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         rate_x = f"{r.rate / base.rate:.2f}x" if base and base.rate else "—"
@@ -322,7 +326,8 @@ def _table(rows: list[Row]) -> list[str]:
             f"| {r.entities:,} | {r.ready_s:.1f} s | {r.rss_start:.0f} MB | {r.rss_load:.0f} MB "
             f"| {r.rate:,.0f} | {rate_x} | {r.cpu_per_req_us:,.0f} µs | {cpu_x} "
             f"| {r.busy:.0%} | {r.broker_cpu_per_req_us:,.0f} µs | {r.paused_s:.1f} s "
-            f"| {r.connections} | {r.send_links:,} ({r.links:,}) | {r.ok_share:.1%} "
+            f"| {r.connections} | {r.send_links:,} ({r.links:,}) | {r.put_tokens:,} "
+            f"| {r.ok_share:.1%} "
             f"| {r.cold_ms:.0f} / {r.warm_ms:.0f} ms |"
         )
     return out

@@ -181,10 +181,15 @@ async def test_a_token_is_refreshed_over_the_shared_pair_before_it_expires(
         await s.close()
 
 
-async def test_a_refused_put_token_fails_only_that_open(broker: LocalBroker) -> None:
-    """A token that does not cover one entity: its open fails as the SDK's own `$cbs` pair
-    fails it (`ServiceBusAuthenticationError`), and the other entities on the same
-    connection, and the pair, go on."""
+def _forget_tokens(client: SdkNamespaceClient) -> None:
+    """Forget the tokens put on the first connection: its next open puts one again."""
+    shared = client.pool._slots[0]._cbs
+    assert shared is not None
+    shared.grants.clear()
+
+
+def _client_covering_q0_only(broker: LocalBroker) -> SdkNamespaceClient:
+    """A client on one pooled connection whose SAS token covers `q0` only, no retries."""
     from gateway.config import NamespaceSettings, Secret, TimeoutSettings
 
     key_name, key = broker._key("primary")
@@ -192,7 +197,14 @@ async def test_a_refused_put_token_fails_only_that_open(broker: LocalBroker) -> 
     token = sas.sign(f"sb://{host}/q0", key_name, key, int(time.time()) + 3600)
     conn_str = f"Endpoint=sb://{host};SharedAccessSignature={token};UseDevelopmentEmulator=true;"
     ns = NamespaceSettings(name="primary", connection_string=Secret(conn_str))
-    client = SdkNamespaceClient(ns, TimeoutSettings(sdk_retry_total=0), connections=1)
+    return SdkNamespaceClient(ns, TimeoutSettings(sdk_retry_total=0), connections=1)
+
+
+async def test_a_refused_put_token_fails_only_that_open(broker: LocalBroker) -> None:
+    """A token that does not cover one entity: its open fails as the SDK's own `$cbs` pair
+    fails it (`ServiceBusAuthenticationError`), and the other entities on the same
+    connection, and the pair, go on."""
+    client = _client_covering_q0_only(broker)
     try:
         ok = await client.open_sender("q0")
         await ok.send([_msg(1)])
@@ -201,7 +213,9 @@ async def test_a_refused_put_token_fails_only_that_open(broker: LocalBroker) -> 
         assert isinstance(refused.value.__cause__, ServiceBusAuthenticationError)
         assert refused.value.kind == FailureKind.UNAUTHORIZED
         await ok.send([_msg(3)])
-        # A new put-token on the same pair is still answered.
+        # A new put-token on the same pair is still answered (q0's token forgotten: it
+        # would cover the new sender, `shared_cbs.Grant`).
+        _forget_tokens(client)
         again = await client.open_sender("q0")
         await again.send([_msg(4)])
         counters = broker.namespace("primary").counters
@@ -274,6 +288,9 @@ async def test_a_connection_carries_more_put_tokens_than_pyamqps_session_window(
         for i in range(300):
             sender = await pooled.open_sender(QUEUES[i % len(QUEUES)])
             await sender.close()
+            # Forgotten, so that every open puts one (a token on the connection would cover
+            # the next sender to its entity, `shared_cbs.Grant`).
+            _forget_tokens(pooled)
         sender = await pooled.open_sender(QUEUES[0])
         await sender.send([_msg(0)])
         assert pooled.pool._slots[0].reading, "the connection's reader still reads"
@@ -321,3 +338,81 @@ async def test_a_reader_that_raises_is_logged_counted_and_restarted(
         await sender.close()
     finally:
         await pooled.close()
+
+
+async def test_one_put_token_per_entity_per_connection(
+    broker: LocalBroker, control: ControlClient
+) -> None:
+    """A token put for an entity authorizes every link to it on the connection
+    (`shared_cbs.Grant`): a second sender to the same entity, opened while the first's
+    put-token is in flight or after it was accepted, or after the first was closed, puts none
+    of its own; another entity still puts its own. Each sender sends."""
+    async with pooled_client(broker, connections=1) as pooled:
+        counters = broker.namespace("primary").counters
+        together = await asyncio.gather(*(pooled.open_sender(QUEUES[0]) for _ in range(3)))
+        assert counters.cbs_tokens == 1
+        later = await pooled.open_sender(QUEUES[0])
+        await together[0].close()
+        after_close = await pooled.open_sender(QUEUES[0])
+        other = await pooled.open_sender(QUEUES[1])
+        assert counters.cbs_tokens == 2
+        senders = [*together[1:], later, after_close, other]
+        await asyncio.gather(*(s.send([_msg(i)]) for i, s in enumerate(senders)))
+        assert await _stored(control) == len(senders)
+        for s in senders:
+            await s.close()
+
+
+async def test_a_second_sender_goes_where_its_entitys_token_is(broker: LocalBroker) -> None:
+    """Of two connections, a sender to an entity whose token is on one binds there (while
+    that one has at most one link more than the other), so its open puts no token."""
+    async with pooled_client(broker, connections=2) as pooled:
+        counters = broker.namespace("primary").counters
+        first = await pooled.open_sender(QUEUES[0])
+        second = await pooled.open_sender(QUEUES[0])
+        assert counters.cbs_tokens == 1
+        assert pooled.pool.open_connections() == 1
+        third = await pooled.open_sender(QUEUES[0])  # two links more there: the other one
+        assert counters.cbs_tokens == 2 and pooled.pool.open_connections() == 2
+        for i, s in enumerate((first, second, third)):
+            await s.send([_msg(i)])
+            await s.close()
+
+
+async def test_senders_waiting_for_a_refused_put_token_put_their_own(
+    broker: LocalBroker,
+) -> None:
+    """Senders to an entity the key does not cover, opened together: each is refused by an
+    answer of its own (`ServiceBusAuthenticationError`), none waits past it."""
+    client = _client_covering_q0_only(broker)
+    try:
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                *(client.open_sender("q1") for _ in range(3)), return_exceptions=True
+            )
+        refusals = [r for r in results if isinstance(r, SendFailure)]
+        assert len(refusals) == 3, results
+        assert all(isinstance(r.__cause__, ServiceBusAuthenticationError) for r in refusals)
+        assert broker.namespace("primary").counters.cbs_rejected == 3
+        ok = await client.open_sender("q0")
+        await ok.send([_msg(1)])
+        await ok.close()
+    finally:
+        await client.close()
+
+
+async def test_the_pool_forgets_the_entities_of_senders_gone(broker: LocalBroker) -> None:
+    """`Slot.bound` (which entity's sender is bound where) keeps no entry per entity ever
+    sent to: senders bound and dropped, one per entity, leave a bounded number behind."""
+    import gc
+
+    async with pooled_client(broker, connections=1) as pooled:
+        slot = pooled.pool._slots[0]
+        for i in range(300):
+            sender = pooled.sdk_client.get_queue_sender(f"gone{i}")
+            bound = pooled.pool.bind(sender)
+            pooled.pool.unbind(bound)
+            del sender
+            if i % 50 == 0:
+                gc.collect()
+        assert len(slot.bound) <= 64 + 50 + 1

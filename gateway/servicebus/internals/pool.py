@@ -37,7 +37,10 @@ connection fails; the handlers then see the connection's error, and the slot rep
 connection on the next open. A reader that raises with its connection up is logged, counted
 and started again (`supervised`).
 
-Each slot opens its connection on first use; a link goes to the slot with the fewest links.
+Each slot opens its connection on first use; a link goes to the slot with the fewest links,
+or to one with at most one link more that already holds a token for the link's entity
+or a sender to it is bound (`Slot.holds`: its open then needs no put-token of its own,
+`shared_cbs.Grant`).
 Cancellation: `connection()` may be cancelled (the caller owns the deadline); a half-opened
 connection is then closed.
 """
@@ -231,6 +234,8 @@ class Slot:
         self._views: weakref.WeakKeyDictionary[Any, _View | SharedCbs] = weakref.WeakKeyDictionary()
         self._cbs: SharedCbs | None = None  # the connection's `$cbs` pair (`shared_cbs`)
         self._cbs_lock = asyncio.Lock()
+        # The senders bound here, by audience (their entity): gone once collected.
+        self.bound: dict[str, weakref.WeakSet[ServiceBusSender]] = {}
 
     @property
     def reading(self) -> bool:
@@ -239,6 +244,18 @@ class Slot:
     def view(self, conn: Connection) -> _View:
         """A new handler's view of `conn` (this slot's connection)."""
         return _View(self, conn)
+
+    def holds(self, audience: str) -> bool:
+        """Whether this connection has a token for `audience` put, or being put
+        (`shared_cbs.Grant`), or a sender to it that will put one: a sender for it opens
+        here with the attach alone."""
+        bound = self.bound.get(audience)
+        if bound is not None:
+            if bound:  # another sender to it is opening (or open) here: it puts the token
+                return True
+            del self.bound[audience]
+        shared = self._cbs
+        return shared is not None and shared.usable and shared.holds(audience)
 
     def watch(self, session: Any, view: _View | SharedCbs) -> None:
         self._views[session] = view
@@ -508,6 +525,14 @@ class ConnectionPool:
         SDK's `_open` builds its credential and handler, then opens the handler on the
         connection we set (`open_handler_with_deadline(handler, sender._connection, ...)`)."""
         slot = min(self._slots, key=lambda s: s.links)
+        audience = getattr(sender, "_auth_uri", None)
+        if audience:  # its entity's token already on a connection: no put-token there
+            held = [s for s in self._slots if s.holds(audience) and s.links <= slot.links + 1]
+            if held:
+                slot = min(held, key=lambda s: s.links)
+            slot.bound.setdefault(audience, weakref.WeakSet()).add(sender)
+            if len(slot.bound) > 2 * slot.links + 64:  # amortized: the closed ones' entries
+                slot.bound = {a: live for a, live in slot.bound.items() if live}
         slot.links += 1
         if not self.sharing:
             return slot

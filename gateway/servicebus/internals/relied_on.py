@@ -67,6 +67,10 @@ RELIED_ON: Final[dict[str, str]] = {
     f"{_AIO}_cbs_async.CBSAuthenticator.handle_token": "f1872de4986d6d1f",
     f"{_AIO}_cbs_async.CBSAuthenticator.open": "1aeb62633d544dfb",
     f"{_AIO}_cbs_async.CBSAuthenticator.update_token": "4d70b3272c006097",
+    # shared_cbs.Grant: whether a token put is current, as `_update_status` decides it
+    f"{_SB}_pyamqp.cbs.check_expiration_and_refresh_status": "ca18679c5b4c96fe",
+    # pool.bind: the sender's audience (`_auth_uri`), as the SDK's handler puts it
+    f"{_SB}_servicebus_sender.SenderMixin._create_attribute": "ec7d7bd857f5042e",
     f"{_AIO}_client_async.AMQPClientAsync._keep_alive_async": "7257c34b2981cd2b",
     f"{_AIO}_client_async.AMQPClientAsync.auth_complete_async": "9829ffa7655017aa",
     f"{_AIO}_client_async.AMQPClientAsync.client_ready_async": "1b1589bf969b7fa9",

@@ -30,17 +30,32 @@ holds this to the local broker: one pair per connection, a refused audience, a r
 
 A handler falls back to its own pair (the SDK's path) when the connection has no reader
 (`Slot.reading`) or the shared pair fails to open in time.
+
+One put-token per audience per connection (`Grant`). A token put for an audience authorizes
+every link to that entity on the connection until it expires (Service Bus "promptly drops
+all links on the connection to the respective entity" when it does: the AMQP protocol
+guide, "Claims-based authorization"; sblocal keeps the scope per connection): so a handler
+whose audience already has a token on its connection, accepted and not yet in the SDK's
+refresh window, takes that token's state (token, expiry, refresh window) instead of putting
+its own, and one whose audience has a put in flight waits for that put's answer instead of
+sending another. Its open is then the attach alone: one round trip and no put-token frames
+(the pool binds a sender to the connection that holds its audience, `ConnectionPool.bind`).
+A put that fails or is dropped sends its waiters back to putting their own (each then gets
+its own answer, refusal included); each handler still refreshes on its own schedule, and a
+refresh first looks for a newer token another handler put.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import uuid4
 
 from azure.servicebus._pyamqp.aio._cbs_async import CBSAuthenticator
+from azure.servicebus._pyamqp.cbs import check_expiration_and_refresh_status
 from azure.servicebus._pyamqp.constants import (
     CBS_EXPIRATION,
     CBS_NAME,
@@ -61,14 +76,45 @@ log = logging.getLogger(__name__)
 OPEN_TIMEOUT = 30.0
 
 
+class Grant:
+    """The latest token put for one audience on a connection: in flight (`waiting`: the
+    authenticators that wait for its answer instead of putting their own), accepted (`ok`,
+    with the token's state), or failed (neither)."""
+
+    __slots__ = ("expires_on", "ok", "put_time", "refresh_window", "since", "token", "waiting")
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.ok = False
+        self.token: str | None = None
+        self.expires_on: int | None = None
+        self.refresh_window: int | None = None
+        self.put_time: int | None = None
+        self.waiting: list[SharedCbsAuthenticator] | None = []  # None once answered
+
+    def in_flight(self, timeout: float) -> bool:
+        """Put, not answered, and not older than the put's deadline (`timeout`)."""
+        return self.waiting is not None and time.monotonic() - self.since < timeout
+
+    @property
+    def current(self) -> bool:
+        """Accepted, and neither expired nor due for the SDK's refresh."""
+        if not self.ok or self.expires_on is None or self.refresh_window is None:
+            return False
+        expired, refresh = check_expiration_and_refresh_status(self.expires_on, self.refresh_window)
+        return not expired and not refresh
+
+
 class SharedCbs:
     """The `$cbs` request/response link pair of one pooled connection, in a session of its
-    own. `begin` writes the frames; `wait_open` waits for the broker's answers."""
+    own. `begin` writes the frames; `wait_open` waits for the broker's answers. `grants`:
+    the token put over it for each audience."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self.state = CbsState.OPENING
         self.started = False
+        self.grants: dict[str, Grant] = {}
         # The SDK's handler windows (`AMQPClientAsync`): with pyamqp's default of 1, the
         # session would answer every put-token's reply with a FLOW.
         self.session: Any = conn.create_session(
@@ -82,6 +128,11 @@ class SharedCbs:
             status_code_field=b"status-code",
             status_description_field=b"status-description",
         )
+
+    def holds(self, audience: str) -> bool:
+        """Whether a token for `audience` is on this connection (or being put)."""
+        grant = self.grants.get(audience)
+        return grant is not None and (grant.in_flight(OPEN_TIMEOUT) or grant.current)
 
     def wake(self) -> None:
         """A frame to this session was dispatched: the waiting handlers are woken by their
@@ -149,15 +200,69 @@ class SharedCbsAuthenticator(CBSAuthenticator):
         self.state = CbsState.CLOSED
         self.auth_state = CbsAuthState.IDLE
         self._pending: Any = None
+        self._grant: Grant | None = None  # the put this one made, or waits for
+
+    async def update_token(self) -> None:
+        """The SDK's put (first, or a refresh), unless the connection already has a current
+        token for this audience (taken), or one in flight (waited for): see the module."""
+        grant = self._shared.grants.get(self._auth.audience)
+        if grant is not None and grant is not self._grant:
+            if grant.current:
+                self._take(grant)
+                self._connection.wake()  # `handle_token` listens next: no frame is coming
+                return
+            waiting = grant.waiting
+            if waiting is not None and grant.in_flight(self._auth_timeout or OPEN_TIMEOUT):
+                waiting.append(self)
+                self._grant = grant
+                self.auth_state = CbsAuthState.IN_PROGRESS
+                self._token_put_time = int(time.time())  # the SDK's put deadline holds
+                return
+        self._grant = self._shared.grants[self._auth.audience] = Grant()
+        await super().update_token()
+
+    def _take(self, grant: Grant) -> None:
+        self._grant = grant
+        self._token = grant.token
+        self._expires_on = grant.expires_on
+        self._refresh_window = grant.refresh_window
+        self._token_put_time = grant.put_time
+        self.auth_state = CbsAuthState.OK
+
+    def _answered(self) -> None:
+        """This one's put was answered (or dropped): record it, and settle its waiters."""
+        grant = self._grant
+        if grant is None or grant.waiting is None:
+            return
+        waiting, grant.waiting = grant.waiting, None
+        if self.auth_state == CbsAuthState.OK:
+            grant.ok = True
+            grant.token, grant.expires_on = self._token, self._expires_on
+            grant.refresh_window, grant.put_time = self._refresh_window, self._token_put_time
+        elif self._shared.grants.get(self._auth.audience) is grant:
+            del self._shared.grants[self._auth.audience]
+        for other in waiting:
+            if other._grant is not grant or other.auth_state != CbsAuthState.IN_PROGRESS:
+                continue  # closed, or moved on
+            if grant.ok:
+                other._take(grant)
+            else:  # it puts its own, and gets its own answer
+                other._grant = None
+                other.auth_state = CbsAuthState.IDLE
+            other._connection.wake()
 
     async def open(self) -> None:
         self.state = CbsState.OPEN if self._shared.usable else CbsState.ERROR
 
     async def close(self) -> None:
-        # The pair is the connection's: only this handler's pending request is dropped.
+        # The pair is the connection's: only this handler's pending request is dropped (its
+        # waiters then put their own).
         if self._pending is not None:
             self._shared.link.cancel_operation(self._pending)
             self._pending = None
+            self.auth_state = CbsAuthState.IDLE
+            self._answered()
+        self._grant = None
         self.state = CbsState.CLOSED
 
     async def _cbs_link_ready(self) -> bool:
@@ -173,6 +278,7 @@ class SharedCbsAuthenticator(CBSAuthenticator):
             self._shared, self._mgmt_link, self._pending = fresh, fresh.link, None
             if self.auth_state == CbsAuthState.IN_PROGRESS:
                 self.auth_state = CbsAuthState.IDLE
+                self._grant = None  # the new pair has no grants: this one puts again
         return True
 
     async def _put_token(
@@ -200,6 +306,7 @@ class SharedCbsAuthenticator(CBSAuthenticator):
     async def _on_execute_operation_complete(self, *args: Any, **kwargs: Any) -> None:
         self._pending = None
         await super()._on_execute_operation_complete(*args, **kwargs)
+        self._answered()
         # The reply came on the shared session: wake this handler, which waits for frames
         # to its own session only (`pool._View.listen`).
         self._connection.wake()
