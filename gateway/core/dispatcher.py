@@ -5,7 +5,8 @@ buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
 
 * **Cost per entity is what it uses**: a lane, its workers and their senders exist only
   while the destination is sent to. A lane starts with no worker; a request that finds no
-  free one adds one, up to `senders_per_entity` (the lane grows with its load); a worker
+  free one (idle, or opening its sender with at most a batch's requests pending: it takes
+  them once open) adds one, up to `senders_per_entity` (the lane grows with its load); a worker
   that waited `sender_idle_timeout` for work closes its sender and ends, and the last one
   drops its lane. Open senders are capped across all destinations (`max_open_senders`):
   to open another at the cap, the least recently used idle one is closed.
@@ -354,8 +355,14 @@ class Dispatcher:
             group = _Group(messages, size, loop.create_future(), deadline, trace)
             lane.pending.append(group)
             lane.wakeup.set()
-            for w in lane.workers:  # `lane.has(IDLE, STARTING)`, inline: once per request
-                if w.state is _State.IDLE or w.state is _State.STARTING:
+            for w in lane.workers:  # inline: once per request
+                state = w.state
+                if state is _State.IDLE or state is _State.STARTING:
+                    break
+                # Opening its sender, it takes what is pending when open: a second worker
+                # would add a second cold open, not an earlier send, unless the pending
+                # requests exceed one batch.
+                if state is _State.OPENING and len(lane.pending) <= self._limits.max_batch_messages:
                     break
             else:
                 if len(lane.workers) < self._limits.senders_per_entity:
