@@ -241,18 +241,28 @@ def _raw_path_ok(raw_path: str) -> None:
         raise InvalidEntityPath("empty path segments are not allowed")
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+def _buffered_body(request: web.Request, limit: int) -> bytes | None:
+    """The body when it came whole with its head (the common case for a message), taken as
+    buffered, without `read()`'s copy into a bytearray and back (the handler is the body's
+    only reader); None when it is still arriving. Refuses a Content-Length over `limit`."""
     length = request.content_length
     if length is not None and length > limit:
         raise PayloadTooLarge(
             f"the request body is {length} bytes; the limit is {limit}", size=length, limit=limit
         )
     content = request.content
+    if not content.is_eof():
+        return None
+    body = content.read_nowait()
+    if len(body) > limit:
+        raise PayloadTooLarge(f"the request body is larger than {limit} bytes", limit=limit)
+    return body
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body still arriving (after `_buffered_body` said None), within `limit`."""
     try:
-        # A body that came whole with its head (the common case for a message) is taken as
-        # buffered, without `read()`'s copy into a bytearray and back; the handler is the
-        # body's only reader.
-        body: bytes | None = content.read_nowait() if content.is_eof() else await request.read()
+        body: bytes | None = await request.read()
     except web.HTTPRequestEntityTooLarge:
         body = None
     if body is None or len(body) > limit:  # chunked: no Content-Length to check first
@@ -289,9 +299,8 @@ async def _send(
             principal = authorize(request, path, Right.SEND)
             return None if principal is None else principal.key_name
 
-    async def read(_entity: EntityRef) -> list[OutboundMessage]:
-        return await _read_messages(request, state.limits, state.tracer)
-
+    # `ingest` calls it with the entity: `_read_messages` itself, no coroutine around it.
+    read = functools.partial(_read_messages, request, state.limits, state.tracer)
     done = await ingest(
         state,
         app[ROUTER],
@@ -355,17 +364,20 @@ _KINDS: dict[str | None, EntityKind] = {"queues": "queue", "topics": "topic"}
 
 
 async def _read_messages(
-    request: web.Request, limits: LimitSettings, tracer: Tracer
+    request: web.Request, limits: LimitSettings, tracer: Tracer, _entity: EntityRef | None = None
 ) -> list[OutboundMessage]:
     """The request's messages in the REST format (one, or a JSON batch), within the limits,
-    carrying the request's trace context (gateway.tracing)."""
+    carrying the request's trace context (gateway.tracing). `_entity` (what `ingest` reads
+    them for) does not change how they are read."""
     headers = request.headers
     encoding = headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in {"", "identity"}:
         raise UnsupportedMediaType(
             "compressed bodies (Content-Encoding) are not supported; send it uncompressed"
         )
-    body = await _read_body(request, limits.max_body_bytes)
+    body = _buffered_body(request, limits.max_body_bytes)
+    if body is None:
+        body = await _read_body(request, limits.max_body_bytes)
     content_type = headers.get("Content-Type")
     context = request_properties(headers, tracer)
     if (content_type or "").split(";")[0].strip().lower() == rest.BATCH_CONTENT_TYPE:
