@@ -17,6 +17,7 @@ from gateway.web.fastpath import message_route_handler
 from gateway.web.handlers import _send_request
 from tests.conftest import GatewayFactory
 from tests.gateway.test_app import Journal, build
+from tests.support.http import read_answer
 
 
 async def _general(request: Any) -> web.StreamResponse:
@@ -111,13 +112,7 @@ async def _answer(port: int, raw: bytes) -> bytes:
         writer.write(raw)
         await writer.drain()
         async with asyncio.timeout(15):
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            body = await reader.readexactly(length)
+            head, body = await read_answer(reader)
     finally:
         writer.close()
     return head + body
