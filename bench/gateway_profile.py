@@ -212,7 +212,7 @@ LAYERS = (
     ("    the edge's frame with the message route", "gateway/web/handlers.py", "_send_request"),
     ("      message route", "gateway/web/handlers.py", "_send"),
     ("        read and parse the request", "gateway/web/handlers.py", "_read_messages"),
-    ("          read the body", "gateway/web/handlers.py", "_read_body"),
+    ("          read the body", "gateway/web/handlers.py", "_buffered_body"),
     ("          build the message", "gateway/web/rest.py", "build_message"),
     ("        router and dispatcher hop", "gateway/core/failover.py", "submit"),
     ("        metrics, ledger, access line", "gateway/ingest.py", "record_outcome"),

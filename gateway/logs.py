@@ -76,6 +76,9 @@ def quiet_sdk_loggers() -> None:
 
 ACCESS_LOGGER = "gateway.requests"
 _FLUSH_BYTES = 64 * 1024
+# How long a buffered access line may wait for the write that carries it (as nginx's
+# ``access_log ... flush=``; SIGTERM and shutdown flush at once).
+FLUSH_DELAY = 0.05
 _MILLIS = tuple(f".{ms:03d}+00:00" for ms in range(1000))
 _LEVEL_NAMES = {logging.INFO: "INFO", logging.WARNING: "WARNING", logging.ERROR: "ERROR"}
 
@@ -87,12 +90,14 @@ class AccessLog:
 
     Level control is the logger's (`enabled`): `setup_logging`'s level, or whatever a test
     sets. `write` serialises the line at once and buffers it; the buffer goes to the stream
-    once per event-loop turn (a ``call_soon`` scheduled when it becomes non-empty), when it
-    holds 64 KiB, or on `flush`. Its owner (the app's cleanup context) calls `close` last,
-    so no line is lost at shutdown. *stream* defaults to ``sys.stderr`` as it is at each
+    `flush_delay` after it became non-empty (a ``call_later``), when it holds 64 KiB, or on
+    `flush`: under load one write carries the lines of many loop turns, not a system call
+    every few requests. Its owner (the app's cleanup context) calls `close` last, so no
+    line is lost at shutdown. *stream* defaults to ``sys.stderr`` as it is at each
     flush (where `logging` writes too; tests capturing stderr see the lines)."""
 
     __slots__ = (
+        "_delay",
         "_fmt",
         "_logger",
         "_loop",
@@ -104,12 +109,15 @@ class AccessLog:
         "client_errors",
     )
 
-    def __init__(self, fmt: str = "json", stream: IO[str] | None = None) -> None:
+    def __init__(
+        self, fmt: str = "json", stream: IO[str] | None = None, flush_delay: float = FLUSH_DELAY
+    ) -> None:
         # The level of a client error's line (4xx): INFO, or WARNING in the development
         # profile, whose access lines are failures only — a developer's 401 is one of them.
         self.client_errors = logging.INFO
         self._fmt = fmt
         self._stream = stream
+        self._delay = flush_delay
         self._logger = logging.getLogger(ACCESS_LOGGER)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parts: list[bytes] = []
@@ -159,7 +167,7 @@ class AccessLog:
             self.flush()
         elif not self._scheduled:
             self._scheduled = True
-            self._loop.call_soon(self.flush)
+            self._loop.call_later(self._delay, self.flush)
 
     def _iso(self, now: float) -> str:
         """`JsonFormatter`'s ``ts`` (ISO 8601, UTC, milliseconds), its date and time of day

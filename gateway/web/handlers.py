@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
+from aiohttp.web_request import BaseRequest
 
 from gateway.auth import Right
 from gateway.config import EntityKind, LimitSettings
@@ -35,6 +35,7 @@ from gateway.logs import AccessLog
 from gateway.tracing import request_properties
 from gateway.web import rest
 from gateway.web.auth import AUTHORIZER, PRINCIPAL, authorize
+from gateway.web.fastpath import Answer, message_route_handler
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -240,18 +241,28 @@ def _raw_path_ok(raw_path: str) -> None:
         raise InvalidEntityPath("empty path segments are not allowed")
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+def _buffered_body(request: web.Request, limit: int) -> bytes | None:
+    """The body when it came whole with its head (the common case for a message), taken as
+    buffered, without `read()`'s copy into a bytearray and back (the handler is the body's
+    only reader); None when it is still arriving. Refuses a Content-Length over `limit`."""
     length = request.content_length
     if length is not None and length > limit:
         raise PayloadTooLarge(
             f"the request body is {length} bytes; the limit is {limit}", size=length, limit=limit
         )
     content = request.content
+    if not content.is_eof():
+        return None
+    body = content.read_nowait()
+    if len(body) > limit:
+        raise PayloadTooLarge(f"the request body is larger than {limit} bytes", limit=limit)
+    return body
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The body still arriving (after `_buffered_body` said None), within `limit`."""
     try:
-        # A body that came whole with its head (the common case for a message) is taken as
-        # buffered, without `read()`'s copy into a bytearray and back; the handler is the
-        # body's only reader.
-        body: bytes | None = content.read_nowait() if content.is_eof() else await request.read()
+        body: bytes | None = await request.read()
     except web.HTTPRequestEntityTooLarge:
         body = None
     if body is None or len(body) > limit:  # chunked: no Content-Length to check first
@@ -288,9 +299,8 @@ async def _send(
             principal = authorize(request, path, Right.SEND)
             return None if principal is None else principal.key_name
 
-    async def read(_entity: EntityRef) -> list[OutboundMessage]:
-        return await _read_messages(request, state.limits, state.tracer)
-
+    # `ingest` calls it with the entity: `_read_messages` itself, no coroutine around it.
+    read = functools.partial(_read_messages, request, state.limits, state.tracer)
     done = await ingest(
         state,
         app[ROUTER],
@@ -329,9 +339,7 @@ _ACCEPTED_ENTITY = b',"entity":'
 _ACCEPTED_ROUTE = b',"route":"primary"}'
 
 
-def _accepted(
-    status: int, messages: list[OutboundMessage], entity: str, request_id: str
-) -> web.Response:
+def _accepted(status: int, messages: list[OutboundMessage], entity: str, request_id: str) -> Answer:
     """The answer to a request sent to the primary: the common case, built from templates."""
     body = b"".join(
         (
@@ -342,10 +350,11 @@ def _accepted(
             _ACCEPTED_ROUTE,
         )
     )
-    headers = CIMultiDict(
-        (("Content-Type", "application/json"), ("X-Request-Id", request_id), _PRIMARY_ROUTE)
+    return Answer(
+        status,
+        body,
+        (("Content-Type", "application/json"), ("X-Request-Id", request_id), _PRIMARY_ROUTE),
     )
-    return web.Response(status=status, body=body, headers=headers)
 
 
 _PRIMARY_ROUTE = ("X-Route", "primary")
@@ -355,17 +364,20 @@ _KINDS: dict[str | None, EntityKind] = {"queues": "queue", "topics": "topic"}
 
 
 async def _read_messages(
-    request: web.Request, limits: LimitSettings, tracer: Tracer
+    request: web.Request, limits: LimitSettings, tracer: Tracer, _entity: EntityRef | None = None
 ) -> list[OutboundMessage]:
     """The request's messages in the REST format (one, or a JSON batch), within the limits,
-    carrying the request's trace context (gateway.tracing)."""
+    carrying the request's trace context (gateway.tracing). `_entity` (what `ingest` reads
+    them for) does not change how they are read."""
     headers = request.headers
     encoding = headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in {"", "identity"}:
         raise UnsupportedMediaType(
             "compressed bodies (Content-Encoding) are not supported; send it uncompressed"
         )
-    body = await _read_body(request, limits.max_body_bytes)
+    body = _buffered_body(request, limits.max_body_bytes)
+    if body is None:
+        body = await _read_body(request, limits.max_body_bytes)
     content_type = headers.get("Content-Type")
     context = request_properties(headers, tracer)
     if (content_type or "").split(";")[0].strip().lower() == rest.BATCH_CONTENT_TYPE:
@@ -470,6 +482,14 @@ async def _allowed_methods(request: web.Request) -> str:
         _match, allowed = await resource.resolve(request)
         methods |= allowed
     return ", ".join(sorted(methods))
+
+
+def request_handler(
+    app: web.Application, general: Callable[[BaseRequest], Awaitable[web.StreamResponse]]
+) -> Callable[[BaseRequest], Awaitable[web.StreamResponse]]:
+    """The request handler to serve `app` with: aiohttp's (`general`), with the short cut to
+    the message route in front where it is exact (`gateway.web.fastpath`)."""
+    return message_route_handler(app, _send_request, general)
 
 
 def add_routes(app: web.Application) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gateway.config import Settings
+from gateway.web.handlers import request_handler
 from gateway.web.overload import (
     MAX_LOOP_LAG,
     OverloadLimits,
@@ -88,6 +89,8 @@ class HardenedAppRunner(web.AppRunner):
         if observer is not None:
             observer.watch_http(self.shedder)
         base = await super()._make_server()  # the app's start-up: the loop lag exists after it
+        if isinstance(self.app, web.Application):  # the message route's short cut
+            base.request_handler = request_handler(self.app, base.request_handler)
         lag = None
         if self._loop_lag is not None and isinstance(self.app, web.Application):
             lag = self.app.get(self._loop_lag)

@@ -17,6 +17,7 @@ import pytest
 from gateway.logs import ACCESS_LOGGER, AccessLog, JsonFormatter
 from sblocal.testing import BrokerProcess
 from tests.support.processes import GatewayProcess, broker_env, free_port
+from tests.support.waiting import eventually, next_tick
 
 FIELDS = {
     "request_id": "r1",
@@ -77,18 +78,29 @@ def test_the_level_is_the_access_loggers(access_level):
     assert not log.enabled(logging.INFO) and log.enabled(logging.WARNING)
 
 
+class _Writes(io.StringIO):
+    """A stream that counts its writes."""
+
+    writes = 0
+
+    def write(self, s: str) -> int:
+        self.writes += 1
+        return super().write(s)
+
+
 @pytest.mark.unit
-async def test_lines_are_buffered_until_the_loop_turns_or_64_kib_or_close(access_level):
-    stream = io.StringIO()
-    log = AccessLog("json", stream)
+async def test_lines_are_buffered_for_a_moment_or_until_64_kib_or_close(access_level):
+    stream = _Writes()
+    log = AccessLog("json", stream, flush_delay=0.5)  # far longer than the turns below
     log.bind(asyncio.get_running_loop())
     for _ in range(3):
         log.write(logging.INFO, "request r1 -> 201", dict(FIELDS))
-    assert stream.getvalue() == ""  # one write for the turn, after it
-    await asyncio.sleep(0)
-    assert stream.getvalue().count("\n") == 3
+        await next_tick(3)  # lines of several loop turns
+    assert stream.getvalue() == ""
+    await eventually(lambda: stream.getvalue().count("\n") == 3, what="the buffered lines")
+    assert stream.writes == 1  # one write for the three
     big = {**FIELDS, "message_ids": ["x" * 1000] * 20}
-    for _ in range(4):  # > 64 KiB: written without waiting for the turn
+    for _ in range(4):  # > 64 KiB: written without waiting
         log.write(logging.INFO, "request r1 -> 201", dict(big))
     assert stream.getvalue().count("\n") == 7
     log.write(logging.INFO, "request last -> 201", dict(FIELDS))

@@ -2,8 +2,10 @@
 
 gateway/web/protocol.py subclasses `RequestHandler` and `web.Server` (and
 gateway/web/shedding.py subclasses those), gateway/web/runner.py
-overrides `AppRunner._make_server`, and gateway/web/listener.py closes and reopens the
-listening socket under a `TCPSite` (their docstrings list each private name they use).
+overrides `AppRunner._make_server`, gateway/web/listener.py closes and reopens the
+listening socket under a `TCPSite`, and gateway/web/fastpath.py takes the message route's
+short cut past the router and the response's preparation (their docstrings list each
+private name they use).
 pyproject.toml bounds aiohttp to the minor release this table was taken on; a change here
 means: re-read the function, re-check those modules (tests/security/test_slow_clients.py and
 test_shedding.py exercise every path over real sockets), update the hash.
@@ -51,6 +53,29 @@ RELIED_ON = {
     "aiohttp.web_runner.TCPSite.__init__": "187427d7bba5ada2",
     "aiohttp.web_runner.TCPSite.start": "0baaeca3d4f956ad",
     "aiohttp.web_runner.TCPSite.name": "71bc7110b48c378b",
+    # gateway/web/fastpath.py: the message route's short cut gives what the router and
+    # Application._handle give (the index walk, the index keys, the match info, its apps);
+    # BaseRequest._match_info and _payload_writer (BaseRequest.__init__ above)
+    "aiohttp.web_app.Application._handle": "1294b2b208b126cb",
+    "aiohttp.web_urldispatcher.UrlDispatcher.resolve": "259c48022a93030c",
+    "aiohttp.web_urldispatcher.UrlDispatcher._get_resource_index_key": "a1bc3dfa28e10ca9",
+    "aiohttp.web_urldispatcher.UrlMappingMatchInfo.__init__": "f851e5cb478e6509",
+    "aiohttp.web_urldispatcher.DynamicResource._match": "c49dffd2ffdf4f7b",
+    "aiohttp.web_request.Request._prepare_hook": "7a57630528793e4b",
+    # and its Answer writes what StreamResponse/Response.prepare and write_eof would (their
+    # _keep_alive, _body, _status, _reason, _req, _payload_writer, _eof_sent, _body_length,
+    # _cookies, _compression, _must_be_empty_body), through the writer's public methods
+    "aiohttp.web_response.StreamResponse.__init__": "4526b12af19f1293",
+    "aiohttp.web_response.StreamResponse.prepare": "9c6c49cc07222eef",
+    "aiohttp.web_response.StreamResponse._start": "7e03ebd82e7f9f98",
+    "aiohttp.web_response.StreamResponse._prepare_headers": "92807d25d9c397cd",
+    "aiohttp.web_response.StreamResponse._write_headers": "0280580268bc7e84",
+    "aiohttp.web_response.StreamResponse.write_eof": "12b174e4cfe3bb7e",
+    "aiohttp.web_response.Response.__init__": "a6a7497dd6dce4f2",
+    "aiohttp.web_response.Response._start": "5b9473c63ff522b4",
+    "aiohttp.web_response.Response.write_eof": "67abfc368fa8cbcb",
+    "aiohttp.http_writer.StreamWriter.write_headers": "41686943f544d978",
+    "aiohttp.http_writer.StreamWriter.write_eof": "c7e545df80b9eb68",
 }
 
 

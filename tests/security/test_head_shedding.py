@@ -18,6 +18,7 @@ from gateway.web.overload import Shedder
 from gateway.web.runner import HardenedAppRunner
 from sblocal.testing import ControlClient
 from tests.conftest import GatewayFactory
+from tests.support.http import read_answer
 from tests.support.waiting import eventually
 
 from .test_slow_clients import open_raw, read_response, read_until_closed, request_head
@@ -35,13 +36,7 @@ async def _head_and_body(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     """One response's head and body, read by its Content-Length (so nothing is left over:
     a partial or doubled write would show as a wrong length or stray bytes after it)."""
     async with asyncio.timeout(10):
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":", 1)[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        )
-        return head, await reader.readexactly(length)
+        return await read_answer(reader)
 
 
 async def _stored(control: ControlClient) -> list[str]:

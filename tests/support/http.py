@@ -5,6 +5,18 @@ from __future__ import annotations
 import asyncio
 
 
+async def read_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One answer's head (with its blank line) and body, read by its Content-Length, so
+    nothing is left over: a partial or doubled write shows as a wrong length or stray bytes."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return head, await reader.readexactly(length)
+
+
 async def exchange(
     port: int, raw: bytes, within: float = 15.0
 ) -> tuple[int, dict[str, str], bytes]:
