@@ -258,6 +258,8 @@ async def phase(
         body=BODY,
         timeout=args.timeout,
         fast=args.fast,
+        spread=args.spread,
+        ramp=args.ramp,
     )
     shed_before = await gateway_figures(stack.gateway.url)
     seen: dict[str, Any] = {}
@@ -653,6 +655,21 @@ def main(argv: list[str] | None = None) -> int:
         default=2.5,
         help="requests a second each open-loop client paces, so a request may take up to "
         "1 / this before its client falls behind (2.5: 400 ms)",
+    )
+    parser.add_argument(
+        "--spread",
+        type=int,
+        default=16,
+        help="h2load processes an open-loop load is split into, started a fraction of a "
+        "client's interval apart (one h2load sends all its clients' requests at once; 16)",
+    )
+    parser.add_argument(
+        "--ramp",
+        type=float,
+        default=2.0,
+        help="seconds over which those processes start (by whole client intervals, so their "
+        "phases stay apart): connecting every client at once meets the gateway's "
+        "accept-queue pause, and h2load does not retry a refused connect (2)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="client deadline")
     parser.add_argument("--cooldown", type=float, default=5.0, help="seconds of calm after")
