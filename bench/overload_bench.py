@@ -531,6 +531,9 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
             rate, rates, ok_us = await sustainable_rate(args, cores, stack, log)
             spread = f"{min(rates):,.0f}..{max(rates):,.0f}"
             log(f"-> sustainable: {rate:,.0f} req/s (median; windows {spread})")
+            if args.rate:
+                rate = args.rate
+                log(f"-> the ladder's 1x: {rate:,.0f} req/s, as given (--rate)")
             log(f"\n== 0.5x: {rate * 0.5:,.0f} req/s offered for {args.duration:g} s")
             unloaded_phase = await phase(args, cores, stack, rss, rate, 0.5, "steady")
             phases: dict[str, list[dict[str, Any]]] = {}
@@ -644,6 +647,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         type=lambda kv: tuple(kv.split("=", 1)),
         help="NAME=value: a gateway setting (e.g. SBGATE_MAX_REQUESTS_IN_PROGRESS=0)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="the ladder's 1x in req/s instead of the sustainable rate measured (which is still "
+        "measured and printed): the same offered loads for an A/B on a shared machine",
     )
     parser.add_argument("--rounds", type=int, help="sustainable-rate windows (3; quick 1)")
     parser.add_argument("--window", type=float, default=5.0, help="seconds per rate window")
