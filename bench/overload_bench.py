@@ -25,7 +25,9 @@ and prints what it measured.
    and the RSS baseline.
 3. **The ladders**: open loop at each ``--factors`` multiple, each client pacing its share
    of the rate (``--rps``), as many clients as the rate needs at ``--client-rate`` each (a
-   client holds one request at a time). ``steady``: the broker's round trip is
+   client holds one request at a time), split among ``--spread`` h2load processes whose
+   clients' timers are out of phase (one h2load fires all its clients together: a train of
+   bursts, not a rate), started over ``--ramp`` seconds. ``steady``: the broker's round trip is
    ``--broker-base-ms`` throughout; ``broker-x10``: the same, raised tenfold half-way
    through each loaded phase (the adaptive limit must follow; it is read from /metrics just
    before and at the end).
