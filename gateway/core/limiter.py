@@ -23,7 +23,8 @@ filter do:
   where latency = limit / throughput, the limit settles where the latency is the goal, the
   throughput times the goal (Little's law). A latency within the budget is never a reason
   to refuse: measured, a gradient against 1.5x the baseline (a few ms) took bursts that
-  queued 30 ms in the gateway for the broker slowing, and cut goodput at 2x to 4 %. A
+  queued 30-50 ms in the gateway's CPU for the broker slowing, and refused 86 % of a load
+  of half what the gateway sustains (docs/performance-results.md). A
   namespace that did not use half its limit in the window (it learned nothing about how
   far it may grow) may only see its limit fall;
 * a **floor from Little's law**: the limit never goes below the namespace's recent peak
