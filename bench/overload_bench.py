@@ -25,7 +25,9 @@ and prints what it measured.
    and the RSS baseline.
 3. **The ladders**: open loop at each ``--factors`` multiple, each client pacing its share
    of the rate (``--rps``), as many clients as the rate needs at ``--client-rate`` each (a
-   client holds one request at a time). ``steady``: the broker's round trip is
+   client holds one request at a time), split among ``--spread`` h2load processes whose
+   clients' timers are out of phase (one h2load fires all its clients together: a train of
+   bursts, not a rate), started over ``--ramp`` seconds. ``steady``: the broker's round trip is
    ``--broker-base-ms`` throughout; ``broker-x10``: the same, raised tenfold half-way
    through each loaded phase (the adaptive limit must follow; it is read from /metrics just
    before and at the end).
@@ -258,6 +260,8 @@ async def phase(
         body=BODY,
         timeout=args.timeout,
         fast=args.fast,
+        spread=args.spread,
+        ramp=args.ramp,
     )
     shed_before = await gateway_figures(stack.gateway.url)
     seen: dict[str, Any] = {}
@@ -529,6 +533,9 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
             rate, rates, ok_us = await sustainable_rate(args, cores, stack, log)
             spread = f"{min(rates):,.0f}..{max(rates):,.0f}"
             log(f"-> sustainable: {rate:,.0f} req/s (median; windows {spread})")
+            if args.rate:
+                rate = args.rate
+                log(f"-> the ladder's 1x: {rate:,.0f} req/s, as given (--rate)")
             log(f"\n== 0.5x: {rate * 0.5:,.0f} req/s offered for {args.duration:g} s")
             unloaded_phase = await phase(args, cores, stack, rss, rate, 0.5, "steady")
             phases: dict[str, list[dict[str, Any]]] = {}
@@ -643,6 +650,12 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda kv: tuple(kv.split("=", 1)),
         help="NAME=value: a gateway setting (e.g. SBGATE_MAX_REQUESTS_IN_PROGRESS=0)",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="the ladder's 1x in req/s instead of the sustainable rate measured (which is still "
+        "measured and printed): the same offered loads for an A/B on a shared machine",
+    )
     parser.add_argument("--rounds", type=int, help="sustainable-rate windows (3; quick 1)")
     parser.add_argument("--window", type=float, default=5.0, help="seconds per rate window")
     parser.add_argument("--connections", type=int, default=128, help="clients, rate windows")
@@ -653,6 +666,21 @@ def main(argv: list[str] | None = None) -> int:
         default=2.5,
         help="requests a second each open-loop client paces, so a request may take up to "
         "1 / this before its client falls behind (2.5: 400 ms)",
+    )
+    parser.add_argument(
+        "--spread",
+        type=int,
+        default=16,
+        help="h2load processes an open-loop load is split into, started a fraction of a "
+        "client's interval apart (one h2load sends all its clients' requests at once; 16)",
+    )
+    parser.add_argument(
+        "--ramp",
+        type=float,
+        default=2.0,
+        help="seconds over which those processes start (by whole client intervals, so their "
+        "phases stay apart): connecting every client at once meets the gateway's "
+        "accept-queue pause, and h2load does not retry a refused connect (2)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="client deadline")
     parser.add_argument("--cooldown", type=float, default=5.0, help="seconds of calm after")

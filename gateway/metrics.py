@@ -129,8 +129,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         )
         self.admission_limit_baseline = Gauge(
             "sbgate_admission_limit_baseline_seconds",
-            "The send latency the adaptive limit compares with, learned from live traffic "
-            "(NaN until measured).",
+            "The send latency without the gateway's own queueing (each window's least "
+            "sample, averaged), learned from live traffic: the adaptive limit aims at "
+            "adaptive_tolerance times it, or 50 ms when higher (NaN until measured).",
             ["namespace"],
             registry=r,
         )

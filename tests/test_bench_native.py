@@ -76,6 +76,26 @@ async def test_h2load_open_loop_paces_the_rate(served: str) -> None:
     assert r["shed"] == max(0, 200 - r["sent"])
 
 
+async def test_h2load_open_loop_spread_over_processes_paces_the_rate_in_staggered_phases(
+    served: str,
+) -> None:
+    load = H2Load(
+        [served + "/queues/orders/messages"], duration=1.0, connections=8, rate=80, spread=4
+    )
+    parts = load.parts()
+    # 8 clients at 10 req/s each: 4 processes of 2, started a quarter of 100 ms apart.
+    assert [p.connections for _, p in parts] == [2, 2, 2, 2]
+    assert [p.rate for _, p in parts] == [20, 20, 20, 20]
+    assert [round(d, 3) for d, _ in parts] == [0.0, 0.025, 0.05, 0.075]
+    async with asyncio.timeout(60):
+        window = await run_h2load(load, cpus=frozenset(), watch={})
+    r = window.result
+    assert r["due"] == 80
+    assert 40 <= r["statuses"]["201"] <= 90  # the four processes' answers, summed
+    assert r["summary"]["classes"]["2xx"] == r["statuses"]["201"]
+    assert r["summary"]["started"] == r["sent"] >= r["statuses"]["201"]
+
+
 def test_h2load_summary_without_a_run_is_refused() -> None:
     with pytest.raises(ValueError, match="h2load"):
         parse_h2load("connect refused\n")

@@ -169,8 +169,8 @@ class LimitSettings:
     adaptive_tolerance: float = setting(
         1.5,
         parse=_float(1.0, 10.0),
-        doc="send latency up to this many times the learned baseline does not shrink the "
-        "adaptive limit",
+        doc="send latency up to this many times the learned baseline (or 50 ms, when "
+        "higher) does not shrink the adaptive limit",
     )
 
 

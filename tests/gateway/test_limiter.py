@@ -83,7 +83,7 @@ def test_latency_near_the_baseline_grows_the_limit() -> None:
 
 
 def test_latency_ten_times_the_baseline_shrinks_it_and_recovery_grows_it_again() -> None:
-    lim, clock = _limiter(initial=200)
+    lim, clock = _limiter(initial=200, target_latency=0.005)  # 20 ms is over this budget
     for _ in range(5):
         _window(lim, clock, 0.002)
     steady = lim.limit
@@ -130,8 +130,9 @@ def test_a_window_needs_enough_samples() -> None:
     lim.release(0.5)  # one sample: the window stays open
     assert lim.baseline is None
     _window(lim, clock, 0.004)
-    # It closes at its fifth sample.
-    assert lim.baseline == pytest.approx((0.5 + 0.004 * 4) / 5)
+    # It closes at its fifth sample: its mean is the latency, its least sample the baseline.
+    assert lim.last_latency == pytest.approx((0.5 + 0.004 * 4) / 5)
+    assert lim.baseline == pytest.approx(0.004)
 
 
 def test_the_baseline_follows_a_lasting_change() -> None:
@@ -245,3 +246,76 @@ def test_the_limit_never_falls_below_littles_law_floor_and_a_pushback_resets_it(
     _pushback(lim, clock)
     assert lim.peak_rate < before / 2
     assert lim.limit < 150
+
+
+def _burst(lim: GradientLimiter, clock: Clock, arrivals: int, spacing: float) -> int:
+    """One burst of `arrivals` requests at once, as the gateway meets them when many clients'
+    timers fire together: the admitted ones are served one after another, `spacing` seconds
+    apart (the gateway's CPU per request), so the k-th settles after k x `spacing`. Returns
+    how many were admitted."""
+    admitted = sum(lim.try_acquire() for _ in range(arrivals))
+    start = clock.now
+    for k in range(1, admitted + 1):
+        clock.now = start + k * spacing
+        lim.release(k * spacing)
+    clock.now = max(clock.now, start + lim.config.window)
+    return admitted
+
+
+def test_latency_within_the_budget_does_not_shrink_the_limit() -> None:
+    # Bursts of 300 requests served 100 us apart: the last settles after 30 ms, the mean 15 ms,
+    # far above the 1 ms a lone request takes but well within the 50 ms budget. Nothing
+    # is to be gained by refusing any of them: the limit must not fall below the burst.
+    lim, clock = _limiter(initial=400, target_latency=0.05)
+    for _ in range(3):
+        _window(lim, clock, 0.001)  # a lone request's latency: the baseline
+    for _ in range(100):
+        admitted = _burst(lim, clock, 300, 0.0001)
+    assert admitted == 300
+    assert lim.limit >= 300
+
+
+def test_the_limit_converges_to_the_rate_times_the_budget_by_littles_law() -> None:
+    # A resource serving 10,000 requests a second one after another, always offered more
+    # than the limit: each window, the k-th request held settles k / 10,000 s after the
+    # window begins, so the mean latency is half the number held over that rate. Whatever
+    # the limit starts at, it settles where that mean is the 50 ms budget, about
+    # 2 x 10,000 x 0.05 = 1,000 held at once, and stays there: the baseline is the least
+    # queued round trip, not the queueing the limit itself causes (which, learned, would
+    # raise the latency aimed at, which raises the limit, which raises the queueing...).
+    for initial in (40, 3000):
+        lim, clock = _limiter(initial=initial, maximum=4096, target_latency=0.05)
+        for _ in range(3):
+            _window(lim, clock, 0.001)
+        for _ in range(1000):
+            _burst(lim, clock, 4000, 0.0001)
+        assert 900 <= lim.limit <= 1150, (initial, lim.limit)
+        assert lim.baseline is not None and lim.baseline < 0.005
+
+
+def test_a_slowdown_past_the_budget_cuts_a_limit_held_at_half_then_it_follows_the_broker() -> None:
+    # 24 clients one request at a time: the limit grows to twice what they hold and stops
+    # (unused). The broker slows to 150 ms, three times the budget: the limit falls under the
+    # 24 held (refusing), then, once the baseline has learned the slower round trip, grows
+    # back to let the 24 through: Little's law at the new latency.
+    lim, clock = _limiter(initial=32, minimum=2)
+    held = 0
+
+    def closed_loop(latency: float, seconds: float) -> None:
+        nonlocal held
+        for _ in range(round(seconds / latency)):
+            while held < 24 and lim.try_acquire():
+                held += 1
+            clock.now += latency
+            for _ in range(held):
+                lim.release(latency)
+            held = 0
+
+    closed_loop(0.006, 5.0)
+    fast = lim.limit
+    assert lim.refused == 0
+    closed_loop(0.150, 8.0)
+    assert lim.refused > 0
+    closed_loop(0.150, 20.0)
+    assert lim.limit >= 24 and lim.baseline is not None and lim.baseline > 0.1
+    assert fast >= 24
