@@ -129,12 +129,15 @@ def _sdk_bool(body: Buffer, pos: int) -> tuple[bool | None, int] | None:
         return True, pos + 1
     if code == 0x40:
         return None, pos + 1
+    if code == 0x56:  # a boolean as a byte: how pyamqp (the Python SDK) writes one
+        value = body[pos + 1]
+        return (True, pos + 2) if value == 1 else (False, pos + 2) if value == 0 else None
     return None
 
 
 def _sdk_transfer(body: Buffer) -> tuple[Transfer, int] | None:
     """A transfer as the SDKs encode it (a list8 of uint handle, delivery id and format, a
-    vbin8 tag, booleans, nulls): the transfer and where its payload starts; None for any
+    vbin8 tag, booleans (0x41/0x42, or pyamqp's 0x56 and a byte), nulls): the transfer and where its payload starts; None for any
     other encoding, which is then decoded generically. Every read stays inside the list."""
     if len(body) < 6 or body[3] != 0xC0:
         return None
