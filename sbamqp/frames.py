@@ -137,8 +137,9 @@ def _sdk_bool(body: Buffer, pos: int) -> tuple[bool | None, int] | None:
 
 def _sdk_transfer(body: Buffer) -> tuple[Transfer, int] | None:
     """A transfer as the SDKs encode it (a list8 of uint handle, delivery id and format, a
-    vbin8 tag, booleans (0x41/0x42, or pyamqp's 0x56 and a byte), nulls): the transfer and where its payload starts; None for any
-    other encoding, which is then decoded generically. Every read stays inside the list."""
+    vbin8 tag, booleans (0x41/0x42, or pyamqp's 0x56 and a byte), nulls): the transfer and
+    where its payload starts; None for any other encoding, which is then decoded
+    generically. Every read stays inside the list."""
     if len(body) < 6 or body[3] != 0xC0:
         return None
     end, count = 5 + body[4], body[5]
