@@ -135,6 +135,9 @@ def _sdk_bool(body: Buffer, pos: int) -> tuple[bool | None, int] | None:
     return None
 
 
+_NULLS = b"\x40" * 11  # a transfer's trailing null fields (at most all eleven)
+
+
 def _sdk_transfer(body: Buffer) -> tuple[Transfer, int] | None:
     """A transfer as the SDKs encode it (a list8 of uint handle, delivery id and format, a
     vbin8 tag, booleans (0x41/0x42, or pyamqp's 0x56 and a byte), nulls): the transfer and
@@ -170,7 +173,7 @@ def _sdk_transfer(body: Buffer) -> tuple[Transfer, int] | None:
     rest = count - 4 - len(flags)
     if (
         pos + rest != end
-        or any(b != 0x40 for b in body[pos:end])
+        or body[pos:end] != _NULLS[:rest]
         or len(tag) != tag_end - (delivery_id[1] + 2)
     ):
         return None
