@@ -339,7 +339,12 @@ async def _relay(port: int, upstream: int) -> None:
             self.down.close()
 
     class Downstream(asyncio.Protocol):
-        up: asyncio.BaseTransport | None = None
+        up: asyncio.Transport | None = None
+
+        def __init__(self) -> None:
+            # What the client sent before the upstream connection was made: a paused read
+            # is not always honoured that early (uvloop), and a loaded machine connects late.
+            self.early: list[bytes] = []
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             down = cast(asyncio.Transport, transport)
@@ -347,7 +352,9 @@ async def _relay(port: int, upstream: int) -> None:
 
             async def connect() -> None:
                 up, _ = await loop.create_connection(lambda: Upstream(down), "127.0.0.1", upstream)
-                self.up = up
+                self.up = cast(asyncio.Transport, up)
+                self.up.write(b"".join(self.early))
+                self.early.clear()
                 down.resume_reading()
 
             task = loop.create_task(connect())
@@ -355,7 +362,10 @@ async def _relay(port: int, upstream: int) -> None:
             task.add_done_callback(connecting.discard)
 
         def data_received(self, data: bytes) -> None:
-            cast(asyncio.Transport, self.up).write(data)
+            if self.up is None:
+                self.early.append(data)
+            else:
+                self.up.write(data)
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self.up is not None:
