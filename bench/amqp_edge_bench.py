@@ -25,11 +25,11 @@ and the load average (`/proc/loadavg`) before and after.
   (`bench.gateway_server`, the SDK sink: it really sends to the broker) in processes of
   their own, and a Python SDK client in a third with one sender per route — to the broker
   directly, through the gateway's AMQP port, and through the two floors below — used in
-  turn, one send at a time, so that every route meets the same moments of a shared
-  machine's load (`--rounds` rounds): sequential single sends (`--e2e-messages` per route),
-  then sequential `ServiceBusMessageBatch`es of `--batch`. A send's time includes building
-  its message or batch, as a sender's throughput does. Printed
-  per shape: messages per second each way, their ratio (the issue's target: at least 0.8),
+  turn (in an order shuffled at every turn), one send at a time, so that every route meets
+  the same moments of a shared machine's load (`--rounds` rounds): sequential single sends
+  (`--e2e-messages` per route), then sequential `ServiceBusMessageBatch`es of `--batch`. A
+  send's time includes building its message or batch, as a sender's throughput does.
+  Printed per shape: messages per second each way, their ratio (the issue's target: at least 0.8),
   and the latency of a send at p50 and p99 each way and what the gateway adds at p99; the
   gateway's CPU per message on that route (its process's user + system time over the
   windows). In the same rounds, two floors, each in a process of its own on the gateway's

@@ -765,7 +765,8 @@ class _SendTable:
 
 def _cumulative(les: tuple[str, ...], counts: list[int]) -> list[tuple[str, float]]:
     """A histogram's buckets as the exposition has them: cumulative, by `le`."""
-    out, acc = [], 0
+    out: list[tuple[str, float]] = []
+    acc = 0
     for le, n in zip(les, counts, strict=True):
         acc += n
         out.append((le, acc))
