@@ -89,7 +89,12 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         # additions instead of four locked prometheus_client updates.
         self.requests_table = _RequestTable()
         self.http_requests = _AnsweredCollector(self.requests_table)
-        self.http_duration = _DurationCollector(self.requests_table)
+        self.http_duration = _DurationCollector(
+            "sbgate_http_request_duration_seconds",
+            _DURATION_DOC,
+            ("route", "protocol"),
+            self.requests_table.timings,
+        )
         self.messages = _MessagesCollector(self.requests_table)
         for collector in (self.http_requests, self.http_duration, self.messages):
             r.register(collector)
@@ -100,7 +105,12 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         # operation of its own, and three locked prometheus_client updates were a tenth of
         # what the dispatcher spent on it.
         self.send_table = _SendTable()
-        self.broker_duration = _SendDurationCollector(self.send_table)
+        self.broker_duration = _DurationCollector(
+            "sbgate_broker_send_duration_seconds",
+            _SEND_DURATION_DOC,
+            ("namespace", "outcome"),
+            self.send_table.timings,
+        )
         self.batch_size = _BatchCollector(self.send_table)
         for collector in (self.broker_duration, self.batch_size):
             r.register(collector)
@@ -773,23 +783,6 @@ def _cumulative(les: tuple[str, ...], counts: list[int]) -> list[tuple[str, floa
     return out
 
 
-class _SendDurationCollector(Collector):
-    """`sbgate_broker_send_duration_seconds`, from the `_SendTable`."""
-
-    _name = "sbgate_broker_send_duration_seconds"
-    _labelnames = ("namespace", "outcome")
-
-    def __init__(self, table: _SendTable) -> None:
-        self._table = table
-
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self._name, _SEND_DURATION_DOC, labels=self._labelnames)
-        for labels, timing in list(self._table.timings.items()):
-            total = timing.sum
-            family.add_metric(list(labels), _cumulative(_LATENCY_LE, list(timing.buckets)), total)
-        yield family
-
-
 class _BatchCollector(Collector):
     """`sbgate_broker_batch_messages`, from the `_SendTable` (one series, there from the
     start, as an unlabelled `Histogram`'s is)."""
@@ -825,21 +818,27 @@ class _AnsweredCollector(Collector):
 
 
 class _DurationCollector(Collector):
-    """`sbgate_http_request_duration_seconds`, from the `_RequestTable`."""
+    """A duration histogram from a table's `_Timing`s by their label values:
+    `sbgate_http_request_duration_seconds` (the `_RequestTable`'s, by route and protocol) and
+    `sbgate_broker_send_duration_seconds` (the `_SendTable`'s, by namespace and outcome)."""
 
-    _name = "sbgate_http_request_duration_seconds"
-    _labelnames = ("route", "protocol")
-
-    def __init__(self, table: _RequestTable) -> None:
-        self._table = table
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        labelnames: tuple[str, str],
+        timings: dict[tuple[str, str], _Timing],
+    ) -> None:
+        self._name = name  # read by tests/support/doc_tables.py, with _labelnames
+        self._doc = doc
+        self._labelnames = labelnames
+        self._timings = timings
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self._name, _DURATION_DOC, labels=self._labelnames)
-        for (route, protocol), timing in list(self._table.timings.items()):
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+        for labels, timing in list(self._timings.items()):
             total = timing.sum
-            family.add_metric(
-                [route, protocol], _cumulative(_LATENCY_LE, list(timing.buckets)), total
-            )
+            family.add_metric(list(labels), _cumulative(_LATENCY_LE, list(timing.buckets)), total)
         yield family
 
 
