@@ -89,31 +89,38 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         # additions instead of four locked prometheus_client updates.
         self.requests_table = _RequestTable()
         self.http_requests = _AnsweredCollector(self.requests_table)
-        self.http_duration = _DurationCollector(self.requests_table)
+        self.http_duration = _DurationCollector(
+            "sbgate_http_request_duration_seconds",
+            _DURATION_DOC,
+            ("route", "protocol"),
+            self.requests_table.timings,
+        )
         self.messages = _MessagesCollector(self.requests_table)
         for collector in (self.http_requests, self.http_duration, self.messages):
             r.register(collector)
 
     def _sending(self, r: CollectorRegistry) -> None:
         """Broker send operations, and admission (waiting for room to send)."""
-        self.broker_duration = Histogram(
+        # Per broker operation, plain numbers too (`_SendTable`): a lone request is an
+        # operation of its own, and three locked prometheus_client updates were a tenth of
+        # what the dispatcher spent on it.
+        self.send_table = _SendTable()
+        self.broker_duration = _DurationCollector(
             "sbgate_broker_send_duration_seconds",
-            "Duration of one broker send operation (one batch), by destination and outcome.",
-            ["namespace", "outcome"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _SEND_DURATION_DOC,
+            ("namespace", "outcome"),
+            self.send_table.timings,
         )
-        self.batch_size = Histogram(
-            "sbgate_broker_batch_messages",
-            "Messages per broker send operation.",
-            buckets=_BATCH_BUCKETS,
-            registry=r,
-        )
+        self.batch_size = _BatchCollector(self.send_table)
+        for collector in (self.broker_duration, self.batch_size):
+            r.register(collector)
         self.sends_in_flight = Gauge(
             "sbgate_broker_sends_in_flight",
             "Broker send operations in flight.",
             registry=r,
         )
+        table = self.send_table
+        self.sends_in_flight.set_function(lambda: float(table.in_flight))
         self.admission_rejected = Counter(
             "sbgate_admission_rejected_total",
             "Requests answered 503 saturated: no room freed up within admission_timeout, or "
@@ -483,12 +490,10 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
 
     # DispatchObserver
     def batch_sent(self, dest: str, messages: int, seconds: float, outcome: str) -> None:
-        namespace = dest.split("/", 1)[0]
-        self.broker_duration.labels(namespace, outcome).observe(seconds)
-        self.batch_size.observe(messages)
+        self.send_table.sent(dest.split("/", 1)[0], outcome, seconds, messages)
 
     def in_flight(self, delta: int) -> None:
-        self.sends_in_flight.inc(delta)
+        self.send_table.in_flight += delta
 
     def sender_recreated(self, dest: str) -> None:
         self.senders_recreated.labels(dest.split("/", 1)[0]).inc()
@@ -737,6 +742,66 @@ class _RequestTable:
         return row
 
 
+_SEND_DURATION_DOC = (
+    "Duration of one broker send operation (one batch), by destination and outcome."
+)
+_BATCH_DOC = "Messages per broker send operation."
+_BATCH_BOUNDS = (*(float(b) for b in _BATCH_BUCKETS), math.inf)
+_BATCH_LE = tuple(floatToGoString(b) for b in _BATCH_BOUNDS)  # type: ignore[no-untyped-call]
+
+
+class _SendTable:
+    """The numbers behind `sbgate_broker_send_duration_seconds`, `sbgate_broker_batch_messages`
+    and `sbgate_broker_sends_in_flight`: counted once per broker operation on the event loop,
+    read at scrape time, as `_RequestTable`'s are (and held, the same way, to what
+    prometheus_client's `Histogram` and `Gauge` show: tests/gateway/test_metrics_table.py)."""
+
+    __slots__ = ("batch_sum", "batches", "in_flight", "timings")
+
+    def __init__(self) -> None:
+        self.timings: dict[tuple[str, str], _Timing] = {}  # by (namespace, outcome)
+        self.batches = [0] * len(_BATCH_BOUNDS)
+        self.batch_sum = 0.0
+        self.in_flight = 0
+
+    def sent(self, namespace: str, outcome: str, seconds: float, messages: int) -> None:
+        timing = self.timings.get((namespace, outcome))
+        if timing is None:
+            timing = self.timings[(namespace, outcome)] = _Timing()
+        timing.buckets[bisect_left(_LATENCY_BOUNDS, seconds)] += 1
+        timing.sum += seconds
+        self.batches[bisect_left(_BATCH_BOUNDS, messages)] += 1
+        self.batch_sum += messages
+
+
+def _cumulative(les: tuple[str, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """A histogram's buckets as the exposition has them: cumulative, by `le`."""
+    out: list[tuple[str, float]] = []
+    acc = 0
+    for le, n in zip(les, counts, strict=True):
+        acc += n
+        out.append((le, acc))
+    return out
+
+
+class _BatchCollector(Collector):
+    """`sbgate_broker_batch_messages`, from the `_SendTable` (one series, there from the
+    start, as an unlabelled `Histogram`'s is)."""
+
+    _name = "sbgate_broker_batch_messages"
+    _labelnames = ()
+
+    def __init__(self, table: _SendTable) -> None:
+        self._table = table
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        table = self._table
+        total = table.batch_sum
+        family = HistogramMetricFamily(self._name, _BATCH_DOC, labels=())
+        family.add_metric([], _cumulative(_BATCH_LE, list(table.batches)), total)
+        yield family
+
+
 class _AnsweredCollector(Collector):
     """`sbgate_http_requests_total`, from the `_RequestTable`."""
 
@@ -754,23 +819,27 @@ class _AnsweredCollector(Collector):
 
 
 class _DurationCollector(Collector):
-    """`sbgate_http_request_duration_seconds`, from the `_RequestTable`."""
+    """A duration histogram from a table's `_Timing`s by their label values:
+    `sbgate_http_request_duration_seconds` (the `_RequestTable`'s, by route and protocol) and
+    `sbgate_broker_send_duration_seconds` (the `_SendTable`'s, by namespace and outcome)."""
 
-    _name = "sbgate_http_request_duration_seconds"
-    _labelnames = ("route", "protocol")
-
-    def __init__(self, table: _RequestTable) -> None:
-        self._table = table
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        labelnames: tuple[str, str],
+        timings: dict[tuple[str, str], _Timing],
+    ) -> None:
+        self._name = name  # read by tests/support/doc_tables.py, with _labelnames
+        self._doc = doc
+        self._labelnames = labelnames
+        self._timings = timings
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self._name, _DURATION_DOC, labels=self._labelnames)
-        for (route, protocol), timing in list(self._table.timings.items()):
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+        for labels, timing in list(self._timings.items()):
             total = timing.sum
-            cumulative, acc = [], 0
-            for le, n in zip(_LATENCY_LE, list(timing.buckets), strict=True):
-                acc += n
-                cumulative.append((le, acc))
-            family.add_metric([route, protocol], cumulative, total)
+            family.add_metric(list(labels), _cumulative(_LATENCY_LE, list(timing.buckets)), total)
         yield family
 
 

@@ -129,13 +129,20 @@ def _sdk_bool(body: Buffer, pos: int) -> tuple[bool | None, int] | None:
         return True, pos + 1
     if code == 0x40:
         return None, pos + 1
+    if code == 0x56:  # a boolean as a byte: how pyamqp (the Python SDK) writes one
+        value = body[pos + 1]
+        return (True, pos + 2) if value == 1 else (False, pos + 2) if value == 0 else None
     return None
+
+
+_NULLS = b"\x40" * 11  # a transfer's trailing null fields (at most all eleven)
 
 
 def _sdk_transfer(body: Buffer) -> tuple[Transfer, int] | None:
     """A transfer as the SDKs encode it (a list8 of uint handle, delivery id and format, a
-    vbin8 tag, booleans, nulls): the transfer and where its payload starts; None for any
-    other encoding, which is then decoded generically. Every read stays inside the list."""
+    vbin8 tag, booleans (0x41/0x42, or pyamqp's 0x56 and a byte), nulls): the transfer and
+    where its payload starts; None for any other encoding, which is then decoded
+    generically. Every read stays inside the list."""
     if len(body) < 6 or body[3] != 0xC0:
         return None
     end, count = 5 + body[4], body[5]
@@ -166,7 +173,7 @@ def _sdk_transfer(body: Buffer) -> tuple[Transfer, int] | None:
     rest = count - 4 - len(flags)
     if (
         pos + rest != end
-        or any(b != 0x40 for b in body[pos:end])
+        or body[pos:end] != _NULLS[:rest]
         or len(tag) != tag_end - (delivery_id[1] + 2)
     ):
         return None

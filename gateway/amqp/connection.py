@@ -243,7 +243,7 @@ class AmqpConnection(asyncio.Protocol):
             return
         state.in_flight += 1
         task = self._loop_().create_task(
-            self._deliver(state, event), name=f"amqp delivery {event.delivery_id}"
+            self._deliver(state, event), name=f"amqp delivery {event.delivery_id:d}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -503,6 +503,11 @@ class AmqpConnection(asyncio.Protocol):
         if data:
             transport.write(data)
             engine.sent(self._now())
+        elif self._timer is not None and not engine.finished:
+            # Nothing written (a transfer read, not yet settled): the engine's next deadline
+            # can only have moved later (a frame read puts the idle deadline off; what moves
+            # one earlier, a close, writes a frame), and a timer due no later is kept anyway.
+            return
         if engine.finished:
             transport.close()
         else:

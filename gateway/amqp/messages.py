@@ -330,14 +330,14 @@ def _annotations(value: Any) -> dict[str, Any]:
     return out
 
 
-def _properties(value: Any) -> dict[str, Any]:
-    if not isinstance(value, list):
-        raise MalformedMessage("the properties section is not a list")
-    got = dict(zip(_PROPERTY_FIELDS, value, strict=False))
-    for name in ("user-id", "content-encoding", "group-sequence"):
-        if got.get(name) is not None:
-            raise NotCarried(f"the property {name} cannot be carried")
-    out: dict[str, Any] = {}
+# The properties the gateway cannot carry, and those it carries as strings (with the
+# `OutboundMessage` field each goes to), by their index in the list, in the order checked.
+_REFUSED_PROPERTIES: Final = tuple(
+    (_PROPERTY_FIELDS.index(name), name)
+    for name in ("user-id", "content-encoding", "group-sequence")
+)
+_STRING_PROPERTIES: Final = tuple(
+    (_PROPERTY_FIELDS.index(name), name, field)
     for name, field in (
         ("message-id", "message_id"),
         ("correlation-id", "correlation_id"),
@@ -346,14 +346,27 @@ def _properties(value: Any) -> dict[str, Any]:
         ("reply-to", "reply_to"),
         ("group-id", "session_id"),
         ("reply-to-group-id", "reply_to_session_id"),
-    ):
-        v = got.get(name)
+    )
+)
+_CONTENT_TYPE: Final = _PROPERTY_FIELDS.index("content-type")
+
+
+def _properties(value: Any) -> dict[str, Any]:
+    if not isinstance(value, list):
+        raise MalformedMessage("the properties section is not a list")
+    n = len(value)  # fields past the standard's 13 are not read (the list may be shorter)
+    for i, name in _REFUSED_PROPERTIES:
+        if i < n and value[i] is not None:
+            raise NotCarried(f"the property {name} cannot be carried")
+    out: dict[str, Any] = {}
+    for i, name, field in _STRING_PROPERTIES:
+        v = value[i] if i < n else None
         if v is None:
             continue
         if type(v) is not str:  # a uuid, ulong or binary id would arrive as a string
             raise NotCarried(f"the {name} must be a string to be carried unchanged")
         out[field] = v
-    content_type = got.get("content-type")
+    content_type = value[_CONTENT_TYPE] if _CONTENT_TYPE < n else None
     if content_type is not None:
         if not isinstance(content_type, str):
             raise MalformedMessage("the content-type is not a symbol")

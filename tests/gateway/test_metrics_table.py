@@ -8,13 +8,16 @@ import random
 import threading
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.metrics import (
+    _BATCH_BUCKETS,
+    _BATCH_DOC,
     _DURATION_DOC,
     _LATENCY_BUCKETS,
     _MESSAGES_DOC,
     _REQUESTS_DOC,
+    _SEND_DURATION_DOC,
     Metrics,
 )
 
@@ -52,13 +55,25 @@ class _Reference:
         self.duration.labels(route, protocol).observe(seconds)
 
 
-def _lines(registry: CollectorRegistry) -> list[str]:
-    """The exposition's lines of the three per-request families, in their order."""
-    names = {
-        "sbgate_http_requests_total",
-        "sbgate_messages_total",
-        *(f"sbgate_http_request_duration_seconds{s}" for s in ("", "_bucket", "_count", "_sum")),
-    }
+def _histogram(name: str) -> set[str]:
+    return {f"{name}{s}" for s in ("", "_bucket", "_count", "_sum")}
+
+
+# The three per-request families, and the three per-operation broker ones.
+_REQUEST_NAMES = {
+    "sbgate_http_requests_total",
+    "sbgate_messages_total",
+    *_histogram("sbgate_http_request_duration_seconds"),
+}
+_SEND_NAMES = {
+    "sbgate_broker_sends_in_flight",
+    *_histogram("sbgate_broker_send_duration_seconds"),
+    *_histogram("sbgate_broker_batch_messages"),
+}
+
+
+def _lines(registry: CollectorRegistry, names: set[str] = _REQUEST_NAMES) -> list[str]:
+    """The exposition's lines of the families `names`, in their order."""
     out = []
     for line in generate_latest(registry).decode().splitlines():
         name = line.split()[2] if line.startswith("#") else line.split("{")[0].split()[0]
@@ -135,3 +150,57 @@ def test_a_scrape_in_another_thread_while_requests_are_counted_sees_every_one_at
     assert not scraper.is_alive()
     assert failures == []
     assert _lines(metrics.registry) == _lines(reference.registry)
+
+
+class _SendReference:
+    """The per-operation broker metrics as they were declared before: prometheus_client's."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.duration = Histogram(
+            "sbgate_broker_send_duration_seconds",
+            _SEND_DURATION_DOC,
+            ["namespace", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch = Histogram(
+            "sbgate_broker_batch_messages",
+            _BATCH_DOC,
+            buckets=_BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "sbgate_broker_sends_in_flight",
+            "Broker send operations in flight.",
+            registry=self.registry,
+        )
+
+    def sent(self, dest: str, n: int, seconds: float, outcome: str) -> None:
+        self.duration.labels(dest.split("/", 1)[0], outcome).observe(seconds)
+        self.batch.observe(n)
+
+
+def test_the_broker_send_series_are_what_prometheus_clients_own_metrics_show() -> None:
+    metrics, reference = Metrics(), _SendReference()
+    assert _lines(metrics.registry, _SEND_NAMES) == _lines(
+        reference.registry, _SEND_NAMES
+    )  # before any send
+    rng = random.Random(11)
+    bounds = [float(b) for b in _LATENCY_BUCKETS]
+    sizes = [float(b) for b in _BATCH_BUCKETS]
+    for i in range(3000):
+        dest = rng.choice(["primary/orders", "secondary/sbgate-backlog-0", "primary/Events/x"])
+        outcome = rng.choice(["ok", "ok", "ok", "timeout", "server_busy"])
+        seconds = rng.choice([rng.choice(bounds), rng.uniform(0, 0.2), rng.uniform(0, 60), 0.0])
+        n = rng.choice([int(rng.choice(sizes)), rng.randint(1, 100), rng.randint(1, 5000)])
+        delta = rng.choice([1, -1])
+        metrics.in_flight(delta)
+        reference.in_flight.inc(delta)
+        metrics.batch_sent(dest, n, seconds, outcome)
+        reference.sent(dest, n, seconds, outcome)
+        if i in {0, 1, 17, 500}:  # series appear in the same order, at the same sends
+            assert _lines(metrics.registry, _SEND_NAMES) == _lines(reference.registry, _SEND_NAMES)
+    lines = _lines(metrics.registry, _SEND_NAMES)
+    assert lines == _lines(reference.registry, _SEND_NAMES)
+    assert any('outcome="timeout"' in line for line in lines)

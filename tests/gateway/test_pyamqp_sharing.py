@@ -92,3 +92,20 @@ _maybe_bool = st.none() | st.booleans()
 def test_a_transfer_performative_encodes_as_pyamqp_encodes_it(frame: Any) -> None:
     assert pyamqp_sharing._measured_frame(frame) == _encode.encode_frame(frame)
     assert pyamqp_sharing._last_transfer[0] == frame[:-1], "encoded field by field, and kept"
+
+
+@pytest.mark.parametrize("number", [0, 1, 255, 256, 2**32 - 1])
+@pytest.mark.parametrize("tag", [b"", b"\x00\x00\x00\x01", b"t" * 200])
+@pytest.mark.parametrize("flags", [(None, None), (False, False), (True, False), (False, True)])
+def test_the_transfer_every_send_writes_takes_the_short_encoding(
+    number: int, tag: bytes, flags: tuple[bool | None, bool | None]
+) -> None:
+    """Plain ints, a short tag and the two flags: written without the walk over the eleven
+    encoders (`_plain_transfer`), and still pyamqp's bytes."""
+    settled, more = flags
+    frame = TransferFrame(
+        handle=number, delivery_id=number, delivery_tag=tag, message_format=number,
+        settled=settled, more=more, payload=b"",
+    )  # fmt: skip
+    assert pyamqp_sharing._plain_transfer(frame[:-1]) is not None
+    assert pyamqp_sharing._measured_frame(frame) == _encode.encode_frame(frame)

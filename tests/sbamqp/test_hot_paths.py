@@ -40,6 +40,34 @@ def test_the_python_sdks_transfer_takes_the_fast_path(monkeypatch: pytest.Monkey
     assert payload == b"payload"
 
 
+def test_the_python_sdks_own_bytes_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyamqp writes a boolean as 0x56 and a byte (not 0x41/0x42): its transfer, encoded by
+    its own encoder, is read byte by byte all the same."""
+    _encode = pytest.importorskip("azure.servicebus._pyamqp._encode")
+    from azure.servicebus._pyamqp.performatives import TransferFrame
+
+    used = _generic_only(monkeypatch)
+    for settled, more in ((None, None), (True, False), (False, True), (False, False)):
+        frame = TransferFrame(
+            handle=1, delivery_id=7, delivery_tag=b"\x00\x00\x00\x01", message_format=0,
+            settled=settled, more=more, payload=b"payload",
+        )  # fmt: skip
+        _header, body = _encode.encode_frame(frame)
+        assert frames._sdk_transfer(bytes(body)) is not None  # not the list decoded generically
+        transfer, payload = frames.decode_body(bytes(body), frames.FRAME_AMQP)
+        assert transfer == Transfer(1, 7, b"\x00\x00\x00\x01", 0, settled, more)
+        assert payload == b"payload"
+        head = len(body) - len(b"payload")
+        for cut in range(1, head):  # truncated: refused, never misread
+            with pytest.raises(DecodeError):
+                frames.decode_body(bytes(body[:cut]), frames.FRAME_AMQP)
+    assert used == []
+    bad = bytearray(body)
+    bad[bad.index(b"\x56") + 1] = 2  # neither 0 nor 1: the generic decoding refuses it
+    with pytest.raises(DecodeError):
+        frames.decode_body(bytes(bad), frames.FRAME_AMQP)
+
+
 @pytest.mark.parametrize(
     "fields",
     [
