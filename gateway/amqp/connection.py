@@ -234,13 +234,28 @@ class AmqpConnection(asyncio.Protocol):
             )
             return
         if event.over_credit or self.closing:
-            # Credit went to 0 (a drain) while this delivery was on its way.
+            # Credit went to 0 (a drain) while this delivery was on its way, or a client sent
+            # past the credit (the Python SDK, out of credit, resets its own count and sends).
+            why = (
+                "the gateway is closing this connection"
+                if self.closing
+                else "a delivery past the link's credit: the gateway is at its limit; retry later"
+            )
+            self._settle(link, event.delivery_id, _rejected(Condition.SERVER_BUSY, why))
+            return
+        server = self._server
+        size = len(event.payload)
+        if server.held_bytes + size > server.held_bytes_cap and server.held_bytes:
             self._settle(
                 link,
                 event.delivery_id,
-                _rejected(Condition.SERVER_BUSY, "the gateway is closing this connection"),
+                _rejected(
+                    Condition.SERVER_BUSY,
+                    "the gateway holds its limit of deliveries in flight; retry later",
+                ),
             )
             return
+        server.held_bytes += size
         state.in_flight += 1
         task = self._loop_().create_task(
             self._deliver(state, event), name=f"amqp delivery {event.delivery_id:d}"
@@ -297,6 +312,7 @@ class AmqpConnection(asyncio.Protocol):
             settlement = _rejected(Condition.SERVER_BUSY, "internal error", request_id)
         finally:
             state.in_flight -= 1
+            server.held_bytes -= len(event.payload)
         if not event.settled:
             self._settle(state.link, event.delivery_id, settlement)
         self._replenish(state)

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 CLOSE_GRACE = 2.0
 # Admission used beyond this share: links are topped up no more (`AmqpConnection._replenish`).
 HIGH_WATER = 0.9
+# The deliveries the edge holds (read, not settled), against the dispatcher's pending bytes:
+# those admitted, and as many waiting for admission (`AmqpServer.held_bytes`).
+HELD_BYTES_FACTOR = 2
 # How often, at most, a TLS handshake looks at the certificate files' modification times.
 CERT_CHECK_INTERVAL = 1.0
 
@@ -88,6 +91,11 @@ class AmqpServer:
         self._tls: _ReloadingContext | None = None
         self.draining = False
         self.ports: dict[str, int] = {}  # listener → bound port (tests bind port 0)
+        # Bytes of the deliveries read and not yet settled, on every connection: at most
+        # HELD_BYTES_FACTOR x the dispatcher's pending bytes, whatever the links' credit (a
+        # client may send past it, and the credit of every link adds up).
+        self.held_bytes = 0
+        self.held_bytes_cap = HELD_BYTES_FACTOR * settings.limits.max_pending_bytes
 
     # -- listeners ------------------------------------------------------------------------
 

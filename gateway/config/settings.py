@@ -375,11 +375,11 @@ class AmqpSettings:
         doc="the plain listener's address; beyond loopback only with `allow_open`",
     )
     link_credit: int = setting(
-        20,
+        1000,
         parse=_int(1, 10_000),
         env="AMQP_LINK_CREDIT",
-        doc="deliveries a sender link may have in flight; while the dispatcher's admission "
-        "is full, links are left one",
+        doc="deliveries a sender link may have in flight (Service Bus grants 1000: the Python "
+        "SDK, out of credit, stalls); while the dispatcher's admission is full, links are left one",
     )
     max_connections: int = setting(
         1024, parse=_int(1, 1_000_000), env="AMQP_MAX_CONNECTIONS", doc="open AMQP connections"

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.exceptions import ServiceBusError, ServiceBusServerBusyError
 
 from gateway.amqp.server import AmqpServer
 from gateway.app import AMQP_SERVER
@@ -151,3 +152,41 @@ async def test_garbage_closes_only_its_own_connection(
                 await sender.send_messages(ServiceBusMessage(b"after", message_id="g-2"))
     assert (await gw.get("/healthz")).status == 200
     assert sorted(m.message_id for m in await receive(broker, 2)) == ["g-1", "g-2"]
+
+
+async def test_deliveries_held_at_the_edge_are_bounded_whatever_the_credit(
+    amqp_server: Start, broker: BrokerProcess, control: ControlClient
+) -> None:
+    # Credit is per link (1000, as Service Bus grants) and a client may send past it: what
+    # bounds the edge's memory is the bytes of its unsettled deliveries, at most twice the
+    # dispatcher's pending bytes. Past that, a delivery is refused `server-busy` at once.
+    server = await amqp_server(
+        {
+            "SBGATE_MAX_PENDING_BYTES": str(64 * 1024),
+            "SBGATE_MAX_BATCH_BYTES": str(64 * 1024),
+            "SBGATE_MAX_MESSAGE_BYTES": str(64 * 1024),
+            "SBGATE_SEND_TIMEOUT": "1",
+            "SBGATE_ADMISSION_TIMEOUT": "1",
+        }
+    )
+    await control.add_fault("primary", "amqp:internal-error", operation="send", mode="hang")
+    conn = connection_string(server.ports["plain"])
+    held: list[int] = []
+
+    async def one(sender: Any, i: int) -> BaseException | None:
+        try:
+            await sender.send_messages(ServiceBusMessage(b"x" * 10_000, message_id=f"h-{i}"))
+        except ServiceBusError as err:
+            held.append(server.held_bytes)
+            return err
+        return None
+
+    async with asyncio.timeout(DEADLINE):
+        async with ServiceBusClient.from_connection_string(conn, retry_total=0) as sb:
+            async with sb.get_queue_sender("orders") as sender:
+                outcomes = await asyncio.gather(*(one(sender, i) for i in range(30)))
+    refused = [e for e in outcomes if e is not None and "holds its limit" in str(e)]
+    assert refused, "30 x 10 kB against a 128 kB bound: some refused at once"
+    assert all(isinstance(e, ServiceBusServerBusyError) for e in refused)
+    assert max(held) <= 2 * 64 * 1024
+    await eventually(lambda: server.held_bytes == 0, within=10)

@@ -140,6 +140,41 @@ async def test_a_list_and_a_batch_arrive_whole(
     )
 
 
+async def test_concurrent_sends_on_one_sender_never_run_out_of_credit(
+    amqp_gateway: Connect, broker: BrokerProcess, control: ControlClient, monkeypatch: Any
+) -> None:
+    # An app's tasks sharing one Python sender send at once. When the SDK's link runs out of
+    # credit it stops waiting for the receiver's FLOW: it resets its own count, writes a FLOW
+    # of its own (`SenderLink.update_pending_deliveries`) and its sends then wait out its
+    # 0.2 s socket reads, up to seconds a send. Service Bus grants a sender 1,000; a gateway
+    # that grants fewer than the app has in flight puts its SDK on that path.
+    from azure.servicebus._pyamqp.aio._sender_async import SenderLink
+
+    ran_out: list[int] = []
+    update = SenderLink.update_pending_deliveries
+
+    async def watched(self: SenderLink) -> None:
+        if self.current_link_credit <= 0:  # the SDK is about to send past the credit
+            ran_out.append(self.current_link_credit)
+        await update(self)
+
+    monkeypatch.setattr(SenderLink, "update_pending_deliveries", watched)
+    conn = await amqp_gateway()
+    async with asyncio.timeout(DEADLINE):
+        async with ServiceBusClient.from_connection_string(conn, retry_total=0) as sb:
+            async with sb.get_queue_sender("orders") as sender:
+                for r in range(3):
+                    await asyncio.gather(
+                        *(
+                            sender.send_messages(ServiceBusMessage(b"x", message_id=f"{r}-{i}"))
+                            for i in range(50)
+                        )
+                    )
+    assert ran_out == [], "the sender ran out of credit"
+    got = await receive(broker, 150)
+    assert len({m.message_id for m in got}) == 150
+
+
 async def test_a_topic_send_reaches_its_subscription(
     amqp_gateway: Connect, broker: BrokerProcess, control: ControlClient
 ) -> None:
