@@ -27,7 +27,10 @@ and the load average (`/proc/loadavg`) before and after.
   directly, through the gateway's AMQP port, and through the two floors below — used in
   turn (in an order shuffled at every turn), one send at a time, so that every route meets
   the same moments of a shared machine's load (`--rounds` rounds): sequential single sends
-  (`--e2e-messages` per route), then sequential `ServiceBusMessageBatch`es of `--batch`. A
+  (`--e2e-messages` per route), then rounds of `--concurrency` single sends in flight at
+  once on the one sender (an app whose tasks share a sender, as the SDKs allow; the
+  gateway's dispatcher may batch them, the broker direct takes each alone), then sequential
+  `ServiceBusMessageBatch`es of `--batch`. A
   send's time includes building its message or batch, as a sender's throughput does.
   Printed per shape: messages per second each way, their ratio (the issue's target: at least 0.8),
   and the latency of a send at p50 and p99 each way and what the gateway adds at p99; the
@@ -69,7 +72,7 @@ from bench.harness import (
 
 CPU_WORKLOADS = ("http", "amqp", "amqp-batch")
 WORKLOADS = (*CPU_WORKLOADS, "sblocal")
-E2E_SHAPES = ("single", "batch")
+E2E_SHAPES = ("single", "concurrent", "batch")
 CLIENT_DEADLINE = 600.0
 
 
@@ -179,6 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--e2e-messages", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=20,
+        help="sblocal, the concurrent shape: single sends in flight at once on one sender",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="DIR",
         help="sblocal: also a gateway from the checkout DIR (another commit, with its own "
@@ -195,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_fast(lambda: _relay(*args.relay))
         return 0
     if args.e2e_client:
-        result = asyncio.run(_e2e_client(args.e2e_client, args.conn, args.e2e_messages, args.batch))
+        result = asyncio.run(
+            _e2e_client(args.e2e_client, args.conn, args.e2e_messages, args.batch, args.concurrency)
+        )
         emit("RESULT " + orjson.dumps(result).decode())
         return 0
     if args.client:
@@ -279,7 +290,7 @@ def _loadavg() -> str:
 
 
 async def _e2e_client(
-    shape: str, conns: Sequence[str], messages: int, batch: int
+    shape: str, conns: Sequence[str], messages: int, batch: int, concurrency: int = 20
 ) -> list[dict[str, Any]]:
     """In the client process: one sender per connection string, used in turn, one send at
     a time (each route is a sequential sender, and every route sees the same moments of a
@@ -299,7 +310,8 @@ async def _e2e_client(
         for sender in senders:
             await sender.__aenter__()
             await sender.send_messages(ServiceBusMessage(body))  # the link, before the clock
-        units = messages if shape == "single" else max(1, messages // batch)
+        per_unit = {"single": 1, "concurrent": concurrency, "batch": batch}[shape]
+        units = max(1, messages // per_unit)
         rng = random.Random(35)  # nosec B311  # an order, not a secret
         order = list(range(len(senders)))
         for _ in range(units):
@@ -309,13 +321,17 @@ async def _e2e_client(
                 t0 = time.perf_counter()
                 if shape == "single":
                     await sender.send_messages(ServiceBusMessage(body))
+                elif shape == "concurrent":  # an app's tasks sharing one sender
+                    await asyncio.gather(
+                        *(sender.send_messages(ServiceBusMessage(body)) for _ in range(concurrency))
+                    )
                 else:
                     b = await sender.create_message_batch()
                     for _ in range(batch):
                         b.add_message(ServiceBusMessage(body))
                     await sender.send_messages(b)
                 latencies[route].append(time.perf_counter() - t0)
-        sent = units if shape == "single" else units * batch
+        sent = units * per_unit
     finally:
         for sender, sb in zip(senders, clients, strict=True):
             await sender.close()
@@ -436,6 +452,7 @@ async def _through_sblocal(args: argparse.Namespace) -> list[str]:
                         child_output, "bench.amqp_edge_bench",
                         ["--e2e-client", shape, "--batch", str(args.batch),
                          "--e2e-messages", str(args.e2e_messages),
+                         "--concurrency", str(args.concurrency),
                          "--conn", *(conn for conn, _ in routes.values())],
                         timeout=CLIENT_DEADLINE,
                     )  # fmt: skip
@@ -456,11 +473,14 @@ async def _through_sblocal(args: argparse.Namespace) -> list[str]:
             await null.close()
             if baseline is not None:
                 await baseline.close()
-    return _e2e_lines(totals, args.batch, args.baseline)
+    return _e2e_lines(totals, args.batch, args.concurrency, args.baseline)
 
 
 def _e2e_lines(
-    totals: dict[tuple[str, str], dict[str, Any]], batch: int, baseline: str | None
+    totals: dict[tuple[str, str], dict[str, Any]],
+    batch: int,
+    concurrency: int,
+    baseline: str | None,
 ) -> list[str]:
     lines = []
     for shape in E2E_SHAPES:
@@ -470,7 +490,11 @@ def _e2e_lines(
         cpu = {r: v["cpu"] / (v["sent"] + v["windows"]) * 1e6 for r, v in t.items()}
         p50 = {r: _quantile(v["latencies"], 0.5) * 1e3 for r, v in t.items()}
         p99 = {r: _quantile(v["latencies"], 0.99) * 1e3 for r, v in t.items()}
-        unit = "send" if shape == "single" else f"batch of {batch}"
+        unit = {
+            "single": "send",
+            "concurrent": f"round of {concurrency} sends",
+            "batch": f"batch of {batch}",
+        }[shape]
         lines.append(
             f"sblocal {shape:<6} direct {rate['direct']:7.0f} msg/s, through the gateway "
             f"{rate['gateway']:7.0f} msg/s: {rate['gateway'] / rate['direct']:.2f}x; a {unit}: "
