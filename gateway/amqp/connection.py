@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 from gateway.amqp import management, messages
 from gateway.amqp.auth import Grants
 from gateway.core.entities import EntityRef
-from gateway.core.message import OutboundMessage
+from gateway.core.message import OutboundMessage, random_id
 from gateway.errors import GatewayError, PayloadTooLarge, amqp_rejection
 from gateway.ingest import Outcome, ingest, record_outcome
 from gateway.lifetimes import stop_after
@@ -270,7 +269,7 @@ class AmqpConnection(asyncio.Protocol):
     async def _deliver(self, state: _EntityLink, event: Transfer) -> None:
         """One delivery: the send request, then its settlement. Errors are the outcome's."""
         server = self._server
-        request_id = os.urandom(16).hex()
+        request_id = random_id()
         outcome = Outcome(
             request_id,
             protocol="amqp",
@@ -329,7 +328,7 @@ class AmqpConnection(asyncio.Protocol):
         error = PayloadTooLarge(
             f"the delivery is {event.size} bytes; the limit is {event.link.max_message_size}"
         )
-        outcome = Outcome(os.urandom(16).hex(), protocol="amqp")
+        outcome = Outcome(random_id(), protocol="amqp")
         record_outcome(outcome, self._server.edge, time.perf_counter(), name, [], error)
         if state is not None:
             self._replenish(state)

@@ -31,12 +31,11 @@ then the client's). A message sent through a backlog queue is encoded from its f
 from __future__ import annotations
 
 import datetime as dt
-import os
 import uuid
 from typing import Any, Final
 
 from gateway.core.backlog import REWRITE_KEYS
-from gateway.core.message import AppValue, OutboundMessage, Typed, TypedKind
+from gateway.core.message import AppValue, OutboundMessage, Typed, TypedKind, random_id
 from gateway.errors import NotCarried, RequestError
 from sbamqp import codec
 from sbamqp.codec import (
@@ -165,7 +164,7 @@ def to_outbound(payload: bytes) -> OutboundMessage:
     message_id = fields.pop("message_id", None)
     encoded = None
     if not message_id:
-        message_id = os.urandom(16).hex()  # as the REST edge; the client's bytes lack it
+        message_id = random_id()  # as the REST edge; the client's bytes lack it
     else:
         encoded = _passthrough(payload, spans)
     return OutboundMessage(body=body, message_id=message_id, encoded=encoded, **fields)

@@ -20,7 +20,7 @@ from aiohttp.web_request import BaseRequest
 from gateway.auth import Right
 from gateway.config import EntityKind, LimitSettings
 from gateway.core.entities import EntityRef
-from gateway.core.message import OutboundMessage
+from gateway.core.message import OutboundMessage, random_id
 from gateway.core.ports import Tracer
 from gateway.core.router import Router
 from gateway.errors import (
@@ -72,7 +72,7 @@ def request_id_of(request: web.Request) -> str:
 def _assign_request_id(request: web.Request) -> str:
     rid = request.headers.get("X-Request-Id") or ""
     if not rid or len(rid) > 128 or not rid.isascii() or not rid.isprintable():
-        rid = rest.random_id()
+        rid = random_id()
     request[REQUEST_ID] = rid
     return rid
 

@@ -16,16 +16,14 @@ import email.utils
 import json
 import logging
 import math
-import os
 import re
-from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 
 from gateway.core.backlog import REWRITE_KEYS
-from gateway.core.message import AppValue, OutboundMessage
+from gateway.core.message import AppValue, OutboundMessage, random_id
 from gateway.errors import PayloadTooLarge, RequestError
 
 log = logging.getLogger(__name__)
@@ -172,29 +170,6 @@ _NEVER_COPIED_RAW_PREFIXES = tuple(p.encode("ascii") for p in _NEVER_COPIED_PREF
 
 # At most MAX_ID_LENGTH characters (the SDK refuses longer ones with a ValueError).
 _ID_PROPS = frozenset({"MessageId", "SessionId", "PartitionKey", "ReplyToSessionId"})
-
-
-# Random ids (a message's default MessageId, a request's X-Request-Id): 32 hex digits of
-# os.urandom, as uuid4().hex, taken from a pool filled 256 at a time, so that a request
-# makes no getrandom call of its own. `deque.popleft` is one C call, atomic under the GIL: no
-# id is handed out twice, whichever thread asks. A forked child empties the pool it
-# inherited (it would hand out its parent's next ids: duplicate MessageIds are dropped by
-# Service Bus's duplicate detection).
-_IDS_PER_FILL = 256
-_ids: deque[str] = deque()
-
-
-def random_id() -> str:
-    """32 random hex digits (128 bits from os.urandom)."""
-    try:
-        return _ids.popleft()
-    except IndexError:
-        pool = os.urandom(16 * _IDS_PER_FILL).hex()
-        _ids.extend(pool[i : i + 32] for i in range(0, len(pool), 32))
-        return _ids.popleft()
-
-
-os.register_at_fork(after_in_child=_ids.clear)
 
 
 def _is_copied(name: str, value: str) -> bool:

@@ -1,5 +1,6 @@
-"""`rest.random_id`: the default MessageId and X-Request-Id, 32 hex digits from os.urandom,
-handed out from a pool: never the same one twice, in threads or in a forked child."""
+"""`random_id`: the default MessageId and the request id at every edge, 32 hex digits from
+os.urandom, handed out from a pool: never the same one twice, in threads or in a forked
+child."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 
 import pytest
 
-from gateway.web import rest
+from gateway.core import message as rest
 
 pytestmark = pytest.mark.unit
 
