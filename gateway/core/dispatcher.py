@@ -162,6 +162,66 @@ class _Worker:
         self.last_used = now  # loop time of its last send (or of its start)
 
 
+class _Wakeup:
+    """A lane's "work is pending" flag that wakes ONE parked worker, not all of them.
+
+    An `asyncio.Event` wakes every waiter, and all but one park again: a task step, a timeout
+    and a future each, per request. Here `set` wakes the most recently parked worker (the
+    others' idle time runs on, so a lane with light traffic shrinks), and none while an
+    earlier one it woke has not run yet. A worker that takes less than everything pending
+    wakes the next (`_Lane.take`), so a backlog still spreads over the parked workers.
+    """
+
+    __slots__ = ("_flag", "_waiters", "notified")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._waiters: list[asyncio.Future[None]] = []  # parked workers, the latest last
+        self.notified = False  # a worker was woken and has not run yet
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def set(self) -> None:
+        """Work is pending: wake one parked worker, unless one woken already has not run."""
+        self._flag = True
+        if self.notified:
+            return
+        waiters = self._waiters
+        while waiters:
+            fut = waiters.pop()
+            if not fut.done():  # (a cancelled wait's future is removed by `wait`, too)
+                fut.set_result(None)
+                self.notified = True
+                return
+
+    def set_all(self) -> None:
+        """Wake every parked worker (shutdown)."""
+        self._flag = True
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+
+    async def wait(self) -> None:
+        """Park until woken (`set`); the caller checks `is_set` first."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if fut.done() and not fut.cancelled():
+                # Woken (even if its idle deadline cancelled it just after: it then takes
+                # what is pending itself); a later request may wake another.
+                self.notified = False
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
+
+
 class _Lane:
     """Pending requests for one destination and the workers that send them."""
 
@@ -170,7 +230,7 @@ class _Lane:
     def __init__(self, dest: Destination) -> None:
         self.dest = dest
         self.pending: deque[_Group] = deque()
-        self.wakeup = asyncio.Event()
+        self.wakeup = _Wakeup()
         self.workers: list[_Worker] = []
         self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
 
@@ -203,7 +263,9 @@ class _Lane:
             count += len(g.messages)
             size += g.size
         self.pending.extendleft(reversed(skipped))
-        if not self.pending:
+        if self.pending:
+            self.wakeup.set()  # more than one batch: the next parked worker takes the rest
+        else:
             self.wakeup.clear()
         return taken
 
@@ -395,7 +457,7 @@ class Dispatcher:
         self._stopping = True
         lanes = list(self._lanes.values())
         for lane in lanes:
-            lane.wakeup.set()
+            lane.wakeup.set_all()
         workers = [w.task for lane in lanes for w in lane.workers if w.task is not None]
         # A cancelled worker closes its sender (SENDER_CLOSE_TIMEOUT) before it ends.
         await stop(workers, SENDER_CLOSE_TIMEOUT + CANCEL_GRACE, "dispatcher")
@@ -419,7 +481,7 @@ class Dispatcher:
         lane.expiry = None
         loop = asyncio.get_running_loop()
         if lane.has(_State.CLAIMING) or (
-            lane.has(_State.IDLE, _State.STARTING) and lane.wakeup.is_set()
+            (lane.wakeup.notified or lane.has(_State.STARTING)) and lane.wakeup.is_set()
         ):
             # A worker is about to take what is pending: look again once it has.
             lane.expiry = loop.call_later(0.01, self._expire, lane)
@@ -484,9 +546,9 @@ class Dispatcher:
 
     async def _park(self, w: _Worker) -> bool:
         """Wait for work; False when `w` has sent nothing for `sender_idle_timeout` (it then
-        ends). Every parked worker of a lane wakes for each request, and only one takes
-        it: the idle time counts from the last send, not from the last wake-up, or a lane
-        with steady light traffic would never shrink."""
+        ends). A request wakes one parked worker (`_Wakeup`), the one parked last: the idle
+        time counts from the last send, not from the last wake-up, so under steady light
+        traffic the others run out of it and the lane shrinks."""
         lane = w.lane
         w.state = _State.IDLE
         if lane.wakeup.is_set():
