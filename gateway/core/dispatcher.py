@@ -165,19 +165,22 @@ class _Worker:
 class _Wakeup:
     """A lane's "work is pending" flag that wakes ONE parked worker, not all of them.
 
-    An `asyncio.Event` wakes every waiter, and all but one park again: a task step, a timeout
-    and a future each, per request. Here `set` wakes the most recently parked worker (the
-    others' idle time runs on, so a lane with light traffic shrinks), and none while an
-    earlier one it woke has not run yet. A worker that takes less than everything pending
-    wakes the next (`_Lane.take`), so a backlog still spreads over the parked workers.
+    An `asyncio.Event` wakes every waiter, and all but one park again: a task step, a send
+    slot, a timeout and a future each, per request. Here `set` wakes the most recently parked
+    worker (the others' idle time runs on, so a lane with light traffic shrinks), and none
+    while the one it woke is still on its way to take what is pending (`woken`, until the
+    lane's next `take`): requests arriving meanwhile join its batch, as they joined the
+    batch of the first of the workers an Event woke. A take that leaves work pending wakes
+    the next worker (a backlog still spreads over the lane), and so does the woken worker
+    when it must open its sender first, or ends, instead (`release`).
     """
 
-    __slots__ = ("_flag", "_waiters", "notified")
+    __slots__ = ("_flag", "_waiters", "woken")
 
     def __init__(self) -> None:
         self._flag = False
-        self._waiters: list[asyncio.Future[None]] = []  # parked workers, the latest last
-        self.notified = False  # a worker was woken and has not run yet
+        self._waiters: list[tuple[_Worker, asyncio.Future[None]]] = []  # the latest last
+        self.woken: _Worker | None = None  # woken, and has not taken yet
 
     def is_set(self) -> bool:
         return self._flag
@@ -186,40 +189,48 @@ class _Wakeup:
         self._flag = False
 
     def set(self) -> None:
-        """Work is pending: wake one parked worker, unless one woken already has not run."""
+        """Work is pending: wake one parked worker, unless one woken is on its way."""
         self._flag = True
-        if self.notified:
+        if self.woken is not None:
             return
         waiters = self._waiters
         while waiters:
-            fut = waiters.pop()
-            if not fut.done():  # (a cancelled wait's future is removed by `wait`, too)
+            w, fut = waiters.pop()
+            if not fut.done():  # (a cancelled wait's entry is removed by `wait`, too)
                 fut.set_result(None)
-                self.notified = True
+                self.woken = w
                 return
+
+    def took(self) -> None:
+        """The lane's pending requests were taken: the next request wakes a worker again."""
+        self.woken = None
+
+    def release(self, w: _Worker) -> None:
+        """`w` will not take soon (it opens its sender first) or ends: if it was the one
+        woken, wake another for what is pending."""
+        if self.woken is w:
+            self.woken = None
+            if self._flag:
+                self.set()
 
     def set_all(self) -> None:
         """Wake every parked worker (shutdown)."""
         self._flag = True
-        for fut in self._waiters:
+        for _, fut in self._waiters:
             if not fut.done():
                 fut.set_result(None)
         self._waiters.clear()
 
-    async def wait(self) -> None:
-        """Park until woken (`set`); the caller checks `is_set` first."""
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+    async def wait(self, w: _Worker) -> None:
+        """Park `w` until woken (`set`); the caller checks `is_set` first."""
+        entry = (w, asyncio.get_running_loop().create_future())
+        self._waiters.append(entry)
         try:
-            await fut
+            await entry[1]
         finally:
-            if fut.done() and not fut.cancelled():
-                # Woken (even if its idle deadline cancelled it just after: it then takes
-                # what is pending itself); a later request may wake another.
-                self.notified = False
-            else:
+            if not entry[1].done() or entry[1].cancelled():
                 with contextlib.suppress(ValueError):
-                    self._waiters.remove(fut)
+                    self._waiters.remove(entry)
 
 
 class _Lane:
@@ -239,6 +250,7 @@ class _Lane:
         first group is always taken (the edge held it to the limits alone); more join while
         the batch's bound (`batch_size`: the groups' sizes and the envelope) stays within
         `max_bytes`."""
+        self.wakeup.took()
         taken: list[_Group] = []
         count = size = 0
         key: str | None = None
@@ -481,7 +493,11 @@ class Dispatcher:
         lane.expiry = None
         loop = asyncio.get_running_loop()
         if lane.has(_State.CLAIMING) or (
-            (lane.wakeup.notified or lane.has(_State.STARTING)) and lane.wakeup.is_set()
+            lane.wakeup.is_set()
+            and (
+                lane.has(_State.STARTING)
+                or (lane.wakeup.woken is not None and lane.wakeup.woken.state is _State.IDLE)
+            )
         ):
             # A worker is about to take what is pending: look again once it has.
             lane.expiry = loop.call_later(0.01, self._expire, lane)
@@ -538,6 +554,7 @@ class Dispatcher:
         self._parked.pop(w, None)
         with contextlib.suppress(ValueError):
             lane.workers.remove(w)
+        lane.wakeup.release(w)
         if not lane.workers and not lane.pending and self._lanes.get(lane.dest.key) is lane:
             if lane.expiry is not None:  # nothing pending: nothing to expire
                 lane.expiry.cancel()
@@ -555,7 +572,7 @@ class Dispatcher:
             return True  # work is pending (a busy lane): no deadline to arm
         try:
             async with asyncio.timeout_at(w.last_used + self._limits.sender_idle_timeout):
-                await lane.wakeup.wait()
+                await lane.wakeup.wait(w)
         except TimeoutError:
             return bool(lane.pending)  # work arrived just as the wait ran out: take it
         return True
@@ -584,6 +601,7 @@ class Dispatcher:
                 if w.sender is None and lane.pending:
                     open_started = self._clock()
                     w.state = _State.OPENING
+                    lane.wakeup.release(w)  # a parked worker with its sender open takes them
                     opening = await self._open(w)
                 w.state = _State.WAITING
                 await self._take_slot(w)

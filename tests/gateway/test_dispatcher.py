@@ -311,6 +311,27 @@ async def test_a_request_wakes_one_parked_worker_not_every_one(make):
     assert taken[0] == 3, f"{taken[0]} wake-ups for 3 requests"
 
 
+async def test_requests_arriving_while_the_woken_worker_claims_join_its_batch(make):
+    """Micro-batching with one worker woken: requests that arrive on the ticks before it
+    takes (its yield included) go out with the first, as when every worker woke and the
+    first took everything; no second worker is woken to send them apart."""
+    client = FakeClient()
+    d = make(
+        LimitSettings(senders_per_entity=3, sender_idle_timeout=600, admission_timeout=5.0),
+        TimeoutSettings(send_timeout=60.0),
+    )
+    lane = await _parked_lane(d, client, 3)
+    taken = _count_slots(d)
+    sends = []
+    for i in (3, 4):  # one request a tick
+        sends.append(asyncio.create_task(d.send(Destination(client, "orders"), [msg(i)])))
+        await next_tick()
+    await asyncio.gather(*sends)
+    assert client.batches[3:] == [("orders", ["3", "4"])]
+    await eventually(lambda: len(lane.wakeup._waiters) == 3)
+    assert taken[0] == 1, f"{taken[0]} workers woken for one batch"
+
+
 async def test_a_backlog_larger_than_a_batch_still_spreads_over_the_parked_workers(make):
     """One woken worker takes a batch and wakes the next for the rest: sends run in
     parallel as they did when every worker woke."""
