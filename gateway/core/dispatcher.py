@@ -186,7 +186,9 @@ class _Wakeup:
         return self._flag
 
     def clear(self) -> None:
+        """Nothing is pending (so nobody is on the way to take it)."""
         self._flag = False
+        self.woken = None
 
     def set(self) -> None:
         """Work is pending: wake one parked worker, unless one woken is on its way."""
@@ -223,6 +225,8 @@ class _Wakeup:
 
     async def wait(self, w: _Worker) -> None:
         """Park `w` until woken (`set`); the caller checks `is_set` first."""
+        if self.woken is w:  # back without a take (its sender was closed meanwhile, say)
+            self.woken = None
         entry = (w, asyncio.get_running_loop().create_future())
         self._waiters.append(entry)
         try:

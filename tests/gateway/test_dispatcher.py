@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from gateway.config import LimitSettings, TimeoutSettings
-from gateway.core.dispatcher import Destination, Dispatcher, _Lane
+from gateway.core.dispatcher import Destination, Dispatcher, _Lane, _Wakeup, _Worker
 from gateway.core.message import OutboundMessage
 from gateway.errors import (
     CONNECTION,
@@ -330,6 +330,25 @@ async def test_requests_arriving_while_the_woken_worker_claims_join_its_batch(ma
     assert client.batches[3:] == [("orders", ["3", "4"])]
     await eventually(lambda: len(lane.wakeup._waiters) == 3)
     assert taken[0] == 1, f"{taken[0]} workers woken for one batch"
+
+
+async def test_a_woken_worker_that_parks_again_without_taking_is_woken_again():
+    """Its sender closed for another entity's open, say, a woken worker goes back to wait
+    before it took anything, and with the pending requests expired meanwhile nothing is
+    pending: the next request must wake it (or a lane of one worker waits out its idle
+    timeout, and `_expire` waits for it)."""
+    wakeup = _Wakeup()
+    w = _Worker(_Lane(Destination(FakeClient(), "orders")), 0.0)
+    parked = asyncio.create_task(wakeup.wait(w))
+    await next_tick()
+    wakeup.set()
+    await parked
+    assert wakeup.woken is w
+    parked = asyncio.create_task(wakeup.wait(w))  # back, without a take
+    await next_tick()
+    wakeup.set()
+    async with no_hang("the second wake-up"):
+        await parked
 
 
 async def test_a_backlog_larger_than_a_batch_still_spreads_over_the_parked_workers(make):
