@@ -19,8 +19,11 @@ buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
   (`max_in_flight`).
 * **Micro-batched without a linger timer**: a free worker takes *everything pending* for its
   destination (up to the batch limits) after yielding one event-loop tick, so batches grow
-  with load by themselves and a lone request is sent at once. A request's messages always
-  travel in one broker batch, so a request never partially succeeds.
+  with load by themselves and a lone request is sent at once. A request wakes one parked
+  worker of its lane (`_Wakeup`: the one parked last), and none while the one woken has not
+  taken yet; a take that leaves requests pending (over a batch, another session's) wakes
+  the next. A request's messages always travel in one broker batch, so a request never
+  partially succeeds.
 * **Isolated**: a batch the broker refuses because of one message (`message_fault` in the
   error table) is bisected between requests, so only the offending request gets the 4xx
   (`_isolate`, bounded by `split_budget`).
