@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -269,6 +270,10 @@ async def test_a_grown_lane_shrinks_back_under_steady_light_traffic(make):
     assert d.open_senders == 1 and d.lanes == 1
 
 
+# A lane of three workers that stay parked (`_parked_lane`).
+PARKED = LimitSettings(senders_per_entity=3, sender_idle_timeout=600, admission_timeout=5.0)
+
+
 async def _parked_lane(d: Dispatcher, client: FakeClient, n: int) -> _Lane:
     """ "orders" grown to `n` workers (`_grow`), every one of them parked again."""
     release = asyncio.Event()
@@ -298,10 +303,7 @@ async def test_a_request_wakes_one_parked_worker_not_every_one(make):
     """The hand-off's cost: with every worker of a lane parked, one request wakes one of
     them (each worker woken takes a send slot before it looks for work)."""
     client = FakeClient()
-    d = make(
-        LimitSettings(senders_per_entity=3, sender_idle_timeout=600, admission_timeout=5.0),
-        TimeoutSettings(send_timeout=60.0),
-    )
+    d = make(PARKED, TimeoutSettings(send_timeout=60.0))
     lane = await _parked_lane(d, client, 3)
     taken = _count_slots(d)
     for i in range(3, 6):  # one at a time: each finds the lane idle
@@ -316,10 +318,7 @@ async def test_requests_arriving_while_the_woken_worker_claims_join_its_batch(ma
     takes (its yield included) go out with the first, as when every worker woke and the
     first took everything; no second worker is woken to send them apart."""
     client = FakeClient()
-    d = make(
-        LimitSettings(senders_per_entity=3, sender_idle_timeout=600, admission_timeout=5.0),
-        TimeoutSettings(send_timeout=60.0),
-    )
+    d = make(PARKED, TimeoutSettings(send_timeout=60.0))
     lane = await _parked_lane(d, client, 3)
     taken = _count_slots(d)
     sends = []
@@ -355,15 +354,7 @@ async def test_a_backlog_larger_than_a_batch_still_spreads_over_the_parked_worke
     """One woken worker takes a batch and wakes the next for the rest: sends run in
     parallel as they did when every worker woke."""
     client = FakeClient()
-    d = make(
-        LimitSettings(
-            senders_per_entity=3,
-            sender_idle_timeout=600,
-            admission_timeout=5.0,
-            max_batch_messages=1,
-        ),
-        TimeoutSettings(send_timeout=60.0),
-    )
+    d = make(dataclasses.replace(PARKED, max_batch_messages=1), TimeoutSettings(send_timeout=60.0))
     await _parked_lane(d, client, 3)
     release = asyncio.Event()
     _holding(client, release, first=6)
