@@ -19,8 +19,11 @@ buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
   (`max_in_flight`).
 * **Micro-batched without a linger timer**: a free worker takes *everything pending* for its
   destination (up to the batch limits) after yielding one event-loop tick, so batches grow
-  with load by themselves and a lone request is sent at once. A request's messages always
-  travel in one broker batch, so a request never partially succeeds.
+  with load by themselves and a lone request is sent at once. A request wakes one parked
+  worker of its lane (`_Wakeup`: the one parked last), and none while the one woken has not
+  taken yet; a take that leaves requests pending (over a batch, another session's) wakes
+  the next. A request's messages always travel in one broker batch, so a request never
+  partially succeeds.
 * **Isolated**: a batch the broker refuses because of one message (`message_fault` in the
   error table) is bisected between requests, so only the offending request gets the 4xx
   (`_isolate`, bounded by `split_budget`).
@@ -162,6 +165,81 @@ class _Worker:
         self.last_used = now  # loop time of its last send (or of its start)
 
 
+class _Wakeup:
+    """A lane's "work is pending" flag that wakes ONE parked worker, not all of them.
+
+    An `asyncio.Event` wakes every waiter, and all but one park again: a task step, a send
+    slot, a timeout and a future each, per request. Here `set` wakes the most recently parked
+    worker (the others' idle time runs on, so a lane with light traffic shrinks), and none
+    while the one it woke is still on its way to take what is pending (`woken`, until the
+    lane's next `take`): requests arriving meanwhile join its batch, as they joined the
+    batch of the first of the workers an Event woke. A take that leaves work pending wakes
+    the next worker (a backlog still spreads over the lane), and so does the woken worker
+    when it must open its sender first, or ends, instead (`release`).
+    """
+
+    __slots__ = ("_flag", "_waiters", "woken")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._waiters: list[tuple[_Worker, asyncio.Future[None]]] = []  # the latest last
+        self.woken: _Worker | None = None  # woken, and has not taken yet
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def clear(self) -> None:
+        """Nothing is pending (so nobody is on the way to take it)."""
+        self._flag = False
+        self.woken = None
+
+    def set(self) -> None:
+        """Work is pending: wake one parked worker, unless one woken is on its way."""
+        self._flag = True
+        if self.woken is not None:
+            return
+        waiters = self._waiters
+        while waiters:
+            w, fut = waiters.pop()
+            if not fut.done():  # (a cancelled wait's entry is removed by `wait`, too)
+                fut.set_result(None)
+                self.woken = w
+                return
+
+    def took(self) -> None:
+        """The lane's pending requests were taken: the next request wakes a worker again."""
+        self.woken = None
+
+    def release(self, w: _Worker) -> None:
+        """`w` will not take soon (it opens its sender first) or ends: if it was the one
+        woken, wake another for what is pending."""
+        if self.woken is w:
+            self.woken = None
+            if self._flag:
+                self.set()
+
+    def set_all(self) -> None:
+        """Wake every parked worker (shutdown)."""
+        self._flag = True
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+
+    async def wait(self, w: _Worker) -> None:
+        """Park `w` until woken (`set`); the caller checks `is_set` first."""
+        if self.woken is w:  # back without a take (its sender was closed meanwhile, say)
+            self.woken = None
+        entry = (w, asyncio.get_running_loop().create_future())
+        self._waiters.append(entry)
+        try:
+            await entry[1]
+        finally:
+            if not entry[1].done() or entry[1].cancelled():
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(entry)
+
+
 class _Lane:
     """Pending requests for one destination and the workers that send them."""
 
@@ -170,7 +248,7 @@ class _Lane:
     def __init__(self, dest: Destination) -> None:
         self.dest = dest
         self.pending: deque[_Group] = deque()
-        self.wakeup = asyncio.Event()
+        self.wakeup = _Wakeup()
         self.workers: list[_Worker] = []
         self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
 
@@ -179,6 +257,7 @@ class _Lane:
         first group is always taken (the edge held it to the limits alone); more join while
         the batch's bound (`batch_size`: the groups' sizes and the envelope) stays within
         `max_bytes`."""
+        self.wakeup.took()
         taken: list[_Group] = []
         count = size = 0
         key: str | None = None
@@ -203,7 +282,9 @@ class _Lane:
             count += len(g.messages)
             size += g.size
         self.pending.extendleft(reversed(skipped))
-        if not self.pending:
+        if self.pending:
+            self.wakeup.set()  # more than one batch: the next parked worker takes the rest
+        else:
             self.wakeup.clear()
         return taken
 
@@ -395,7 +476,7 @@ class Dispatcher:
         self._stopping = True
         lanes = list(self._lanes.values())
         for lane in lanes:
-            lane.wakeup.set()
+            lane.wakeup.set_all()
         workers = [w.task for lane in lanes for w in lane.workers if w.task is not None]
         # A cancelled worker closes its sender (SENDER_CLOSE_TIMEOUT) before it ends.
         await stop(workers, SENDER_CLOSE_TIMEOUT + CANCEL_GRACE, "dispatcher")
@@ -419,7 +500,11 @@ class Dispatcher:
         lane.expiry = None
         loop = asyncio.get_running_loop()
         if lane.has(_State.CLAIMING) or (
-            lane.has(_State.IDLE, _State.STARTING) and lane.wakeup.is_set()
+            lane.wakeup.is_set()
+            and (
+                lane.has(_State.STARTING)
+                or (lane.wakeup.woken is not None and lane.wakeup.woken.state is _State.IDLE)
+            )
         ):
             # A worker is about to take what is pending: look again once it has.
             lane.expiry = loop.call_later(0.01, self._expire, lane)
@@ -476,6 +561,7 @@ class Dispatcher:
         self._parked.pop(w, None)
         with contextlib.suppress(ValueError):
             lane.workers.remove(w)
+        lane.wakeup.release(w)
         if not lane.workers and not lane.pending and self._lanes.get(lane.dest.key) is lane:
             if lane.expiry is not None:  # nothing pending: nothing to expire
                 lane.expiry.cancel()
@@ -484,16 +570,16 @@ class Dispatcher:
 
     async def _park(self, w: _Worker) -> bool:
         """Wait for work; False when `w` has sent nothing for `sender_idle_timeout` (it then
-        ends). Every parked worker of a lane wakes for each request, and only one takes
-        it: the idle time counts from the last send, not from the last wake-up, or a lane
-        with steady light traffic would never shrink."""
+        ends). A request wakes one parked worker (`_Wakeup`), the one parked last: the idle
+        time counts from the last send, not from the last wake-up, so under steady light
+        traffic the others run out of it and the lane shrinks."""
         lane = w.lane
         w.state = _State.IDLE
         if lane.wakeup.is_set():
             return True  # work is pending (a busy lane): no deadline to arm
         try:
             async with asyncio.timeout_at(w.last_used + self._limits.sender_idle_timeout):
-                await lane.wakeup.wait()
+                await lane.wakeup.wait(w)
         except TimeoutError:
             return bool(lane.pending)  # work arrived just as the wait ran out: take it
         return True
@@ -522,6 +608,7 @@ class Dispatcher:
                 if w.sender is None and lane.pending:
                     open_started = self._clock()
                     w.state = _State.OPENING
+                    lane.wakeup.release(w)  # a parked worker with its sender open takes them
                     opening = await self._open(w)
                 w.state = _State.WAITING
                 await self._take_slot(w)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
 
 from gateway.config import LimitSettings, TimeoutSettings
-from gateway.core.dispatcher import Destination, Dispatcher
+from gateway.core.dispatcher import Destination, Dispatcher, _Lane, _Wakeup, _Worker
 from gateway.core.message import OutboundMessage
 from gateway.errors import (
     CONNECTION,
@@ -267,6 +268,103 @@ async def test_a_grown_lane_shrinks_back_under_steady_light_traffic(make):
 
     await eventually(one_more_request_then_shrunk, within=20.0)
     assert d.open_senders == 1 and d.lanes == 1
+
+
+# A lane of three workers that stay parked (`_parked_lane`).
+PARKED = LimitSettings(senders_per_entity=3, sender_idle_timeout=600, admission_timeout=5.0)
+
+
+async def _parked_lane(d: Dispatcher, client: FakeClient, n: int) -> _Lane:
+    """ "orders" grown to `n` workers (`_grow`), every one of them parked again."""
+    release = asyncio.Event()
+    _holding(client, release, first=n)
+    burst = await _grow(d, client, n)
+    release.set()
+    await asyncio.gather(*burst)
+    lane = d._lanes[Destination(client, "orders").key]
+    await eventually(lambda: len(lane.wakeup._waiters) == len(lane.workers) == n)
+    return lane
+
+
+def _count_slots(d: Dispatcher) -> list[int]:
+    """Counts the send slots the workers take (one per wake-up that claims work)."""
+    taken = [0]
+    acquire = d._in_flight.acquire
+
+    async def counting() -> bool:
+        taken[0] += 1
+        return await acquire()
+
+    d._in_flight.acquire = counting  # type: ignore[method-assign]
+    return taken
+
+
+async def test_a_request_wakes_one_parked_worker_not_every_one(make):
+    """The hand-off's cost: with every worker of a lane parked, one request wakes one of
+    them (each worker woken takes a send slot before it looks for work)."""
+    client = FakeClient()
+    d = make(PARKED, TimeoutSettings(send_timeout=60.0))
+    lane = await _parked_lane(d, client, 3)
+    taken = _count_slots(d)
+    for i in range(3, 6):  # one at a time: each finds the lane idle
+        await d.send(Destination(client, "orders"), [msg(i)])
+        await eventually(lambda: len(lane.wakeup._waiters) == 3)
+    assert client.sent_ids()[3:] == ["3", "4", "5"]
+    assert taken[0] == 3, f"{taken[0]} wake-ups for 3 requests"
+
+
+async def test_requests_arriving_while_the_woken_worker_claims_join_its_batch(make):
+    """Micro-batching with one worker woken: requests that arrive on the ticks before it
+    takes (its yield included) go out with the first, as when every worker woke and the
+    first took everything; no second worker is woken to send them apart."""
+    client = FakeClient()
+    d = make(PARKED, TimeoutSettings(send_timeout=60.0))
+    lane = await _parked_lane(d, client, 3)
+    taken = _count_slots(d)
+    sends = []
+    for i in (3, 4):  # one request a tick
+        sends.append(asyncio.create_task(d.send(Destination(client, "orders"), [msg(i)])))
+        await next_tick()
+    await asyncio.gather(*sends)
+    assert client.batches[3:] == [("orders", ["3", "4"])]
+    await eventually(lambda: len(lane.wakeup._waiters) == 3)
+    assert taken[0] == 1, f"{taken[0]} workers woken for one batch"
+
+
+async def test_a_woken_worker_that_parks_again_without_taking_is_woken_again():
+    """Its sender closed for another entity's open, say, a woken worker goes back to wait
+    before it took anything, and with the pending requests expired meanwhile nothing is
+    pending: the next request must wake it (or a lane of one worker waits out its idle
+    timeout, and `_expire` waits for it)."""
+    wakeup = _Wakeup()
+    w = _Worker(_Lane(Destination(FakeClient(), "orders")), 0.0)
+    parked = asyncio.create_task(wakeup.wait(w))
+    await next_tick()
+    wakeup.set()
+    await parked
+    assert wakeup.woken is w
+    parked = asyncio.create_task(wakeup.wait(w))  # back, without a take
+    await next_tick()
+    wakeup.set()
+    async with no_hang("the second wake-up"):
+        await parked
+
+
+async def test_a_backlog_larger_than_a_batch_still_spreads_over_the_parked_workers(make):
+    """One woken worker takes a batch and wakes the next for the rest: sends run in
+    parallel as they did when every worker woke."""
+    client = FakeClient()
+    d = make(dataclasses.replace(PARKED, max_batch_messages=1), TimeoutSettings(send_timeout=60.0))
+    await _parked_lane(d, client, 3)
+    release = asyncio.Event()
+    _holding(client, release, first=6)
+    sends = [
+        asyncio.create_task(d.send(Destination(client, "orders"), [msg(i)])) for i in (3, 4, 5)
+    ]
+    await eventually(lambda: len(client.batches) == 6, what="three batches in flight at once")
+    release.set()
+    await asyncio.gather(*sends)
+    assert sorted(client.sent_ids()[3:]) == ["3", "4", "5"] and client.opened == 3
 
 
 async def test_at_max_open_senders_the_least_recently_used_idle_one_is_closed(make):
