@@ -275,7 +275,7 @@ async def run_h2load(
         try:
             async with asyncio.TaskGroup() as group:  # one failing stops (kills) the others
                 runs = [
-                    group.create_task(_sliced(part, work / f"requests-{i}", body, urls, cpus, delay))
+                    group.create_task(_sliced(part, work / f"p{i}", body, urls, cpus, delay))
                     for i, (delay, part) in enumerate(parts)
                 ]
         except* RuntimeError as failed:
@@ -297,7 +297,10 @@ async def run_h2load(
                 "classes": {c: sum(s["classes"][c] for s in summaries) for c in summary["classes"]},
             }
         summary["refused_connects"] = refused
-        text = "".join(log.read_text() for log in sorted(work.glob("requests-*.tsv")))
+        logs = [
+            work / f"p{i}-{j}.tsv" for i, (_, p) in enumerate(parts) for j in range(len(p.slices()))
+        ]
+        text = "".join(log.read_text() for log in logs if log.exists())
         detail = parse_h2load_log(text, fast=load.fast, bucket=load.bucket)
     return Window(
         result=_result(load, summary, detail, own),
