@@ -27,7 +27,12 @@ and prints what it measured.
    of the rate (``--rps``), as many clients as the rate needs at ``--client-rate`` each (a
    client holds one request at a time), split among ``--spread`` h2load processes whose
    clients' timers are out of phase (one h2load fires all its clients together: a train of
-   bursts, not a rate), started over ``--ramp`` seconds. ``steady``: the broker's round trip is
+   bursts, not a rate), started over ``--ramp`` seconds, each run as successive
+   ``--slice``-second h2load runs: the gateway's listener pauses under overload (the kernel
+   refuses connects at no cost to it), h2load never retries a refused connect, and a real
+   client reconnects, so a refused client comes back at its process's next slice; each
+   refused connect (``Tcp: AttemptFails``, machine-wide) counts as a refusal within 50 ms.
+   ``steady``: the broker's round trip is
    ``--broker-base-ms`` throughout; ``broker-x10``: the same, raised tenfold half-way
    through each loaded phase (the adaptive limit must follow; it is read from /metrics just
    before and at the end).
