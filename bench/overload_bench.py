@@ -211,6 +211,7 @@ _ADAPTIVE = re.compile(
     re.M,
 )
 _SHED = re.compile(r'^sbgate_http_shed_total\{reason="(\w+)"\} (\S+)$', re.M)
+_PAUSED = re.compile(r'^sbgate_http_listener_paused_seconds_total\{reason="(\w+)"\} (\S+)$', re.M)
 _HEAD_LIMIT = re.compile(r"^sbgate_http_requests_in_progress_limit (\S+)$", re.M)
 
 
@@ -226,6 +227,7 @@ async def gateway_figures(url: str) -> dict[str, float]:
     names = {"": "limit", "_baseline_seconds": "baseline_s", "_refused_total": "refused"}
     out = {names[m.group(1) or ""]: float(m.group(2)) for m in _ADAPTIVE.finditer(text)}
     out.update({f"shed_{m.group(1)}": float(m.group(2)) for m in _SHED.finditer(text)})
+    out.update({f"shed_paused_s_{m.group(1)}": float(m.group(2)) for m in _PAUSED.finditer(text)})
     head = _HEAD_LIMIT.search(text)
     if head is not None:
         out["head_limit"] = float(head.group(1))
