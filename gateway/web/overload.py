@@ -32,20 +32,15 @@ act before any of the request's own work:
   is read or its token checked, and its connection is closed (the unread body is not worth
   reading). This is uvicorn's ``limit_concurrency``, at the cheapest point.
 * **The adaptive limit** (with ``limits.adaptive_admission``, docs/admission.md): the
-  in-progress limit is set by Little's law, requests in progress = rate x latency, so that
-  a request's time from its head to its answer averages the latency aimed at: the rate
-  this process *serves* (the peak of its windows' completion rates) times `TARGET_LATENCY`,
-  or the namespaces' learned send latency (`gateway.core.limiter`) times
-  ``adaptive_tolerance`` when the broker is slower than that. The peak decays only in a
-  window where no head was refused (demand was under the limit, so a lower rate is less
-  demand); while heads are refused it is what the process serves at its limit, and only
-  rises: refusals that take CPU from the served requests cannot lower the limit, which
-  would lower the rate and the limit again (a ceiling from the current rate spiralled so).
-  Under the limit at its target latency, a saturated window serves more than the limit
-  needs, so the limit grows by target / latency a window. Never below `MIN_LIMIT`, never
-  above ``http.max_requests_in_progress``. With it off the limit is that cap. (The
-  namespaces' own limits refuse in the dispatcher; their sum, capped at 512, was the head's
-  limit until 2026-11-29: ~62 ms of queueing on average at 8,300 req/s.)
+  in-progress limit is the sum of the namespaces' adaptive limits (`gateway.core.limiter`,
+  set from the broker's measured latency), floored by Little's law, requests in progress =
+  rate x latency: the rate this process completes requests (its recent peak: what it can
+  do) times the latency it aims at, `TARGET_LATENCY`, or the namespaces' learned send
+  latency times ``adaptive_tolerance`` when the broker is slower than that (so the floor
+  rises with the broker's latency and the throughput is kept). The floor keeps a limiter
+  that mistakes the gateway's own slowness for the broker's from throttling below what is
+  being delivered. Never below `MIN_LIMIT`, never above ``http.max_requests_in_progress``.
+  With it off the limit is that cap.
 
 Probes, metrics and the admin API are never shed by the request caps (nor counted): a
 liveness probe answered 503 under load would have Kubernetes restart a replica that is
@@ -102,10 +97,10 @@ MAX_LOOP_LAG: Final = 0.25
 # A paused listener listens again once the connections are a tenth (at least one) under the
 # cap: not at the first close, or it would flap (listen, take a burst, pause) at every close.
 RESUME_SHARE: Final = 0.9
-# The adaptive in-progress limit (Little's law): the served rate times this latency (half the
-# 2xx p99 the overload goals allow), recomputed every `RATE_WINDOW` seconds; the rate is the
-# peak of the windows' completion rates, decaying by `RATE_DECAY` a window (halved in ~8 s)
-# in windows where no head was refused, so less demand lowers it and refusals do not.
+# The adaptive in-progress limit (Little's law): the completion rate times this latency (half
+# the 2xx p99 the overload goals allow), recomputed every `RATE_WINDOW` seconds; the rate is
+# the recent peak, decaying by `RATE_DECAY` a window (halved in ~8 s) so a slower period
+# lowers it.
 TARGET_LATENCY: Final = 0.05
 RATE_WINDOW: Final = 0.25
 RATE_DECAY: Final = 0.98
@@ -165,7 +160,6 @@ class Shedder:
         "_raw_body",
         "_raw_head",
         "_raw_head_kept",
-        "_refused",
         "_resume_at",
         "_source",
         "_window_end",
@@ -195,7 +189,6 @@ class Shedder:
         self._source: Callable[[], tuple[int, float | None] | None] | None = None
         self.peak_rate = 0.0  # requests completed a second: the recent peak
         self._completed = 0
-        self._refused = False  # a head was refused at the limit in this window
         self._window_start = clock()
         self._window_end = self._window_start + RATE_WINDOW
         self._listener: Listener | None = None
@@ -274,9 +267,8 @@ class Shedder:
 
     def attach_limit(self, source: Callable[[], tuple[int, float | None] | None]) -> None:
         """Set the in-progress limit by Little's law (see the module docstring) from
-        `source`: the sum of the namespaces' adaptive limits (not used here: they refuse in
-        the dispatcher) and the highest of their learned latencies (None until measured), or
-        None while no namespace has a limiter."""
+        `source`: the sum of the namespaces' adaptive limits and the highest of their learned
+        latencies (None until measured), or None while no namespace has a limiter."""
         self._source = source
         self.limit = self._compute_limit()
 
@@ -285,11 +277,11 @@ class Shedder:
         got = self._source() if self._source is not None else None
         if got is None:
             return cap
-        _, baseline = got
+        adaptive, baseline = got
         target = self._limits.target_latency
         if baseline is not None and baseline * self._limits.tolerance > target:
             target = baseline * self._limits.tolerance
-        limit = max(MIN_LIMIT, int(self.peak_rate * target))
+        limit = max(MIN_LIMIT, adaptive, int(self.peak_rate * target))
         return min(limit, cap) if cap else limit
 
     def at_limit(self) -> bool:
@@ -299,7 +291,6 @@ class Shedder:
 
     def refused(self) -> None:
         """A request was refused at the limit before it was parsed: counted as shed."""
-        self._refused = True
         self._on_shed("in_progress")
 
     def admit_head(self) -> bool:
@@ -307,7 +298,6 @@ class Shedder:
         or refused at the limit (False, counted as shed: the caller answers 503)."""
         limit = self.limit
         if limit and self.in_progress >= limit:
-            self._refused = True
             self._on_shed("in_progress")
             return False
         self.in_progress += 1
@@ -331,7 +321,6 @@ class Shedder:
         reason: ShedReason | None = None
         if limit and self.in_progress >= limit:
             reason = "in_progress"
-            self._refused = True
         elif self._limits.max_head_wait and waited > self._limits.max_head_wait:
             reason = "head_wait"
         if reason is not None:
@@ -348,9 +337,7 @@ class Shedder:
         now = self._clock()
         if now >= self._window_end:
             elapsed = now - self._window_start
-            kept = self.peak_rate if self._refused else self.peak_rate * RATE_DECAY
-            self.peak_rate = max(self._completed / elapsed, kept)
-            self._refused = False
+            self.peak_rate = max(self._completed / elapsed, self.peak_rate * RATE_DECAY)
             self._completed = 0
             self._window_start = now
             self._window_end = now + RATE_WINDOW
