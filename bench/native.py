@@ -14,9 +14,10 @@ loops in C that cost a fraction of that; `make bench-tools` installs them with a
   ("client-shed" in the tables: never sent within the run). One h2load fires all its
   clients' timers together, so an open-loop load is ``spread`` over several h2load
   processes started a fraction of a client's interval apart (their figures summed), each
-  run as successive ``slice``-second h2load runs: h2load never retries a refused connect,
-  so without slices a client the gateway's paused listener refused was lost for the run.
-  The connects refused meanwhile are counted (`refused_connects`, machine-wide).
+  run, with ``slice``, as successive h2load runs of that many seconds: h2load never retries
+  a refused connect, so without slices a client the gateway's paused listener refused is
+  lost for the run. The connects refused meanwhile are counted (`refused_connects`,
+  machine-wide).
 * `run_h2load`: the child pinned to the given CPUs (`taskset`), bounded in time (killed after
   ``duration + grace``), its per-request log (``--log-file``: start, status, microseconds)
   read into the figures the benchmarks print: answers by status, latency percentiles per

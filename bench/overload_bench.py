@@ -27,11 +27,14 @@ and prints what it measured.
    of the rate (``--rps``), as many clients as the rate needs at ``--client-rate`` each (a
    client holds one request at a time), split among ``--spread`` h2load processes whose
    clients' timers are out of phase (one h2load fires all its clients together: a train of
-   bursts, not a rate), started over ``--ramp`` seconds, each run as successive
-   ``--slice``-second h2load runs: the gateway's listener pauses under overload (the kernel
-   refuses connects at no cost to it), h2load never retries a refused connect, and a real
-   client reconnects, so a refused client comes back at its process's next slice; each
-   refused connect (``Tcp: AttemptFails``, machine-wide) counts as a refusal within 50 ms.
+   bursts, not a rate), started over ``--ramp`` seconds. The gateway's listener pauses
+   under overload (the kernel refuses connects at no cost to it) and h2load never retries a
+   refused connect: each refused connect (``Tcp: AttemptFails``, machine-wide) counts as a
+   refusal within 50 ms. With ``--slice``, each process runs as successive h2load runs of
+   that many seconds, so a refused client comes back at the next slice as a real client
+   reconnects; off by default: measured (2026-11-29), each slice's reconnection of a
+   process's clients at once held the listener closed by its accept-queue rule half of a
+   quick phase, and goodput fell (docs/performance-results.md).
    ``steady``: the broker's round trip is
    ``--broker-base-ms`` throughout; ``broker-x10``: the same, raised tenfold half-way
    through each loaded phase (the adaptive limit must follow; it is read from /metrics just
@@ -700,17 +703,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slice",
         type=float,
+        default=0.0,
         help="seconds each h2load process runs before it is started again, so clients whose "
         "connect a paused listener refused come back (h2load never retries a connect), as "
-        "real clients reconnect (3; quick 2; 0: one run a process, as before)",
+        "real clients reconnect (0: one run a process; measured, slices' reconnections "
+        "close the listener by its accept-queue rule, so off by default)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="client deadline")
     parser.add_argument("--cooldown", type=float, default=5.0, help="seconds of calm after")
     parser.add_argument("--out", default=str(OUT_DIR), help="where the JSON goes")
     args = parser.parse_args(argv)
     args.duration = args.duration or (6.0 if args.quick else 15.0)
-    if args.slice is None:
-        args.slice = 2.0 if args.quick else 3.0
     args.factors = [float(f) for f in args.factors.split(",")]
     args.ladders = [name for name in args.ladders.split(",") if name]
     unknown = set(args.ladders) - set(LADDERS)
