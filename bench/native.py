@@ -13,7 +13,11 @@ loops in C that cost a fraction of that; `make bench-tools` installs them with a
   the difference between the requests due (``rate * duration``) and those started
   ("client-shed" in the tables: never sent within the run). One h2load fires all its
   clients' timers together, so an open-loop load is ``spread`` over several h2load
-  processes started a fraction of a client's interval apart (their figures summed).
+  processes started a fraction of a client's interval apart (their figures summed), each
+  run, with ``slice``, as successive h2load runs of that many seconds: h2load never retries
+  a refused connect, so without slices a client the gateway's paused listener refused is
+  lost for the run. The connects refused meanwhile are counted (`refused_connects`,
+  machine-wide).
 * `run_h2load`: the child pinned to the given CPUs (`taskset`), bounded in time (killed after
   ``duration + grace``), its per-request log (``--log-file``: start, status, microseconds)
   read into the figures the benchmarks print: answers by status, latency percentiles per
@@ -89,6 +93,10 @@ class H2Load:
     # accepts the last one's finds its listener closed (an accept-queue pause), and h2load
     # does not retry a refused connect.
     ramp: float = 0.0
+    # Open loop: each process runs as successive h2load runs of this many seconds (0: one
+    # run), so a client whose connect was refused (the gateway's listener paused) is back at
+    # the next slice, as a real client reconnects, instead of lost for the run.
+    slice: float = 0.0
 
     def parts(self) -> list[tuple[float, H2Load]]:
         """The h2load runs this load is made of, each with its start delay in seconds."""
@@ -105,6 +113,17 @@ class H2Load:
             whole = round(self.ramp * i / k / interval)
             out.append((interval * (whole + i / k), part))
         return out
+
+    def slices(self) -> list[H2Load]:
+        """The successive runs one process of this load is made of (see `slice`)."""
+        if not self.slice or self.rate is None or self.slice >= self.duration:
+            return [self]
+        whole = int(self.duration // self.slice)
+        runs = [replace(self, duration=self.slice, slice=0.0)] * whole
+        rest = self.duration - whole * self.slice
+        if rest > 0.1:
+            runs.append(replace(self, duration=rest, slice=0.0))
+        return runs
 
     def command(self, body_path: Path, log_path: Path, urls_path: Path | None) -> list[str]:
         cmd = [
@@ -215,6 +234,20 @@ def parse_h2load_log(text: str, *, fast: float, bucket: float) -> dict[str, Any]
     }
 
 
+def refused_connects() -> int:
+    """The machine's TCP connects that failed so far (``Tcp: AttemptFails`` in
+    /proc/net/snmp: a connect answered by a reset, as at a closed listener); 0 where it is
+    not to be read. Machine-wide: another process's failures count too."""
+    try:
+        lines = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines()]
+    except OSError:
+        return 0
+    tcp = [line for line in lines if line and line[0] == "Tcp:"]
+    if len(tcp) < 2 or "AttemptFails" not in tcp[0]:
+        return 0
+    return int(tcp[1][tcp[0].index("AttemptFails")])
+
+
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -236,15 +269,15 @@ async def run_h2load(
             urls = work / "urls"
             urls.write_text("".join(u + "\n" for u in load.urls))
         parts = load.parts()
-        logs = [work / f"requests-{i}.tsv" for i in range(len(parts))]
         before = {k: cpu_seconds(p) for k, p in watch.items()}
         own0 = _children_cpu()
+        refused0 = refused_connects()
         started = time.monotonic()
         try:
             async with asyncio.TaskGroup() as group:  # one failing stops (kills) the others
                 runs = [
-                    group.create_task(_h2load(part, part.command(body, log, urls), cpus, delay))
-                    for (delay, part), log in zip(parts, logs, strict=True)
+                    group.create_task(_sliced(part, work / f"p{i}", body, urls, cpus, delay))
+                    for i, (delay, part) in enumerate(parts)
                 ]
         except* RuntimeError as failed:
             raise failed.exceptions[0] from None
@@ -252,15 +285,22 @@ async def run_h2load(
         wall = time.monotonic() - started
         after = {k: cpu_seconds(p) for k, p in watch.items()}
         own = _children_cpu() - own0
-        summaries = [parse_h2load(out) for out in outs]
+        refused = refused_connects() - refused0
+        # Each process's slices in turn (their walls added), the processes side by side.
+        per_part = [[parse_h2load(out) for out in part_outs] for part_outs in outs]
+        summaries = [s for part in per_part for s in part]
         summary = summaries[0]
         if len(summaries) > 1:
             counts = [k for k in summary if k not in ("wall", "classes")]
             summary = {
                 **{k: sum(s[k] for s in summaries) for k in counts},
-                "wall": max(s["wall"] for s in summaries),
+                "wall": max(sum(s["wall"] for s in part) for part in per_part),
                 "classes": {c: sum(s["classes"][c] for s in summaries) for c in summary["classes"]},
             }
+        summary["refused_connects"] = refused
+        logs = [
+            work / f"p{i}-{j}.tsv" for i, (_, p) in enumerate(parts) for j in range(len(p.slices()))
+        ]
         text = "".join(log.read_text() for log in logs if log.exists())
         detail = parse_h2load_log(text, fast=load.fast, bucket=load.bucket)
     return Window(
@@ -270,10 +310,22 @@ async def run_h2load(
     )
 
 
-async def _h2load(load: H2Load, cmd: list[str], cpus: frozenset[int], delay: float) -> str:
-    """One h2load process, started after `delay` seconds: what it printed (bounded as
-    `run_h2load` says; RuntimeError if it ran past that or failed)."""
+async def _sliced(
+    load: H2Load, stem: Path, body: Path, urls: Path | None, cpus: frozenset[int], delay: float
+) -> list[str]:
+    """One process of a load, started after `delay` seconds, as its successive slices (each
+    run after the last, its log beside the others): what each printed."""
     await asyncio.sleep(delay)  # the bench's pacing: this part's clients' phase
+    outs = []
+    for j, run in enumerate(load.slices()):
+        log = stem.with_name(f"{stem.name}-{j}.tsv")
+        outs.append(await _h2load(run, run.command(body, log, urls), cpus))
+    return outs
+
+
+async def _h2load(load: H2Load, cmd: list[str], cpus: frozenset[int]) -> str:
+    """One h2load process: what it printed (bounded as `run_h2load` says; RuntimeError if it
+    ran past that or failed)."""
     if cpus:
         cmd = ["taskset", "-c", ",".join(str(c) for c in sorted(cpus)), *cmd]
     proc = await asyncio.create_subprocess_exec(
@@ -331,6 +383,9 @@ def _result(
         "due": due,
         "sent": int(summary["started"]),
         "shed": max(0, due - int(summary["started"])),
+        # Connects refused (by a paused listener) during the run, machine-wide: each is a
+        # refusal at once, of a client h2load brings back only at its next slice.
+        "refused_connects": int(summary.get("refused_connects", 0)),
         # Requests in flight when the run ended (h2load stops then): each client's last one
         # in a closed loop; not failures, but their outcome is unknown.
         "unanswered_at_end": max(0, int(summary["started"]) - int(summary["done"])),

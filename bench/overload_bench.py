@@ -27,7 +27,15 @@ and prints what it measured.
    of the rate (``--rps``), as many clients as the rate needs at ``--client-rate`` each (a
    client holds one request at a time), split among ``--spread`` h2load processes whose
    clients' timers are out of phase (one h2load fires all its clients together: a train of
-   bursts, not a rate), started over ``--ramp`` seconds. ``steady``: the broker's round trip is
+   bursts, not a rate), started over ``--ramp`` seconds. The gateway's listener pauses
+   under overload (the kernel refuses connects at no cost to it) and h2load never retries a
+   refused connect: each refused connect (``Tcp: AttemptFails``, machine-wide) counts as a
+   refusal within 50 ms. With ``--slice``, each process runs as successive h2load runs of
+   that many seconds, so a refused client comes back at the next slice as a real client
+   reconnects; off by default: measured (2026-11-29), each slice's reconnection of a
+   process's clients at once held the listener closed by its accept-queue rule half of a
+   quick phase, and goodput fell (docs/performance-results.md).
+   ``steady``: the broker's round trip is
    ``--broker-base-ms`` throughout; ``broker-x10``: the same, raised tenfold half-way
    through each loaded phase (the adaptive limit must follow; it is read from /metrics just
    before and at the end).
@@ -206,6 +214,7 @@ _ADAPTIVE = re.compile(
     re.M,
 )
 _SHED = re.compile(r'^sbgate_http_shed_total\{reason="(\w+)"\} (\S+)$', re.M)
+_PAUSED = re.compile(r'^sbgate_http_listener_paused_seconds_total\{reason="(\w+)"\} (\S+)$', re.M)
 _HEAD_LIMIT = re.compile(r"^sbgate_http_requests_in_progress_limit (\S+)$", re.M)
 
 
@@ -221,6 +230,7 @@ async def gateway_figures(url: str) -> dict[str, float]:
     names = {"": "limit", "_baseline_seconds": "baseline_s", "_refused_total": "refused"}
     out = {names[m.group(1) or ""]: float(m.group(2)) for m in _ADAPTIVE.finditer(text)}
     out.update({f"shed_{m.group(1)}": float(m.group(2)) for m in _SHED.finditer(text)})
+    out.update({f"shed_paused_s_{m.group(1)}": float(m.group(2)) for m in _PAUSED.finditer(text)})
     head = _HEAD_LIMIT.search(text)
     if head is not None:
         out["head_limit"] = float(head.group(1))
@@ -262,6 +272,7 @@ async def phase(
         fast=args.fast,
         spread=args.spread,
         ramp=args.ramp,
+        slice=args.slice,
     )
     shed_before = await gateway_figures(stack.gateway.url)
     seen: dict[str, Any] = {}
@@ -319,12 +330,16 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
     wall = float(r["wall"]) or 1.0
     excess = max(0, int(r["due"]) - ok)
     shed = int(r["shed"])
-    fast = int(r["unavailable_fast"]) + sum(int(v) for v in r["failed_fast"].values())
+    # A connect refused by a paused listener is a refusal at once (the kernel's reset), as
+    # the issue counts one "refused at the connection cap": in the excess and refused fast.
+    # The arrivals its client then owed until its next slice are client-shed.
+    refused = int(r.get("refused_connects", 0))
+    fast = int(r["unavailable_fast"]) + sum(int(v) for v in r["failed_fast"].values()) + refused
     # The share refused fast is of the excess the gateway was sent: what h2load never sent
     # (client-shed) the gateway could not refuse. A run whose client-shed is over a tenth of
     # the arrivals is generator-bound there (too few clients for the latency): judged on
     # what was sent, and flagged.
-    sent_excess = max(0, excess - shed)
+    sent_excess = max(0, excess - shed) + refused
     ok_lat = [v for k, v in r["latency_ms"].items() if k.startswith("2") and v]
     p50 = max((x["p50"] for x in ok_lat), default=float("nan"))
     p99 = max((x["p99"] for x in ok_lat), default=float("nan"))
@@ -348,6 +363,7 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
         "p99_ms": p99,
         "excess": excess,
         "refused_fast": fast,
+        "refused_connects": refused,
         "statuses": r["statuses"],
         "client_shed": shed,
         "shed_share": shed / int(r["due"]) if int(r["due"]) else 0.0,
@@ -396,7 +412,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             f"({row['connections']:,}) | {row['goodput_share']:.0%}"
             f"{_yes(met.get('goodput'))} | {row['p50_ms']:,.0f} / {row['p99_ms']:,.0f}"
             f"{_yes(met.get('p99'))} | {row['excess']:,} | {row['fast_share']:.0%}"
-            f"{_yes(met.get('fast'))} | {row['client_shed']:,} ({row['shed_share']:.0%})"
+            f"{_yes(met.get('fast'))} ({row.get('refused_connects', 0):,} connects refused) "
+            f"| {row['client_shed']:,} ({row['shed_share']:.0%})"
             f"{' generator-bound' if row['shed_share'] > 0.1 else ''} | "
             f"{row['rss_growth'] / MiB:+.1f} MiB{_yes(met.get('rss'))} | "
             f"{cpu.get('gateway', 0):.0%} / {cpu.get('broker', 0):.0%} / "
@@ -487,7 +504,8 @@ def report(
     log(
         f"\ngoals at {', '.join(f'{f:g}x' for f in GOALS_AT)}: goodput >= {GOAL_GOODPUT:.0%} of "
         f"sustainable; >= {GOAL_FAST:.0%} of the excess that was sent refused (503 or "
-        f"connection failure) within {args.fast * 1000:g} ms; 2xx p99 <= {GOAL_P99_MS:.0f} ms; "
+        f"connection failure, a refused connect counted as one) within {args.fast * 1000:g} "
+        f"ms; 2xx p99 <= {GOAL_P99_MS:.0f} ms; "
         "RSS growth <= 64 MiB. sent: the rate h2load managed to send; client-shed: arrivals it "
         "could not send within the run (each client holds one request at a time); over 10 % "
         "of the arrivals, the load was generator-bound (raise --max-connections or lower "
@@ -681,6 +699,15 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds over which those processes start (by whole client intervals, so their "
         "phases stay apart): connecting every client at once meets the gateway's "
         "accept-queue pause, and h2load does not retry a refused connect (2)",
+    )
+    parser.add_argument(
+        "--slice",
+        type=float,
+        default=0.0,
+        help="seconds each h2load process runs before it is started again, so clients whose "
+        "connect a paused listener refused come back (h2load never retries a connect), as "
+        "real clients reconnect (0: one run a process; measured, slices' reconnections "
+        "close the listener by its accept-queue rule, so off by default)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="client deadline")
     parser.add_argument("--cooldown", type=float, default=5.0, help="seconds of calm after")

@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from bench.native import H2Load, parse_h2load, parse_wrk, post_script, run_h2load, wrk_command
+from bench.native import (
+    H2Load,
+    parse_h2load,
+    parse_wrk,
+    post_script,
+    refused_connects,
+    run_h2load,
+    wrk_command,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -94,6 +103,37 @@ async def test_h2load_open_loop_spread_over_processes_paces_the_rate_in_staggere
     assert 40 <= r["statuses"]["201"] <= 90  # the four processes' answers, summed
     assert r["summary"]["classes"]["2xx"] == r["statuses"]["201"]
     assert r["summary"]["started"] == r["sent"] >= r["statuses"]["201"]
+
+
+async def test_h2load_open_loop_in_slices_brings_back_clients_whose_connect_was_refused(
+    tmp_path: Path,
+) -> None:
+    # A port nobody listens on yet: every client's first connect is refused (a paused
+    # listener). The server starts once a refusal is seen; the next slice connects to it.
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    url = f"http://127.0.0.1:{port}/queues/orders/messages"
+    load = H2Load([url], duration=2.0, connections=4, rate=40, slice=0.5)
+    assert [s.duration for s in load.slices()] == [0.5, 0.5, 0.5, 0.5]
+    refused0 = refused_connects()
+    app = web.Application()
+    app.router.add_post("/queues/{name}/messages", _answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        async with asyncio.timeout(60):
+            running = asyncio.create_task(run_h2load(load, cpus=frozenset(), watch={}))
+            while refused_connects() == refused0 and not running.done():
+                await asyncio.sleep(0.01)  # polling the kernel's counter, with the deadline
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            window = await running
+    finally:
+        await runner.cleanup()
+    r = window.result
+    assert r["refused_connects"] >= 1
+    assert r["statuses"].get("201", 0) > 0  # the clients came back at a later slice
 
 
 def test_h2load_summary_without_a_run_is_refused() -> None:
