@@ -561,26 +561,12 @@ async def test_a_sender_closed_while_its_worker_waits_for_a_slot_is_reopened_out
     assert sorted(client.sent_ids()) == ["a1", "a2", "b1", "c1"]
 
 
-class _SlowOpen(FakeClient):
-    """Every open waits for `opened_ok`: a cold entity's sender being attached."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.opening = asyncio.Event()
-        self.opened_ok = asyncio.Event()
-
-    async def open_sender(self, path: str) -> FakeSender:
-        self.opening.set()
-        await self.opened_ok.wait()
-        return await super().open_sender(path)
-
-
 async def test_requests_that_arrive_while_a_sender_opens_wait_for_it_not_for_a_second_open(make):
     # A cold entity: the first request's worker is opening its sender (an attach and a
     # put-token, round trips to the broker). What arrives meanwhile fits that worker's first
     # batch, so another worker would only open a second sender (a second cold open, at
     # 1,000 entities twice the opens), not send any sooner.
-    client = _SlowOpen()
+    client = _SlowToOpen()  # a cold entity's sender being attached
     d = make(
         LimitSettings(max_in_flight=16, senders_per_entity=4, admission_timeout=60.0),
         TimeoutSettings(send_timeout=60.0, connect_timeout=60.0),
@@ -601,7 +587,7 @@ async def test_requests_that_arrive_while_a_sender_opens_wait_for_it_not_for_a_s
 async def test_a_burst_larger_than_a_batch_still_grows_the_lane_while_its_sender_opens(make):
     # More than the opening worker's first batch can take: a second worker (and sender) is
     # worth its open.
-    client = _SlowOpen()
+    client = _SlowToOpen()  # a cold entity's sender being attached
     d = make(
         LimitSettings(
             max_in_flight=16, senders_per_entity=3, admission_timeout=60.0, max_batch_messages=5
