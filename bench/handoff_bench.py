@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import Sequence
 
+from bench.harness import parse_args
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
@@ -86,10 +87,10 @@ async def run(clients: int, stagger: int, requests: int) -> tuple[float, float]:
     return best, batch
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=40_000)
-    args = parser.parse_args()
+    args = parse_args(parser, argv, {"requests": 4_000})
     for clients, stagger in SHAPES:
         us, batch = asyncio.run(run(clients, stagger, args.requests))
         print(
