@@ -45,6 +45,7 @@ class StoreStats:
     redis_errors: int = 0  # failed or timed-out Redis calls
     reconnects: int = 0  # sessions established after the first one
     resyncs: int = 0  # full merges of memory with Redis completed
+    data_losses: int = 0  # times Redis was found to have lost its data (the dataset mark)
     events_applied: int = 0  # pub/sub events (or resync reads) that changed memory
     events_stale: int = 0  # pub/sub events ignored because memory was newer
     writes: int = 0  # transitions, restores and backlog changes Redis accepted

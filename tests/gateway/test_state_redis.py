@@ -343,6 +343,24 @@ async def test_an_announcement_made_while_redis_is_down_is_covered_once_it_retur
         await eventually(lambda: "q/2" in recs[1].written)
 
 
+async def test_redis_that_loses_its_data_under_live_connections_gets_the_state_back(
+    redis_server: RedisServer,
+) -> None:
+    """A FLUSHALL keeps every connection up, so nothing breaks a session: the dataset mark
+    does. Each replica notices within a health interval, resyncs and writes its state back,
+    so a replica that starts afterwards still learns of the failover."""
+    async with replicas(redis_server, n=2) as (stores, _):
+        made = stores[0].propose(stores[0].get("p/q"), "failing", "timeout")
+        assert made is not None
+        await eventually(lambda: stores[1].get("p/q") == made, what="shared")
+        redis_server.command("FLUSHALL")
+        await eventually(
+            lambda: all(s.stats.data_losses and s.connected for s in stores), what="noticed"
+        )
+        async with replicas(redis_server, n=1) as ([late], _):
+            assert late.get("p/q") == made
+
+
 async def test_exactly_one_of_three_holds_a_lease(redis_server: RedisServer) -> None:
     async with replicas(redis_server) as (stores, _):
         got = await asyncio.gather(*(s.acquire_lease("ping:orders", 5) for s in stores))
@@ -863,7 +881,8 @@ async def test_every_key_and_the_channel_live_in_the_one_slot_of_the_hash_tag(
         await eventually(lambda: bool(r0.backlogs_disabled(time.time())))
         with redis_cluster.admin(owner) as admin:
             keys = set(admin.keys("*"))
-            assert len(keys) == 12 and all(k.startswith("{sbgate}:") for k in keys)
+            # 10 entities, a backlog, a lease and the dataset mark.
+            assert len(keys) == 13 and all(k.startswith("{sbgate}:") for k in keys)
             slots = {admin.execute_command("CLUSTER", "KEYSLOT", k) for k in keys}
             assert slots == {redis_cluster.slot("{sbgate}:events")}
         # Sharded pub/sub: the subscribers hang on the slot's owner, nowhere else.

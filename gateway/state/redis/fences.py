@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.state.fence import (
     Fence,
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+DATA_LOST = "SBGATE_DATA_LOST"  # a script's refusal: the dataset mark changed
 MAX_REPLAY = 100_000  # end/moved calls kept for replay while Redis is away, at most
 # Fence calls in flight at once, per replica: each holds a connection of the client's pool
 # (100). Unbounded, a burst of session writes (a failover under load) opened connections
@@ -67,7 +68,20 @@ MAX_REPLAY = 100_000  # end/moved calls kept for replay while Redis is away, at 
 # session's backlog write 503. The others wait their turn, before their op timeout starts.
 MAX_CALLS = 32
 
-_LIFT_LUA = r"""
+# Every script gets KEYS[2], the dataset mark's key, and the session's mark as its last
+# argument, and refuses first if Redis holds another mark or none: it lost its data since
+# this replica resynced, so a fence missing now was lost, not lifted (the store's module
+# docstring). `NARGV` is the count of the script's own arguments.
+_MARK_LUA = r"""
+if redis.call('GET', KEYS[2]) ~= ARGV[#ARGV] then
+  return redis.error_reply('SBGATE_DATA_LOST redis lost its data since this replica resynced')
+end
+local NARGV = #ARGV - 1
+"""
+
+_LIFT_LUA = (
+    _MARK_LUA
+    + r"""
 local function held(key, now)
   local h = redis.call('HGETALL', key)
   for i = 1, #h, 2 do
@@ -96,6 +110,7 @@ local function fence_key(key)
   if t ~= 'hash' and t ~= 'none' then redis.call('DEL', key) end
 end
 """
+)
 
 # KEYS[1]; ARGV: write id, deadline, now, new id, channel, entity, session, n ranked,
 # ranked..., disabled... -> {queue, gen, id} or {} (no queue usable).
@@ -107,7 +122,7 @@ fence_key(k)
 local n = tonumber(ARGV[8])
 local ranked, disabled = {}, {}
 for i = 1, n do ranked[i] = ARGV[8 + i] end
-for i = 9 + n, #ARGV do disabled[ARGV[i]] = true end
+for i = 9 + n, NARGV do disabled[ARGV[i]] = true end
 local created = redis.call('EXISTS', k) == 0
 local gen = tonumber(redis.call('HGET', k, 'gen') or '0') or 0
 local cur = false
@@ -151,7 +166,7 @@ redis.call('HDEL', k, 'p:' .. ARGV[1])
 -- may be home already.
 if ARGV[2] == '1' and p then
   local seq = tonumber(redis.call('HGET', k, 'seq')) or 0
-  for i = 7, #ARGV do
+  for i = 7, NARGV do
     if redis.call('HDEL', k, 'x:' .. ARGV[i]) == 0 then
       seq = seq + 1
       redis.call('HSET', k, 't:' .. ARGV[i], gen .. ' ' .. seq)
@@ -170,7 +185,7 @@ MOVED_LUA = (
 local k = KEYS[1]
 fence_key(k)
 if redis.call('EXISTS', k) == 0 then return '-1' end
-for i = 5, #ARGV do
+for i = 5, NARGV do
   if redis.call('HDEL', k, 't:' .. ARGV[i]) == 0 then
     redis.call('HSET', k, 'x:' .. ARGV[i], '1')
   end
@@ -210,7 +225,7 @@ fence_key(k)
 if redis.call('HEXISTS', k, 'u') == 0 then return '-1' end
 local n = tonumber(ARGV[5])
 for i = 1, n do redis.call('HSET', k, 'q:' .. (i - n - 1), ARGV[5 + i]) end
-for i = 6 + n, #ARGV, 2 do
+for i = 6 + n, NARGV, 2 do
   local t = ARGV[i]
   if redis.call('HDEL', k, 'x:' .. t) == 0 and redis.call('HEXISTS', k, 't:' .. t) == 0 then
     redis.call('HSET', k, 't:' .. t, ARGV[i + 1])
@@ -223,7 +238,9 @@ return lift(k, tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
 
 # KEYS[1]; ARGV: now, id. Write a fence back as unknown if Redis lacks it -> the id Redis
 # holds (another replica may have written it back first).
-UNKNOWN_LUA = r"""
+UNKNOWN_LUA = (
+    _MARK_LUA
+    + r"""
 local k = KEYS[1]
 local t = redis.call('TYPE', k).ok
 if t ~= 'hash' then
@@ -232,6 +249,11 @@ if t ~= 'hash' then
 end
 return redis.call('HGET', k, 'id') or ''
 """
+)
+
+
+# KEYS[1]: the fence hash as a flat list of fields and values (empty: none).
+READ_LUA = _MARK_LUA + "return redis.call('HGETALL', KEYS[1])"
 
 
 def fence_from_hash(h: Mapping[str, str]) -> Fence:
@@ -366,15 +388,16 @@ class RedisFences:
         if sess is None:
             return None
         try:
-            async with self._calls, asyncio.timeout(self._store.op_timeout):
-                h = await sess.client.hgetall(self._key(key))
-        except _REDIS_ERRORS as exc:
-            self._store.call_failed(sess, "fence read", exc)
+            flat = await self._call("read", key, [], sess)
+        except _REDIS_ERRORS:
             return None
-        if not h:
+        if not flat:
             return False
-        text = {str(f): str(v) for f, v in h.items()}  # the client decodes: str already
-        return fence_from_hash(text)
+        if not isinstance(flat, list) or len(flat) % 2:
+            self._store.invalid("reply", self._key(key), f"a fence read answered {flat!r:.200}")
+            return Fence(since=0.0, unknown=True)  # holds: never a reason to move
+        # The client decodes: str already.
+        return fence_from_hash({str(f): str(v) for f, v in zip(flat[::2], flat[1::2], strict=True)})
 
     async def backlog_empty(self, entities: Collection[str]) -> None:
         for key in [k for k in self._fenced if k[0] in entities]:
@@ -478,7 +501,10 @@ class RedisFences:
         try:
             return await self._run(sess, kind, key, args)
         except _REDIS_ERRORS as exc:
-            self._store.call_failed(sess, f"fence {kind}", exc)
+            if isinstance(exc, ResponseError) and str(exc).startswith(DATA_LOST):
+                self._store.data_lost(sess, f"fence {kind}", exc)
+            else:
+                self._store.call_failed(sess, f"fence {kind}", exc)
             raise
 
     async def _run(self, sess: Session, kind: str, key: FenceKey, args: list[Any]) -> Any:
@@ -489,8 +515,9 @@ class RedisFences:
             args = [args[0], args[1], now, channel, *key, *args[2:]]
         elif kind in {"moved", "empty", "rebuild"}:
             args = [now, channel, *key, *args]
+        keys = [self._key(key), self._store.dataset_key]
         async with self._calls, asyncio.timeout(self._store.op_timeout):
-            reply = await scripts[kind](keys=[self._key(key)], args=args, client=sess.client)
+            reply = await scripts[kind](keys=keys, args=[*args, sess.mark], client=sess.client)
         if kind in {"end", "moved", "empty", "rebuild"} and reply not in (None, "-1", b"-1"):
             self._fenced.pop(key, None)  # lifted: memory at once (the event follows)
         return reply
@@ -511,6 +538,7 @@ class RedisFences:
                     "empty": reg(EMPTY_LUA),
                     "unknown": reg(UNKNOWN_LUA),
                     "rebuild": reg(REBUILD_LUA),
+                    "read": reg(READ_LUA),
                 },
             )
         return self._scripts[1]

@@ -33,9 +33,12 @@ class Session:
     enable: AsyncScript
     acquire: AsyncScript
     release: AsyncScript
+    # The dataset mark this session resynced against (`RedisStateStore` module docstring):
+    # a script that finds another one, or none, refuses (Redis lost its data meanwhile).
+    mark: str = ""
 
     @classmethod
-    def open(cls, client: Client, publish: str) -> Session:
+    def open(cls, client: Client, publish: str, mark: str = "") -> Session:
         def reg(lua: str) -> AsyncScript:
             return client.register_script(lua.replace("'PUBLISH'", f"'{publish}'"))
 
@@ -48,4 +51,5 @@ class Session:
             reg(ENABLE_LUA),
             reg(ACQUIRE_LUA),
             reg(RELEASE_LUA),
+            mark,
         )

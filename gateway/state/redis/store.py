@@ -7,6 +7,8 @@ single-slot — on a cluster, under both Azure Managed Redis policies, and on on
 * `entity:<entity>` — a hash per entity: `status`, `epoch`, `since`, `by`, `reason`;
 * `backlog:<queue>` — a hash (`until`, `by`, `reason`) that expires when the disable ends;
 * `lease:<name>` — the holder's replica id, set `NX PX ttl`;
+* `dataset` — the dataset mark: a random id that the first resync to find it missing sets
+  (`SET NX`), so it exists exactly as long as the data written since;
 * `events` — the pub/sub channel every applied change is published on (JSON), and the
   announcements that a backlog queue holds messages the syphon may move now (a sharded
   channel in cluster mode: see `gateway.state.connect`).
@@ -25,6 +27,14 @@ session broken: `connected` turns False, the supervisor task tears the connectio
 reconnects with capped exponential backoff, and each new session subscribes, then reads
 everything and merges it with memory (resync) before it writes again. Meanwhile the replica
 keeps working on memory (fail open) and no Redis error reaches a caller.
+
+Redis can lose its data under a connection that stays up (a restart the connection pool
+reconnects through before the subscriber notices, a failover to an empty replica behind a
+proxy, a FLUSHALL): reads then find nothing, which must not pass for "nothing there". Each
+session remembers the dataset mark it resynced against; every fence script checks it first
+and refuses if it changed (a lost fence is no lifted fence), and the subscriber compares it
+every `health_interval`. Either breaks the session: reconnect and resync, which writes
+memory back (`stats.data_losses` counts them).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -65,6 +76,9 @@ T = TypeVar("T")
 
 # What a failed Redis call can raise (besides our own deadline's TimeoutError).
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+
+# The dataset mark: set it if absent, return what Redis holds.
+MARK_LUA = "redis.call('SET', KEYS[1], ARGV[1], 'NX') return redis.call('GET', KEYS[1])"
 
 # How soon to try again when fetching fresh credentials failed (the old ones still work).
 _RENEW_RETRY = 10.0
@@ -607,7 +621,7 @@ class RedisStateStore(LocalState):
             # either in what we read or in an event we will get (both are idempotent).
             pubsub = await self._target.subscriber(client, self._channel, self._op_timeout)
             sess = Session.open(client, pubsub.publish)
-            await self._resync(sess)
+            await self._resync(sess)  # sets sess.mark
             if self._broken.is_set():
                 raise SessionBroken
             self._sess = sess
@@ -661,7 +675,8 @@ class RedisStateStore(LocalState):
             )
             new_pubsub = await self._target.subscriber(new_client, self._channel, self._op_timeout)
             await self._drain(pubsub)
-            self._sess = Session.open(new_client, new_pubsub.publish)
+            mark = self._sess.mark if self._sess is not None else ""
+            self._sess = Session.open(new_client, new_pubsub.publish, mark)
             self.renewals += 1
             log.debug("state: replica %s renewed its redis connections", self.replica_id)
             await self._listen(new_pubsub, self._op_timeout)
@@ -693,11 +708,15 @@ class RedisStateStore(LocalState):
         last_heard = loop.time()
         until = None if duration is None else last_heard + duration
         ping_sent: float | None = None
+        mark_due = last_heard + self._health_interval
         while True:
             if self._broken.is_set():
                 raise SessionBroken
             if until is not None and loop.time() >= until:
                 return
+            if loop.time() >= mark_due:
+                await self._check_mark()
+                mark_due = loop.time() + self._health_interval
             async with asyncio.timeout(self._tick + self._op_timeout):
                 msg = await pubsub.get_message(wait=self._tick)
             now = loop.time()
@@ -713,6 +732,32 @@ class RedisStateStore(LocalState):
                 async with asyncio.timeout(self._op_timeout):
                     await pubsub.ping()
                 ping_sent = now
+
+    async def _check_mark(self) -> None:
+        """Raise `SessionBroken` if Redis no longer holds this session's dataset mark: it
+        lost its data under a live connection (the module docstring)."""
+        sess = self._sess
+        if sess is None:
+            return
+        async with asyncio.timeout(self._op_timeout):
+            found = await sess.client.get(self.dataset_key)
+        if found != sess.mark:
+            self._data_lost(repr(found))
+            raise SessionBroken
+
+    def _data_lost(self, found: str) -> None:
+        self.stats.data_losses += 1
+        log.warning(
+            "state: redis lost its data since replica %s resynced (dataset mark now %s); "
+            "resyncing, which writes memory back",
+            self.replica_id,
+            found,
+        )
+
+    async def _adopt_mark(self, sess: Session) -> None:
+        """Set the dataset mark if Redis lacks it, and adopt the one it holds."""
+        async with asyncio.timeout(self._op_timeout):
+            sess.mark = str(await sess.client.eval(MARK_LUA, 1, self.dataset_key, uuid.uuid4().hex))
 
     async def _dispose(self, pubsub: Subscriber | None, client: Client) -> None:
         # Best effort and bounded: a stalled server must not hold up a reconnect or close.
@@ -731,6 +776,7 @@ class RedisStateStore(LocalState):
         holds unless memory is newer; write back (restore) what memory has newer or Redis
         lacks. Bounded by `resync_timeout`; raises the Redis error if it fails."""
         async with asyncio.timeout(self._resync_timeout):
+            await self._adopt_mark(sess)  # first: what is read next belongs to it
             entities = await self._read_layouts(sess, "entity")
             backlogs = await self._read_layouts(sess, "backlog")
             now = self._clock()
@@ -825,6 +871,17 @@ class RedisStateStore(LocalState):
 
     def key(self, kind: str, name: str) -> str:
         return self._key(kind, name)
+
+    @property
+    def dataset_key(self) -> str:
+        """Where the dataset mark lives (the module docstring)."""
+        return f"{{{self._prefix}}}:dataset"
+
+    def data_lost(self, sess: Session, where: str, exc: BaseException) -> None:
+        """A script on `sess` refused: its dataset mark is gone (count, log, break)."""
+        if sess is self._sess:
+            self._data_lost(f"other than {sess.mark} ({where})")
+        self._call_failed(sess, where, exc)
 
     # -- helpers ----------------------------------------------------------------------------
 
