@@ -234,13 +234,14 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
             "sbgate_amqp_refused_total",
             "What the AMQP edge refused before any send, by kind: connection (over "
             "amqp.max_connections or draining), link (a receiver or a transaction "
-            "coordinator), management (a management operation).",
+            "coordinator), management (a management operation), delivery (past the "
+            "link's credit, over the bytes held in flight, or on a closing connection).",
             ["kind"],
             registry=r,
         )
         for result in ("granted", "refused"):
             self.amqp_put_tokens.labels(result)
-        for kind in ("connection", "link", "management"):
+        for kind in ("connection", "link", "management", "delivery"):
             self.amqp_refusals.labels(kind)
 
     def _links(self, r: CollectorRegistry) -> None:

@@ -31,7 +31,7 @@ from gateway.amqp import management, messages
 from gateway.amqp.auth import Grants
 from gateway.core.entities import EntityRef
 from gateway.core.message import OutboundMessage, random_id
-from gateway.errors import GatewayError, PayloadTooLarge, amqp_rejection
+from gateway.errors import Draining, GatewayError, Overloaded, PayloadTooLarge, amqp_rejection
 from gateway.ingest import Outcome, ingest, record_outcome
 from gateway.lifetimes import stop_after
 from sbamqp import conventions, sections
@@ -232,27 +232,21 @@ class AmqpConnection(asyncio.Protocol):
                 _rejected(Condition.NOT_IMPLEMENTED, "transactions: " + SENDERS_ONLY),
             )
             return
-        if event.over_credit or self.closing:
-            # Credit went to 0 (a drain) while this delivery was on its way, or a client sent
-            # past the credit (the Python SDK, out of credit, resets its own count and sends).
-            why = (
-                "the gateway is closing this connection"
-                if self.closing
-                else "a delivery past the link's credit: the gateway is at its limit; retry later"
-            )
-            self._settle(link, event.delivery_id, _rejected(Condition.SERVER_BUSY, why))
-            return
         server = self._server
         size = len(event.payload)
+        if self.closing:
+            # Credit went to 0 (a drain) while this delivery was on its way.
+            self._refuse(state, event, Draining("the gateway is closing this connection"))
+            return
+        if event.over_credit:
+            # A client sent past the credit (the Python SDK, out of credit, resets its own
+            # count and sends).
+            why = "a delivery past the link's credit: the gateway is at its limit; retry later"
+            self._refuse(state, event, Overloaded(why))
+            return
         if server.held_bytes + size > server.held_bytes_cap and server.held_bytes:
-            self._settle(
-                link,
-                event.delivery_id,
-                _rejected(
-                    Condition.SERVER_BUSY,
-                    "the gateway holds its limit of deliveries in flight; retry later",
-                ),
-            )
+            why = "the gateway holds its limit of deliveries in flight; retry later"
+            self._refuse(state, event, Overloaded(why))
             return
         server.held_bytes += size
         state.in_flight += 1
@@ -270,15 +264,7 @@ class AmqpConnection(asyncio.Protocol):
         """One delivery: the send request, then its settlement. Errors are the outcome's."""
         server = self._server
         request_id = random_id()
-        outcome = Outcome(
-            request_id,
-            protocol="amqp",
-            fields={
-                "container_id": (self._engine.container_id if self._engine else None),
-                "link": state.link.name,
-                "delivery_id": event.delivery_id,
-            },
-        )
+        outcome = Outcome(request_id, protocol="amqp", fields=self._fields(state, event))
 
         async def read(_entity: EntityRef) -> list[OutboundMessage]:
             return _read(event)
@@ -320,6 +306,26 @@ class AmqpConnection(asyncio.Protocol):
             self._flush_soon()  # others may settle in this turn: one write for them all
         else:
             self._flush()  # the only one in flight (a sequential sender): no turn to wait
+
+    def _fields(self, state: _EntityLink, event: Transfer) -> dict[str, object]:
+        """A delivery's fields of the access line."""
+        return {
+            "container_id": (self._engine.container_id if self._engine else None),
+            "link": state.link.name,
+            "delivery_id": event.delivery_id,
+        }
+
+    def _refuse(self, state: _EntityLink, event: Transfer, error: GatewayError) -> None:
+        """A delivery refused before any send (this replica is full, or closing): rejected
+        with the error table's condition, and recorded like a request refused at the HTTP
+        edge (metrics, access line) and as an AMQP refusal of kind `delivery`."""
+        outcome = Outcome(random_id(), protocol="amqp", fields=self._fields(state, event))
+        edge = self._server.edge
+        edge.observer.amqp_refused("delivery")
+        record_outcome(outcome, edge, time.perf_counter(), state.name, [], error)
+        if not event.settled:
+            rejected = _rejected(amqp_rejection(error), error.message, outcome.request_id)
+            self._settle(state.link, event.delivery_id, rejected)
 
     def _refused_at_engine(self, event: TransferRefused) -> None:
         """A delivery over the link's size, rejected by the engine: recorded as a request."""

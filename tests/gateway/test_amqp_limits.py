@@ -190,3 +190,11 @@ async def test_deliveries_held_at_the_edge_are_bounded_whatever_the_credit(
     assert all(isinstance(e, ServiceBusServerBusyError) for e in refused)
     assert max(held) <= 2 * 64 * 1024
     await eventually(lambda: server.held_bytes == 0, within=10)
+    # Each refusal is counted and answered like a request (metrics, access line): an
+    # operator sees why producers were told to back off.
+    observer = server.edge.observer
+    assert isinstance(observer, Metrics)
+    sample = observer.registry.get_sample_value
+    assert sample("sbgate_amqp_refused_total", {"kind": "delivery"}) == len(refused)
+    busy = {"entity": "orders", "status": "503", "route": "none", "protocol": "amqp"}
+    assert (sample("sbgate_http_requests_total", busy) or 0) >= len(refused)

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
-DATA_LOST = "SBGATE_DATA_LOST"  # a script's refusal: the dataset mark changed
+DATA_LOST = "DATALOST"  # a script's refusal: the dataset mark changed
 MAX_REPLAY = 100_000  # end/moved calls kept for replay while Redis is away, at most
 # Fence calls in flight at once, per replica: each holds a connection of the client's pool
 # (100). Unbounded, a burst of session writes (a failover under load) opened connections
@@ -74,7 +74,7 @@ MAX_CALLS = 32
 # docstring). `NARGV` is the count of the script's own arguments.
 _MARK_LUA = r"""
 if redis.call('GET', KEYS[2]) ~= ARGV[#ARGV] then
-  return redis.error_reply('SBGATE_DATA_LOST redis lost its data since this replica resynced')
+  return redis.error_reply('DATALOST redis lost its data since this replica resynced')
 end
 local NARGV = #ARGV - 1
 """

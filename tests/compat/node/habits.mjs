@@ -19,8 +19,9 @@
 //   {"op": "waitExpired", "token": i}            wait until the i-th token issued has
 //                                                expired (one second past its se)
 //   {"op": "idle", "ms": n}                      do nothing for n ms (the idle pause)
-//   {"op": "stream", "prefix": "p", "count": n, "appRetries": r}
-//                                                send p-0, p-1... one after the other, each
+//   {"op": "stream", "prefix": "p", "count": n, "appRetries": r, "until": path}
+//                                                send p-0, p-1... one after the other (n, or
+//                                                more until the file `until` exists), each
 //                                                acknowledged one listed in "acknowledged";
 //                                                a send that fails is sent again up to r
 //                                                times (the application's retry), each
@@ -29,6 +30,7 @@
 // "acknowledged": [messageId, ...], "appRetried": [error, ...],
 // "error"?: {name, code, message, retryable}}.
 import { createHmac } from "node:crypto";
+import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { setTimeout as delay } from "node:timers/promises";
 
@@ -75,7 +77,8 @@ function describe(err) {
 async function step(sender, s, issued, acknowledged) {
   switch (s.op) {
     case "stream":
-      for (let i = 0; i < s.count; i++) {
+      // Past "count" while the file "until" names does not exist (at most "max" sends).
+      for (let i = 0; i < s.count || (s.until && !existsSync(s.until) && i < (s.max ?? 100000)); i++) {
         const messageId = `${s.prefix}-${i}`;
         for (let attempt = 0; ; attempt++) {
           try {
