@@ -382,7 +382,7 @@ async def state_ctx(app: web.Application) -> AsyncIterator[None]:
             app[FENCES] = fences
         metrics.redis_connected.set_function(lambda: 1.0 if store.connected else 0.0)
         if isinstance(store, LocalState):
-            metrics.bind_state(store.stats.invalid_values)
+            metrics.bind_state(store.stats)
     try:
         yield
     finally:

@@ -36,6 +36,7 @@ from gateway.core.failover import FailoverObserver
 from gateway.core.limiter import GradientLimiter
 from gateway.ledger import EventLedger
 from gateway.state.base import INVALID_VALUE_SOURCES, SEVERITY, Status
+from gateway.state.memory import StoreStats
 from gateway.syphon.syphon import SyphonObserver
 from gateway.web.observer import EdgeObserver
 from gateway.web.overload import (
@@ -434,9 +435,10 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self.state_invalid_values = _StateCollector()
         r.register(self.state_invalid_values)
 
-    def bind_state(self, invalid_values: Mapping[str, int]) -> None:
-        """Export the state store's count of invalid values, by source (read at scrape)."""
-        self.state_invalid_values.counts = invalid_values
+    def bind_state(self, stats: StoreStats) -> None:
+        """Export the state store's counts of invalid values (by source) and of times Redis
+        lost its data (read at scrape)."""
+        self.state_invalid_values.stats = stats
 
     def bind_ledger(self, ledger: EventLedger) -> None:
         """Export the ledger's own counters (read at scrape time)."""
@@ -593,14 +595,15 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
 
 
 class _StateCollector(Collector):
-    """`sbgate_state_invalid_values_total`, one series per source, each from the start."""
+    """`sbgate_state_invalid_values_total`, one series per source, each from the start, and
+    `sbgate_redis_data_lost_total`."""
 
     # Read by tests/support/doc_tables.py, as for the metrics declared with labels.
     _name = "sbgate_state_invalid_values"
     _labelnames = ("source",)
 
     def __init__(self) -> None:
-        self.counts: Mapping[str, int] = {}
+        self.stats = StoreStats()
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
@@ -610,9 +613,17 @@ class _StateCollector(Collector):
             "with their key.",
             labels=self._labelnames,
         )
+        counts = self.stats.invalid_values
         for source in INVALID_VALUE_SOURCES:
-            family.add_metric([source], self.counts.get(source, 0))
+            family.add_metric([source], counts.get(source, 0))
         yield family
+        yield CounterMetricFamily(
+            "sbgate_redis_data_lost",
+            "Times this replica found that Redis had lost its data under a live connection "
+            "(the dataset mark gone: a restart, a failover to an empty replica, a FLUSHALL) "
+            "and resynced, writing its state and session fences back.",
+            value=self.stats.data_losses,
+        )
 
 
 class _ListenerCollector(Collector):

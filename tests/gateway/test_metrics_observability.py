@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.core.backlog import rewrite
 from gateway.metrics import Metrics
+from gateway.state import StoreStats
 from gateway.syphon.syphon import BUSY_CHECK_INTERVAL
 from tests.support.failover_rig import FAILOVER, ORDERS, QUEUES, Replica, messages
 from tests.support.fake_broker import FakeNamespace
@@ -33,6 +34,18 @@ def test_the_standard_collectors_are_there_and_no_created_series() -> None:
         assert f"\n{name}" in text or text.startswith(name), name
     assert "python_gc_collections_total" in text
     assert "_created" not in text
+
+
+def test_the_state_stores_counts_are_read_at_scrape_time() -> None:
+    m = Metrics()
+    stats = StoreStats()
+    m.bind_state(stats)
+    assert samples(m)[("sbgate_redis_data_lost_total", ())] == 0
+    stats.data_losses += 2  # Redis lost its data twice (the dataset mark: docs/state.md)
+    stats.invalid_values["event"] = 1
+    got = samples(m)
+    assert got[("sbgate_redis_data_lost_total", ())] == 2
+    assert got[("sbgate_state_invalid_values_total", (("source", "event"),))] == 1
 
 
 def test_failover_state_by_name_one_series_per_state() -> None:

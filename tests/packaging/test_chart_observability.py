@@ -231,6 +231,7 @@ ALERTS = {
     "SbgateBacklogMessageTooOld",
     "SbgateLedgerEventsDropped",
     "SbgateRedisDisconnected",
+    "SbgateRedisDataLost",
     "SbgateHighErrorRatio",
     "SbgateAdmissionSaturated",
     "SbgateShedding",
@@ -612,6 +613,17 @@ ALERT_CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
         [
             expect("3m", "SbgateRedisDisconnected"),
             expect("6m", "SbgateRedisDisconnected", {"pod": "a", "severity": "warning"}),
+        ],
+    ),
+    "Redis lost its data under one pod's connection once": (
+        [
+            series("sbgate_redis_data_lost_total", 'pod="a"', "0 0 0 1x10"),
+            series("sbgate_redis_data_lost_total", 'pod="b"', "0x13"),
+        ],
+        [
+            expect("2m", "SbgateRedisDataLost"),
+            expect("4m", "SbgateRedisDataLost", {"pod": "a", "severity": "warning"}),
+            expect("10m", "SbgateRedisDataLost"),
         ],
     ),
     "one request in ten answered 503": (
