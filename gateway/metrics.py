@@ -143,6 +143,14 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
             ["namespace"],
             registry=r,
         )
+        self.admission_limit_broker_floor = Gauge(
+            "sbgate_admission_limit_broker_floor_seconds",
+            "The fastest broker send of the last few measurement windows (the send alone, "
+            "no queueing in the gateway): the adaptive limit never aims below "
+            "adaptive_tolerance times it (0 until measured).",
+            ["namespace"],
+            registry=r,
+        )
         self.admission_limit_refused = Counter(
             "sbgate_admission_limit_refused_total",
             "Requests refused at once (503 saturated) because their namespace was at its "
@@ -506,6 +514,9 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self.admission_limit.labels(namespace).set_function(lambda: float(limiter.limit))
         self.admission_limit_baseline.labels(namespace).set_function(
             lambda: math.nan if limiter.baseline is None else limiter.baseline
+        )
+        self.admission_limit_broker_floor.labels(namespace).set_function(
+            lambda: limiter.broker_floor
         )
 
     def limit_refused(self, namespace: str) -> None:

@@ -714,7 +714,10 @@ class Dispatcher:
         opened just before (`started`: when that open began); the groups fail with it. A
         batch of several requests refused for a message's sake is bisected (`_isolate`)."""
         started = self._clock() if started is None else started
+        loop_started = asyncio.get_running_loop().time()
         failure = await self._attempt(w, groups, opening)
+        if failure is None and opening is None:
+            self._observe_send(w.lane, started, loop_started)
         if failure is not None and failure.classification.message_fault and len(groups) > 1:
             self._observe(w.lane, groups, started, failure)
             await self._isolate(w, groups)
@@ -821,6 +824,16 @@ class Dispatcher:
             failure.started = started  # failover weighs the report by when the send began
             self._fail(groups, self._with_retry_after(failure))
         self._observe(lane, groups, started, failure)
+
+    def _observe_send(self, lane: _Lane, started: float, loop_started: float) -> None:
+        """A send's round trip, to its namespace's adaptive limiter (the broker floor), the
+        loop's own lag left out."""
+        limiter = self._limiters.get(lane.dest.client.name)
+        if limiter is not None:
+            seconds = self._clock() - started
+            if self._loop_lag is not None:
+                seconds = max(0.0, seconds - self._loop_lag.lag_since(loop_started))
+            limiter.observe_send(seconds)
 
     def _observe(
         self, lane: _Lane, groups: list[_Group], started: float, failure: SendFailure | None

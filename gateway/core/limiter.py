@@ -17,7 +17,8 @@ filter do:
   aimed at, which raises the limit, which raises the queueing;
 * at each window's end the limit moves by the **gradient** ``clamp(goal / latency, 0.5,
   2)``, where the goal is the latency budget ``target_latency`` or ``tolerance * baseline``
-  when the broker is slower than that: ``limit * gradient + sqrt(limit)``, smoothed (a
+  (or the broker floor's, below) when the broker is slower than that:
+  ``limit * gradient + sqrt(limit)``, smoothed (a
   fifth of the way). A latency within the goal grows the limit (at most by a fifth a
   window), one above it shrinks it (at most by a tenth): held against a saturated resource,
   where latency = limit / throughput, the limit settles where the latency is the goal, the
@@ -33,6 +34,17 @@ filter do:
   push-back resets the peak to the rate of its window). A
   gateway short of CPU runs every await late, which the gradient may take for the broker
   slowing down; the floor keeps it from throttling below what the namespace is storing;
+* a **broker floor** under the goal: the broker's own round trip. The limiter is told
+  each successful *send*'s time (a batch's send alone: no queueing in the gateway, the
+  loop's lag left out); the goal is never below ``tolerance`` times the fastest send of the
+  last ``rtt_windows`` windows, up to twice the budget (the 2xx p99 the overload goals
+  allow). When even that send is slower than the budget, no request can settle within it:
+  without the floor the limit fell toward its minimum until the baseline (which averages
+  over ~10 s) had learned the slower broker (measured: 1,059 to 61 when the round trip
+  went from 5 to 50 ms). The fastest send queues least, and none of the gateway's own
+  queueing is in it: only a broker slower for every send raises the floor, and one fast
+  send lowers it again. Past twice the budget the broker is in trouble, not just farther:
+  the limit is cut as before, until the baseline has learned the new round trip;
 * a **drop** — the broker said it is busy, a timeout, a quota error, or a request that found
   no sender free by its admission deadline — cuts the limit at once by ``backoff``
   (multiplicative decrease), at most once per window so one failed batch of many requests is
@@ -74,6 +86,7 @@ class LimiterConfig:
     target_latency: float = 0.05  # the latency budget the gradient aims at; Little's floor:
     # peak delivery rate x this (0: no budget, no floor)
     rate_decay: float = 0.95  # the peak rate's share kept each window (halved in ~1.4 s)
+    rtt_windows: int = 3  # windows whose fastest send is the broker floor (0: no floor)
 
 
 class GradientLimiter:
@@ -88,11 +101,14 @@ class GradientLimiter:
         "_limit",
         "_min",
         "_peak",
+        "_rtt",
+        "_rtts",
         "_samples",
         "_started",
         "_stored",
         "_sum",
         "baseline",
+        "broker_floor",
         "in_flight",
         "last_latency",
         "peak_rate",
@@ -117,6 +133,9 @@ class GradientLimiter:
         self.peak_rate = 0.0  # requests stored a second: the recent peak (Little's floor)
         self._floor = 0  # peak_rate x target_latency; kept apart so the gradient's own limit
         # (which the idle rule compares the in-flight peak with) is not raised by it
+        self._rtt = math.inf  # the window's fastest send (the broker's round trip)
+        self._rtts: list[float] = []  # the last rtt_windows windows' fastest sends
+        self.broker_floor = 0.0  # seconds: the fastest of those (0 until rtt_windows)
 
     @property
     def limit(self) -> int:
@@ -154,6 +173,11 @@ class GradientLimiter:
             self._stored += 1
         self._maybe_update()
 
+    def observe_send(self, seconds: float) -> None:
+        """A send to the broker succeeded in `seconds` (the send alone: the broker floor)."""
+        if seconds < self._rtt:
+            self._rtt = seconds
+
     def _maybe_update(self) -> None:
         now = self._clock()
         cfg = self._config
@@ -164,6 +188,12 @@ class GradientLimiter:
         rate = self._stored / (now - self._started)
         # A push-back says the namespace takes no more than it stores now: the peak is that.
         self.peak_rate = rate if self._dropped else max(rate, self.peak_rate * cfg.rate_decay)
+        if cfg.rtt_windows and self._rtt < math.inf:
+            self._rtts.append(self._rtt)
+            del self._rtts[: -cfg.rtt_windows]
+            if len(self._rtts) == cfg.rtt_windows:
+                self.broker_floor = min(self._rtts)
+        self._rtt = math.inf
         if self._dropped:
             self._limit = max(cfg.minimum, self._limit * cfg.backoff)
         else:
@@ -191,7 +221,8 @@ class GradientLimiter:
                 self.baseline *= _RECOVERY_DECAY
         # The latency aimed at: the budget, or the learned latency's tolerance when the
         # broker is slower than that (a latency within the budget is no reason to refuse).
-        goal = max(cfg.tolerance * self.baseline, cfg.target_latency)
+        floor = min(cfg.tolerance * self.broker_floor, 2 * cfg.target_latency)
+        goal = max(cfg.tolerance * self.baseline, cfg.target_latency, floor)
         ratio = goal / latency if latency > 0 else _MAX_GRADIENT
         gradient = min(_MAX_GRADIENT, max(_MIN_GRADIENT, ratio))
         target = self._limit * gradient + math.sqrt(self._limit)

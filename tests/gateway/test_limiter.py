@@ -319,3 +319,64 @@ def test_a_slowdown_past_the_budget_cuts_a_limit_held_at_half_then_it_follows_th
     closed_loop(0.150, 20.0)
     assert lim.limit >= 24 and lim.baseline is not None and lim.baseline > 0.1
     assert fast >= 24
+
+
+def _slowdown(observe_sends: bool, slow: float = 0.050, seconds: float = 5.0) -> tuple[int, int]:
+    """200 clients, one request at a time each, against a broker whose round trip goes from
+    5 ms to `slow` (50 ms: the budget) for `seconds`; each request waits a fifth more than the
+    round trip (batching, the loop). Returns the lowest limit after the slowdown and the
+    requests refused."""
+    lim, clock = _limiter(initial=40, minimum=4, maximum=4096, target_latency=0.05)
+
+    def closed_loop(rtt: float, seconds: float) -> int:
+        lowest = lim.limit
+        for _ in range(round(seconds / rtt)):
+            held = 0
+            while held < 200 and lim.try_acquire():
+                held += 1
+            clock.now += rtt * 1.2
+            for _ in range(held):
+                if observe_sends:
+                    lim.observe_send(rtt)
+                lim.release(rtt * 1.2)
+            lowest = min(lowest, lim.limit)
+        return lowest
+
+    closed_loop(0.005, 5.0)
+    assert lim.limit >= 200
+    refused = lim.refused
+    return closed_loop(slow, seconds), lim.refused - refused
+
+
+def test_a_broker_slower_than_the_budget_raises_the_goal_to_its_round_trip_at_once() -> None:
+    # Without the sends' round trips the goal stays at the budget while the baseline (an
+    # average over ~10 s) learns the slower broker, and every window above it shrinks the
+    # limit: it fell under the 200 clients and refused them (the ladder's broker x10 phase:
+    # 1,059 -> 61). With them, three windows of sends all slower than the budget raise the
+    # goal to 1.5x the round trip: the limit holds.
+    lowest, refused = _slowdown(observe_sends=False)
+    assert lowest < 200 and refused > 0, (lowest, refused)
+    lowest, refused = _slowdown(observe_sends=True)
+    assert lowest >= 200 and refused == 0, (lowest, refused)
+
+
+def test_a_broker_slower_than_twice_the_budget_is_cut_even_with_the_floor() -> None:
+    # 150 ms: past the 100 ms the overload goals allow a 2xx, the broker is in trouble; the
+    # floor lifts the goal to 100 ms at most, so the limit falls as it did without it (once
+    # Little's floor, from the 5 ms rate, has decayed: 15 s of it).
+    lowest, refused = _slowdown(observe_sends=True, slow=0.150, seconds=15.0)
+    assert lowest < 200 and refused > 0, (lowest, refused)
+
+
+def test_the_gateways_own_queueing_never_raises_the_broker_floor() -> None:
+    # The Little's-law convergence above, with every send 0.1 ms: the requests' latency is
+    # the gateway's queueing, the sends' is not, so the limit settles where it did.
+    lim, clock = _limiter(initial=3000, maximum=4096, target_latency=0.05)
+    for _ in range(3):
+        _window(lim, clock, 0.001)
+    for _ in range(1000):
+        admitted = _burst(lim, clock, 4000, 0.0001)
+        for _ in range(admitted):
+            lim.observe_send(0.0001)
+    assert 900 <= lim.limit <= 1150, lim.limit
+    assert lim.broker_floor < 0.001
