@@ -19,7 +19,11 @@ of a message that keeps the client's bytes against the same message encoded from
 The workloads alternate for `--rounds` rounds. Printed: the median µs of gateway CPU per
 message for each, and the AMQP ones as ratios of the HTTP one in the same round, their
 median first (the issue's targets: at most 1x for single sends, 0.3x for batches of 100),
-and the load average (`/proc/loadavg`) before and after.
+and the load average (`/proc/loadavg`) before and after. Beside each, how often the
+gateway slept waiting for work, a message (voluntary context switches): each sleep is a
+wakeup the kernel pays for, so a client that cannot keep the gateway busy (the Python SDK,
+several times the gateway's CPU a send) raises its kernel time a message
+(docs/amqp.md#cost).
 
 * ``sblocal`` — end to end, not CPU: the local broker (`BrokerProcess`) and the gateway
   (`bench.gateway_server`, the SDK sink: it really sends to the broker) in processes of
@@ -50,6 +54,7 @@ import argparse
 import asyncio
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -118,7 +123,9 @@ async def _client(kind: str, http_port: int, amqp_port: int, messages: int, send
         await asyncio.gather(*(send_loop() for _ in range(senders)))
 
 
-async def _measure(args: argparse.Namespace) -> dict[str, list[float]]:
+async def _measure(
+    args: argparse.Namespace,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     from aiohttp import web
 
     from bench.null_sink import NullNamespaceClient
@@ -149,6 +156,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, list[float]]:
     site = web.TCPSite(runner, "127.0.0.1", http_port)
     await site.start()
     costs: dict[str, list[float]] = {}
+    sleeps: dict[str, list[float]] = {}  # voluntary context switches a message
     kinds = [w for w in args.workloads if w in CPU_WORKLOADS]
     try:
         # The workloads alternate, round after round: a shared machine's load moves in
@@ -156,6 +164,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, list[float]]:
         for kind in [k for _ in range(args.rounds) for k in kinds]:
             messages = args.messages
             started = time.process_time()
+            waits = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "bench.amqp_edge_bench", "--client", kind,
                 "--http-port", str(http_port), "--amqp-port", str(amqp_port),
@@ -168,9 +177,11 @@ async def _measure(args: argparse.Namespace) -> dict[str, list[float]]:
             if code != 0:
                 raise RuntimeError(f"the {kind} client failed (exit {code})")
             costs.setdefault(kind, []).append((time.process_time() - started) / messages * 1e6)
+            waits = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - waits
+            sleeps.setdefault(kind, []).append(waits / messages)
     finally:
         await runner.cleanup()
-    return costs
+    return costs, sleeps
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -218,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("SBGATE_LOG_LEVEL", "WARNING")
     print(f"load average before: {_loadavg()}", flush=True)
     if set(args.workloads) & set(CPU_WORKLOADS):
-        costs = run_fast(lambda: _measure(args))
+        costs, sleeps = run_fast(lambda: _measure(args))
         http = costs.get("http")
         for kind, rounds in costs.items():
             ratio = ""
@@ -228,7 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ", ".join(f"{r:.2f}" for r in paired) + ")"
                 )
             cost = statistics.median(rounds)
-            print(f"{kind:<11} {cost:8.1f} us of gateway CPU per message{ratio}", flush=True)
+            slept = statistics.median(sleeps[kind])
+            print(
+                f"{kind:<11} {cost:8.1f} us of gateway CPU per message{ratio}; the gateway "
+                f"slept {slept:.2f} times a message",
+                flush=True,
+            )
         for line in _encode_cost():
             print(line, flush=True)
         print(f"load average: {_loadavg()}", flush=True)

@@ -11,8 +11,10 @@ once), in this process, on uvloop, with its AMQP port; the load from a child pro
 `bench.amqp_edge_bench` makes it: ``--client seq``, one Python SDK sender sending
 `--messages` single messages of 1 KiB one at a time (its latencies are printed), or
 ``amqp`` / ``http``, that bench's CPU workloads (four senders). Printed: this process's
-user and system CPU a message over the client's run. `--profile FILE` writes a cProfile of
-the run (cProfile slows what it sees alike: read shares); `--callgrind` switches
+user and system CPU a message over the client's run, and how often it slept waiting for
+work (voluntary context switches a message: each a wakeup the kernel pays for).
+`--profile FILE` writes a cProfile of the run (cProfile slows what it sees alike: read
+shares); `--callgrind` switches
 callgrind's counting on for the run only, under ``valgrind --instr-atstart=no``: user-space
 instructions, which a busy machine does not change, for an A/B of two checkouts one after
 the other (each run with its own ``PYTHONPATH``). Nothing here is part of `make test`;
@@ -25,6 +27,7 @@ import argparse
 import asyncio
 import cProfile
 import os
+import resource
 import subprocess
 import time
 
@@ -81,6 +84,7 @@ async def _measure(args: argparse.Namespace, amqp_port: int, http_port: int) -> 
         ]  # fmt: skip
     profile = cProfile.Profile() if args.profile else None
     before = os.times()
+    waits = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
     if profile is not None:
         profile.enable()
     _callgrind(args, "on")
@@ -90,12 +94,14 @@ async def _measure(args: argparse.Namespace, amqp_port: int, http_port: int) -> 
         profile.disable()
         profile.dump_stats(args.profile)
     after = os.times()
+    waits = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - waits
     user, system = (
         (b - a) / args.messages * 1e6 for a, b in zip(before[:2], after[:2], strict=True)
     )
     line = (
         f"{args.sink} sink, {args.client} client: gateway CPU {user:.0f} us user + "
-        f"{system:.0f} us system a message"
+        f"{system:.0f} us system a message; it slept {waits / args.messages:.2f} times a "
+        "message (voluntary context switches: waits for work, each a kernel wakeup)"
     )
     if args.client == "seq":
         lat = sorted(orjson.loads(out.split("RESULT ", 1)[1])[0]["latencies"])
