@@ -361,6 +361,22 @@ async def test_redis_that_loses_its_data_under_live_connections_gets_the_state_b
             assert late.get("p/q") == made
 
 
+async def test_a_dataset_mark_of_another_type_is_repaired_not_fatal(
+    redis_server: RedisServer,
+) -> None:
+    """A value at the mark's key that is not a string (hostile or damaged) fails every check
+    of it: the resync that follows writes a good one, so the replicas reconnect."""
+    async with replicas(redis_server, n=2) as (stores, _):
+        mark = redis_server.command("GET", "{sbgate}:dataset")
+        redis_server.command("DEL", "{sbgate}:dataset")
+        redis_server.command("HSET", "{sbgate}:dataset", "x", "1")
+        await eventually(
+            lambda: all(s.stats.data_losses and s.connected for s in stores), what="repaired"
+        )
+        assert redis_server.command("TYPE", "{sbgate}:dataset") == b"+string"
+        assert mark is not None
+
+
 async def test_exactly_one_of_three_holds_a_lease(redis_server: RedisServer) -> None:
     async with replicas(redis_server) as (stores, _):
         got = await asyncio.gather(*(s.acquire_lease("ping:orders", 5) for s in stores))

@@ -77,8 +77,14 @@ T = TypeVar("T")
 # What a failed Redis call can raise (besides our own deadline's TimeoutError).
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
-# The dataset mark: set it if absent, return what Redis holds.
-MARK_LUA = "redis.call('SET', KEYS[1], ARGV[1], 'NX') return redis.call('GET', KEYS[1])"
+# The dataset mark: set it if absent (or not a string: anything else there is damage, and
+# would fail every check), return what Redis holds.
+MARK_LUA = """
+local t = redis.call('TYPE', KEYS[1]).ok
+if t ~= 'string' and t ~= 'none' then redis.call('DEL', KEYS[1]) end
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
+"""
 
 # How soon to try again when fetching fresh credentials failed (the old ones still work).
 _RENEW_RETRY = 10.0
@@ -739,8 +745,11 @@ class RedisStateStore(LocalState):
         sess = self._sess
         if sess is None:
             return
-        async with asyncio.timeout(self._op_timeout):
-            found = await sess.client.get(self.dataset_key)
+        try:
+            async with asyncio.timeout(self._op_timeout):
+                found = await sess.client.get(self.dataset_key)
+        except ResponseError as exc:  # not a string there (WRONGTYPE): damaged, so lost
+            found = f"unreadable: {exc}"
         if found != sess.mark:
             self._data_lost(repr(found))
             raise SessionBroken
