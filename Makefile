@@ -156,7 +156,7 @@ bench-tools:
 	fi
 
 ## bench: benchmarks that print ratios measured in one run
-bench: $(STAMP) bench-tools
+bench: $(STAMP) bench-tools node-deps
 	$(BIN)/python -m bench
 
 clean:

@@ -10,6 +10,10 @@ over each workload, divided by its messages. Workloads:
 
 * ``http`` — the HTTP edge, one message per request (`--senders` concurrent loops);
 * ``amqp`` — the real Python SDK, one message per `send_messages` (`--senders` senders);
+* ``amqp-node`` — the real Node SDK (`bench/node_senders.mjs`; `make node-deps` installs
+  it), one message per `sendMessages`, `--senders` senders with `--node-in-flight` sends
+  outstanding each: the same shape as ``amqp`` from a client cheap enough to keep the
+  gateway as busy as the HTTP client does (the Python SDK cannot, below);
 * ``amqp-batch`` — the SDK sending `ServiceBusMessageBatch`es of `--batch` messages.
 
 Then, timed in this process, what raw passthrough saves the SDK sink per message: its encode
@@ -75,7 +79,8 @@ from bench.harness import (
     run_fast,
 )
 
-CPU_WORKLOADS = ("http", "amqp", "amqp-batch")
+CPU_WORKLOADS = ("http", "amqp", "amqp-node", "amqp-batch")
+NODE_SENDERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_senders.mjs")
 WORKLOADS = (*CPU_WORKLOADS, "sblocal")
 E2E_SHAPES = ("single", "concurrent", "batch")
 CLIENT_DEADLINE = 600.0
@@ -165,13 +170,28 @@ async def _measure(
             messages = args.messages
             started = time.process_time()
             waits = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.amqp_edge_bench", "--client", kind,
-                "--http-port", str(http_port), "--amqp-port", str(amqp_port),
-                "--messages", str(messages), "--senders", str(args.senders),
-                "--batch", str(args.batch),
-                stdout=subprocess.DEVNULL,
-            )  # fmt: skip
+            if kind == "amqp-node":
+                job = {
+                    "connectionString": f"Endpoint=sb://localhost:{amqp_port};"
+                    "SharedAccessKeyName=bench;SharedAccessKey=YmVuY2g=;"
+                    "UseDevelopmentEmulator=true",
+                    "entity": "orders",
+                    "messages": messages - args.senders,  # and one a sender to open it
+                    "senders": args.senders,
+                    "inFlight": args.node_in_flight,
+                }
+                proc = await asyncio.create_subprocess_exec(
+                    "node", NODE_SENDERS, orjson.dumps(job).decode(),
+                    stdout=subprocess.DEVNULL,
+                )  # fmt: skip
+            else:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "bench.amqp_edge_bench", "--client", kind,
+                    "--http-port", str(http_port), "--amqp-port", str(amqp_port),
+                    "--messages", str(messages), "--senders", str(args.senders),
+                    "--batch", str(args.batch),
+                    stdout=subprocess.DEVNULL,
+                )  # fmt: skip
             async with asyncio.timeout(CLIENT_DEADLINE):
                 code = await proc.wait()
             if code != 0:
@@ -189,6 +209,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=4000)
     parser.add_argument("--senders", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument(
+        "--node-in-flight",
+        type=int,
+        default=1,
+        help="amqp-node: single sends each Node sender keeps outstanding at once",
+    )
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--e2e-messages", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
@@ -227,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         return 0
     os.environ.setdefault("SBGATE_LOG_LEVEL", "WARNING")
+    node_sdk = os.path.join(os.path.dirname(NODE_SENDERS), "..", "tests", "compat", "node",
+                            "node_modules", "@azure", "service-bus")  # fmt: skip
+    if "amqp-node" in args.workloads and not os.path.isdir(node_sdk):
+        parser.error("the amqp-node workload needs the Node SDK: run `make node-deps` first")
     print(f"load average before: {_loadavg()}", flush=True)
     if set(args.workloads) & set(CPU_WORKLOADS):
         costs, sleeps = run_fast(lambda: _measure(args))
