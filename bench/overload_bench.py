@@ -46,6 +46,10 @@ generator-bound, flagged over 10 %); goodput as a share of the sustainable rate;
 p50/p99; the excess (due, not answered 2xx) and how much of what was sent of it was refused
 fast (a ``503`` or a connection failure within ``--fast``, 50 ms, of being sent); the RSS
 growth; the CPU of the gateway, the broker and the generator, each as a share of one CPU.
+Each phase's log line also says where a request's time in progress went when it was not the
+gateway's CPU: the broker sends of the phase (how many, their mean time and batch, from
+/metrics before and after) and the event loop's lag and requests in progress, sampled from
+/metrics every half second (median and highest).
 The goals (issue #38), judged at 2x, 5x and 10x in each ladder, each marked met or not:
 goodput >= 90 %, >= 90 % of the excess refused within 50 ms, 2xx p99 <= 100 ms, RSS growth
 <= 64 MiB; and a last line with every goal's tally. And whether the broker stored exactly the
@@ -216,6 +220,13 @@ _ADAPTIVE = re.compile(
 _SHED = re.compile(r'^sbgate_http_shed_total\{reason="(\w+)"\} (\S+)$', re.M)
 _PAUSED = re.compile(r'^sbgate_http_listener_paused_seconds_total\{reason="(\w+)"\} (\S+)$', re.M)
 _HEAD_LIMIT = re.compile(r"^sbgate_http_requests_in_progress_limit (\S+)$", re.M)
+# What a phase's broker sends were like: summed over their labels, differenced per phase.
+_SENDS = re.compile(
+    r"^sbgate_broker_(send_duration_seconds|batch_messages)_(sum|count)(?:\{[^}]*\})? (\S+)$",
+    re.M,
+)
+_LOOP_LAG = re.compile(r"^sbgate_event_loop_lag_seconds (\S+)$", re.M)
+_IN_PROGRESS = re.compile(r"^sbgate_http_requests_in_progress (\S+)$", re.M)
 
 
 async def gateway_figures(url: str) -> dict[str, float]:
@@ -234,7 +245,56 @@ async def gateway_figures(url: str) -> dict[str, float]:
     head = _HEAD_LIMIT.search(text)
     if head is not None:
         out["head_limit"] = float(head.group(1))
+    for m in _SENDS.finditer(text):
+        key = f"sends_{m.group(1)}_{m.group(2)}"
+        out[key] = out.get(key, 0.0) + float(m.group(3))
+    lag = _LOOP_LAG.search(text)
+    if lag is not None:
+        out["loop_lag_s"] = float(lag.group(1))
+    in_progress = _IN_PROGRESS.search(text)
+    if in_progress is not None:
+        out["loop_in_progress"] = float(in_progress.group(1))
     return out
+
+
+async def _sample_loop(url: str, into: list[dict[str, float]]) -> None:
+    """The gateway's loop lag and requests in progress every half second of a phase (a
+    scrape costs it about a millisecond), until cancelled."""
+    while True:
+        await asyncio.sleep(0.5)
+        figures = await gateway_figures(url)
+        if "loop_lag_s" in figures:
+            into.append(figures)
+
+
+def loop_figures(samples: list[dict[str, float]]) -> str:
+    """The median and the highest of a phase's loop-lag and in-progress samples."""
+    if not samples:
+        return "loop not sampled"
+    lag = sorted(s["loop_lag_s"] * 1e3 for s in samples)
+    held = sorted(s.get("loop_in_progress", 0.0) for s in samples)
+    return (
+        f"loop lag median {statistics.median(lag):.0f} / max {lag[-1]:.0f} ms, in progress "
+        f"median {statistics.median(held):.0f} / max {held[-1]:.0f} ({len(samples)} samples)"
+    )
+
+
+def send_figures(before: dict[str, float], after: dict[str, float]) -> str:
+    """The broker sends between two `gateway_figures`: how many, their mean time and batch
+    (where a request's time in progress went when it was not the gateway's CPU)."""
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    sends = delta("sends_send_duration_seconds_count")
+    if sends <= 0:
+        return "no broker sends"
+    seconds = delta("sends_send_duration_seconds_sum")
+    batch = delta("sends_batch_messages_sum") / max(1.0, delta("sends_batch_messages_count"))
+    return (
+        f"broker sends {sends:,.0f}, {seconds / sends * 1e3:.1f} ms and {batch:.1f} messages "
+        f"each on average; loop lag at the end {after.get('loop_lag_s', 0.0) * 1e3:.0f} ms"
+    )
 
 
 async def _slow_broker(stack: Stack, after: float, ms: float, seen: dict[str, Any]) -> None:
@@ -281,6 +341,8 @@ async def phase(
         raised = stack.base_ms * 10
         slow = asyncio.create_task(_slow_broker(stack, args.duration / 2, raised, seen))
     started = time.monotonic()
+    samples: list[dict[str, float]] = []
+    sampler = asyncio.create_task(_sample_loop(stack.gateway.url, samples))
     try:
         window = await run_h2load(load, cpus=cores.rest, watch=stack.watch)
     except RuntimeError as exc:  # killed past its bound: this phase has no figures
@@ -291,6 +353,9 @@ async def phase(
             "failed": str(exc).splitlines()[0],
         }
     finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
         if slow is not None:
             slow.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -303,6 +368,7 @@ async def phase(
     shed = {
         k[5:]: after.get(k, 0.0) - shed_before.get(k, 0.0) for k in after if k.startswith("shed_")
     }
+    sends = send_figures(shed_before, after) + "; " + loop_figures(samples)
     return {
         "factor": factor,
         "offered": offered,
@@ -313,9 +379,14 @@ async def phase(
         "span": (started, ended),
         "correctness": check,
         "cpu": {k: v / window.wall for k, v in window.cpu.items()},
-        "adaptive": {k: v for k, v in after.items() if not k.startswith("shed_")},
+        "adaptive": {
+            k: v for k, v in after.items() if not k.startswith(("shed_", "sends_", "loop_"))
+        },
+        "sends": sends,
         "adaptive_before": {
-            k: v for k, v in seen.get("before", {}).items() if not k.startswith("shed_")
+            k: v
+            for k, v in seen.get("before", {}).items()
+            if not k.startswith(("shed_", "sends_", "loop_"))
         },
         "shed": shed,
     }
@@ -581,7 +652,7 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                         f"{r['errors']}, in flight at the end {r['unanswered_at_end']:,}, "
                         f"client-shed {r['shed']:,}; gateway shed {p['shed']}; CPU "
                         + ", ".join(f"{k} {v:.0%}" for k, v in p["cpu"].items())
-                        + f"; {p['correctness']}"
+                        + f"; {p['sends']}; {p['correctness']}"
                     )
             await asyncio.sleep(args.cooldown)
             after = rss.sample() or 0
