@@ -266,20 +266,34 @@ class AmqpConnection(asyncio.Protocol):
         request_id = random_id()
         outcome = Outcome(request_id, protocol="amqp", fields=self._fields(state, event))
 
-        async def read(_entity: EntityRef) -> list[OutboundMessage]:
-            return _read(event)
+        tracer = server.edge.tracer
+        read_early: list[OutboundMessage] | None = None
+        if tracer.enabled:
+            # The server span continues the messages' own context, read before it opens
+            # (once: `read` hands these over); a delivery that cannot be read has none, and
+            # `read` raises its error again where `ingest` records it.
+            try:
+                read_early = _read(event)
+            except GatewayError:
+                pass
 
+        async def read(_entity: EntityRef) -> list[OutboundMessage]:
+            return read_early if read_early is not None else _read(event)
+
+        origins = [m.application_properties for m in read_early or ()]
         settlement: DeliveryState
         try:
-            done = await ingest(
-                server.edge,
-                server.router,
-                outcome,
-                state.name,
-                None,
-                self._grants.authorize_send,
-                read,
-            )
+            with tracer.delivery(state.name, request_id, origins) as traced:
+                done = await ingest(
+                    server.edge,
+                    server.router,
+                    outcome,
+                    state.name,
+                    None,
+                    self._grants.authorize_send,
+                    read,
+                )
+                traced(done.result.status)
             result = done.result
             if isinstance(result, GatewayError):
                 condition, description = amqp_rejection(result), result.message

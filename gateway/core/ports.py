@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -86,6 +86,20 @@ class Tracer:
         """The syphon moves messages from `backlog` to `entity`, inside this context;
         `origins` are their application properties, which carry their original context."""
         return nullcontext()
+
+    def delivery(
+        self, entity: str, request_id: str, origins: Sequence[Mapping[str, object]]
+    ) -> AbstractContextManager[Callable[[int], None]]:
+        """An AMQP delivery to `entity` (its access line's `request_id`) is handled inside
+        this context: the edge's server span, as an HTTP request has one. `origins` are its
+        messages' application
+        properties, whose trace context it continues; what it yields is told the delivery's
+        outcome as the HTTP status the same outcome has."""
+        return nullcontext(_no_status)
+
+
+def _no_status(_status: int) -> None:
+    """The outcome of a delivery that no span records."""
 
 
 # -- the syphon's ports ----------------------------------------------------------------------

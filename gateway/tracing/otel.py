@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -223,6 +223,43 @@ class OtelTracer(Tracer):
             },
         ):
             yield
+
+    @contextlib.contextmanager
+    def delivery(
+        self, entity: str, request_id: str, origins: Sequence[Mapping[str, object]]
+    ) -> Iterator[Callable[[int], None]]:
+        # One message's context is the parent (the SDK's send span, as an HTTP request's
+        # traceparent is); a batch's messages may each carry another: linked, as a move is.
+        contexts = [c for tp, ts in links_of(origins) if (c := _remote(tp, ts)) is not None]
+        parent = _ROOT
+        if len(contexts) == 1:
+            parent = trace.set_span_in_context(NonRecordingSpan(contexts[0]), _ROOT)
+        with self._tracer.start_as_current_span(
+            f"transfer {entity}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            links=[Link(c) for c in contexts] if len(contexts) > 1 else None,
+            attributes={
+                "messaging.system": MESSAGING_SYSTEM,
+                "messaging.operation.type": "receive",
+                "messaging.operation.name": "transfer",
+                "messaging.destination.name": entity,
+                "messaging.batch.message_count": len(origins),
+                "network.protocol.name": "amqp",
+                "sbgate.request_id": request_id,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+
+            def outcome(status: int) -> None:
+                if span.is_recording():
+                    span.set_attribute("sbgate.status_code", status)
+                    if status >= 500:
+                        span.set_attribute("error.type", str(status))
+                        span.set_status(Status(StatusCode.ERROR))
+
+            yield outcome
 
     # -- the server span -------------------------------------------------------------------
 

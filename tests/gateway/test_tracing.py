@@ -12,11 +12,14 @@ from collections.abc import Sequence
 
 import orjson
 import pytest
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.exceptions import MessagingEntityNotFoundError
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from gateway.app import AMQP_SERVER
 from gateway.config import ConfigError, LimitSettings, TimeoutSettings, TracingSettings
 from gateway.core.dispatcher import Destination, Dispatcher
 from gateway.core.message import OutboundMessage
@@ -27,9 +30,13 @@ from gateway.tracing.otel import OtelTracer
 from gateway.web import rest
 from sblocal.testing import BrokerProcess, ControlClient
 from tests.conftest import GatewayFactory
+from tests.gateway.test_amqp_sdk import AUTH as AMQP_AUTH
+from tests.gateway.test_amqp_sdk import connection_string as amqp_connection_string
+from tests.gateway.test_amqp_sdk import send as amqp_send
 from tests.gateway.test_integration import receive
 from tests.gateway.test_syphon import SYPHON, backlog_total, depth, receive_all
 from tests.support.fakes import FakeClient, msg
+from tests.support.processes import free_port
 from tests.support.waiting import eventually
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -319,6 +326,69 @@ async def test_concurrent_requests_each_link_from_the_batch_that_carried_them(
     assert sorted(linked) == sorted(servers), "every request is linked from exactly one batch"
     counts = [s.attributes["messaging.batch.message_count"] for s in sends]
     assert sum(counts) == 20 and all(c == len(s.links) for c, s in zip(counts, sends, strict=True))
+
+
+async def test_an_amqp_delivery_makes_a_server_span_that_continues_the_senders_context(
+    gateway: GatewayFactory, broker: BrokerProcess, control: ControlClient
+):
+    """The AMQP edge's server span, as an HTTP request's: the child of the message's own
+    context (one message), linked to each message's (a batch), told the outcome, and linked
+    from the broker send that carried it; the messages arrive with their properties as the
+    SDK sent them."""
+    t, exporter = tracer()
+    gw = await gateway({"SBGATE_AMQP_PLAIN_PORT": str(free_port()), **AMQP_AUTH}, tracer=t)
+    conn = amqp_connection_string(gw.app[AMQP_SERVER].ports["plain"])
+    other = f"00-{'1' * 32}-{'2' * 16}-01"
+    await amqp_send(
+        conn,
+        "orders",
+        ServiceBusMessage(
+            b"one",
+            message_id="a1",
+            application_properties={"traceparent": PARENT, "tracestate": STATE},
+        ),
+    )
+    await amqp_send(
+        conn,
+        "orders",
+        [
+            ServiceBusMessage(
+                b"two", message_id="a2", application_properties={"traceparent": PARENT}
+            ),
+            ServiceBusMessage(
+                b"three", message_id="a3", application_properties={"Diagnostic-Id": other}
+            ),
+            ServiceBusMessage(b"four", message_id="a4"),
+        ],
+    )
+    with pytest.raises(MessagingEntityNotFoundError):
+        await amqp_send(conn, "nope", ServiceBusMessage(b"lost", message_id="a5"))
+    got = {m.message_id: props_of(m) for m in await receive(broker, "orders", count=4)}
+    spans = exporter.get_finished_spans()
+    one, batch = sorted(named(spans, "transfer orders"), key=lambda s: s.start_time or 0)
+    for span in (one, batch):
+        assert span.kind == SpanKind.SERVER
+        assert span.attributes is not None
+        assert span.attributes["sbgate.status_code"] == 201
+        assert span.attributes["network.protocol.name"] == "amqp"
+        assert span.attributes["messaging.destination.name"] == "orders"
+    assert one.parent is not None and one.parent.span_id == int(PARENT[36:52], 16)
+    assert one.context.trace_id == int(TRACE_ID, 16), "the sender's trace continues"
+    assert one.attributes is not None and one.attributes["messaging.batch.message_count"] == 1
+    assert batch.parent is None, "a batch's messages name two traces: linked, not a child"
+    assert sorted(link.context.trace_id for link in batch.links) == sorted(
+        [int(TRACE_ID, 16), int("1" * 32, 16)]
+    )
+    assert batch.attributes is not None and batch.attributes["messaging.batch.message_count"] == 3
+    linked = {link.context.span_id for s in named(spans, "send orders") for link in s.links}
+    assert {one.context.span_id, batch.context.span_id} <= linked
+    assert len(str(one.attributes["sbgate.request_id"])) == 32  # its access line's id
+    [missing] = named(spans, "transfer nope")
+    assert missing.attributes is not None and missing.attributes["sbgate.status_code"] == 404
+    # The AMQP edge carries a message as it was sent: the sender's context, not the span's.
+    assert got["a1"] == {"traceparent": PARENT, "tracestate": STATE}
+    assert got["a3"] == {"Diagnostic-Id": other}
+    assert got["a4"] == {}
 
 
 async def test_through_failover_and_the_syphon_the_message_keeps_its_original_context(
