@@ -92,9 +92,8 @@ class Tracer:
     ) -> AbstractContextManager[Callable[[int], None]]:
         """An AMQP delivery to `entity` (its access line's `request_id`) is handled inside
         this context: the edge's server span, as an HTTP request has one. `origins` are its
-        messages' application
-        properties, whose trace context it continues; what it yields is told the delivery's
-        outcome as the HTTP status the same outcome has."""
+        messages' application properties, whose trace context it continues; what it yields
+        is told the delivery's outcome as the HTTP status the same outcome has."""
         return nullcontext(_no_status)
 
 

@@ -228,9 +228,11 @@ class OtelTracer(Tracer):
     def delivery(
         self, entity: str, request_id: str, origins: Sequence[Mapping[str, object]]
     ) -> Iterator[Callable[[int], None]]:
-        # One message's context is the parent (the SDK's send span, as an HTTP request's
-        # traceparent is); a batch's messages may each carry another: linked, as a move is.
-        contexts = [c for tp, ts in links_of(origins) if (c := _remote(tp, ts)) is not None]
+        # The messages' context is the parent (the SDK's send span, as an HTTP request's
+        # traceparent is) when they share one; a batch whose messages carry several is
+        # linked to each, as a move is.
+        distinct = {tp: ts for tp, ts in links_of(origins)}  # the same one: once (in order)
+        contexts = [c for tp, ts in distinct.items() if (c := _remote(tp, ts)) is not None]
         parent = _ROOT
         if len(contexts) == 1:
             parent = trace.set_span_in_context(NonRecordingSpan(contexts[0]), _ROOT)

@@ -361,12 +361,22 @@ async def test_an_amqp_delivery_makes_a_server_span_that_continues_the_senders_c
             ServiceBusMessage(b"four", message_id="a4"),
         ],
     )
+    await amqp_send(
+        conn,
+        "orders",
+        [
+            ServiceBusMessage(
+                b, message_id=b.decode(), application_properties={"traceparent": PARENT}
+            )
+            for b in (b"five", b"six")
+        ],
+    )
     with pytest.raises(MessagingEntityNotFoundError):
         await amqp_send(conn, "nope", ServiceBusMessage(b"lost", message_id="a5"))
-    got = {m.message_id: props_of(m) for m in await receive(broker, "orders", count=4)}
+    got = {m.message_id: props_of(m) for m in await receive(broker, "orders", count=6)}
     spans = exporter.get_finished_spans()
-    one, batch = sorted(named(spans, "transfer orders"), key=lambda s: s.start_time or 0)
-    for span in (one, batch):
+    one, batch, shared = sorted(named(spans, "transfer orders"), key=lambda s: s.start_time or 0)
+    for span in (one, batch, shared):
         assert span.kind == SpanKind.SERVER
         assert span.attributes is not None
         assert span.attributes["sbgate.status_code"] == 201
@@ -380,6 +390,8 @@ async def test_an_amqp_delivery_makes_a_server_span_that_continues_the_senders_c
         [int(TRACE_ID, 16), int("1" * 32, 16)]
     )
     assert batch.attributes is not None and batch.attributes["messaging.batch.message_count"] == 3
+    assert shared.parent is not None and shared.parent.span_id == int(PARENT[36:52], 16)
+    assert not shared.links, "a batch whose messages share one context is its child"
     linked = {link.context.span_id for s in named(spans, "send orders") for link in s.links}
     assert {one.context.span_id, batch.context.span_id} <= linked
     assert len(str(one.attributes["sbgate.request_id"])) == 32  # its access line's id
