@@ -22,6 +22,7 @@ outcome is recorded; nobody is left to tell); `close` waits for them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -271,11 +272,9 @@ class AmqpConnection(asyncio.Protocol):
         if tracer.enabled:
             # The server span continues the messages' own context, read before it opens
             # (once: `read` hands these over); a delivery that cannot be read has none, and
-            # `read` raises its error again where `ingest` records it.
-            try:
+            # `read` raises its error again inside `ingest`, where it is answered.
+            with contextlib.suppress(Exception):  # whatever it is, `ingest` meets it again
                 read_early = _read(event)
-            except GatewayError:
-                pass
 
         async def read(_entity: EntityRef) -> list[OutboundMessage]:
             return read_early if read_early is not None else _read(event)

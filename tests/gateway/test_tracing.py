@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import orjson
 import pytest
 from azure.servicebus import ServiceBusMessage
-from azure.servicebus.exceptions import MessagingEntityNotFoundError
+from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageHeader, AmqpMessageProperties
+from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusError
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -371,12 +372,24 @@ async def test_an_amqp_delivery_makes_a_server_span_that_continues_the_senders_c
             for b in (b"five", b"six")
         ],
     )
+    # A message the edge cannot carry unchanged (a priority) is refused at the transfer,
+    # with tracing on as off: read before the span opens, it fails alone, and is answered.
+    with pytest.raises(ServiceBusError, match="priority"):
+        await amqp_send(
+            conn,
+            "orders",
+            AmqpAnnotatedMessage(
+                data_body=b"prio",
+                header=AmqpMessageHeader(priority=9),
+                properties=AmqpMessageProperties(message_id="a6"),
+            ),
+        )
     with pytest.raises(MessagingEntityNotFoundError):
         await amqp_send(conn, "nope", ServiceBusMessage(b"lost", message_id="a5"))
     got = {m.message_id: props_of(m) for m in await receive(broker, "orders", count=6)}
     spans = exporter.get_finished_spans()
-    one, batch, shared = sorted(named(spans, "transfer orders"), key=lambda s: s.start_time or 0)
-    for span in (one, batch, shared):
+    one, batch, shared, _ = sorted(named(spans, "transfer orders"), key=lambda s: s.start_time or 0)
+    for span in (one, batch, shared):  # (the fourth: the refused message, below)
         assert span.kind == SpanKind.SERVER
         assert span.attributes is not None
         assert span.attributes["sbgate.status_code"] == 201
@@ -395,6 +408,12 @@ async def test_an_amqp_delivery_makes_a_server_span_that_continues_the_senders_c
     linked = {link.context.span_id for s in named(spans, "send orders") for link in s.links}
     assert {one.context.span_id, batch.context.span_id} <= linked
     assert len(str(one.attributes["sbgate.request_id"])) == 32  # its access line's id
+    [refused] = [
+        s
+        for s in named(spans, "transfer orders")
+        if s.attributes and s.attributes["messaging.batch.message_count"] == 0
+    ]
+    assert refused.attributes is not None and refused.attributes["sbgate.status_code"] == 400
     [missing] = named(spans, "transfer nope")
     assert missing.attributes is not None and missing.attributes["sbgate.status_code"] == 404
     # The AMQP edge carries a message as it was sent: the sender's context, not the span's.
