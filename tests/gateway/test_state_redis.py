@@ -377,6 +377,20 @@ async def test_a_dataset_mark_of_another_type_is_repaired_not_fatal(
         assert mark is not None
 
 
+async def test_an_oversized_dataset_mark_is_replaced_not_adopted(redis_server: RedisServer) -> None:
+    """A mark is an id of 32 characters that every fence script carries: a long string at
+    its key (hostile or damaged) would ride on every one of them if the replicas adopted
+    it. The resync that its change causes replaces it with a mark of their own."""
+    async with replicas(redis_server, n=2) as (stores, _):
+        redis_server.command("SET", "{sbgate}:dataset", "x" * 100_000)
+        await eventually(
+            lambda: all(s.stats.data_losses and s.connected for s in stores), what="noticed"
+        )
+        await eventually(
+            lambda: redis_server.command("STRLEN", "{sbgate}:dataset") == b":32", what="replaced"
+        )
+
+
 async def test_exactly_one_of_three_holds_a_lease(redis_server: RedisServer) -> None:
     async with replicas(redis_server) as (stores, _):
         got = await asyncio.gather(*(s.acquire_lease("ping:orders", 5) for s in stores))

@@ -77,11 +77,15 @@ T = TypeVar("T")
 # What a failed Redis call can raise (besides our own deadline's TimeoutError).
 _REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
-# The dataset mark: set it if absent (or not a string: anything else there is damage, and
-# would fail every check), return what Redis holds.
-MARK_LUA = """
+# The dataset mark: set it if absent, return what Redis holds. Anything there but a string
+# of at most `MARK_MAX` bytes is damage (or hostile) and is replaced: another type would
+# fail every check, and a long string would ride on every fence script, which carries it.
+MARK_MAX = 64
+MARK_LUA = f"""
 local t = redis.call('TYPE', KEYS[1]).ok
-if t ~= 'string' and t ~= 'none' then redis.call('DEL', KEYS[1]) end
+if t ~= 'none' and (t ~= 'string' or redis.call('STRLEN', KEYS[1]) > {MARK_MAX}) then
+  redis.call('DEL', KEYS[1])
+end
 redis.call('SET', KEYS[1], ARGV[1], 'NX')
 return redis.call('GET', KEYS[1])
 """
@@ -760,7 +764,7 @@ class RedisStateStore(LocalState):
             "state: redis lost its data since replica %s resynced (dataset mark now %s); "
             "resyncing, which writes memory back",
             self.replica_id,
-            found,
+            found[:100],  # a value read from Redis: bounded in the log
         )
 
     async def _adopt_mark(self, sess: Session) -> None:
