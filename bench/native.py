@@ -11,18 +11,22 @@ loops in C that cost a fraction of that; `make bench-tools` installs them with a
   requests a second (``--rps``); a client whose last request is still unanswered sends the
   arrivals it owes as soon as it can, so an arrival that could not go out on time shows as
   the difference between the requests due (``rate * duration``) and those started
-  ("client-shed" in the tables: never sent within the run). One h2load fires all its
-  clients' timers together, so an open-loop load is ``spread`` over several h2load
-  processes started a fraction of a client's interval apart (their figures summed), each
-  run, with ``slice``, as successive h2load runs of that many seconds: h2load never retries
-  a refused connect, so without slices a client the gateway's paused listener refused is
-  lost for the run. The connects refused meanwhile are counted (`refused_connects`,
-  machine-wide).
-* `run_h2load`: the child pinned to the given CPUs (`taskset`), bounded in time (killed after
-  ``duration + grace``), its per-request log (``--log-file``: start, status, microseconds)
-  read into the figures the benchmarks print: answers by status, latency percentiles per
-  status, the ``503`` answers and connection failures within ``fast`` seconds, answers per
-  bucket of time, and its own CPU seconds beside those of the processes it watched.
+  ("client-shed" in the tables: never sent within the run). One h2load run for a duration
+  connects every client at once and fires all their timers together, a train of bursts;
+  with ``ramp`` the clients connect evenly over that many seconds, so their timers are out
+  of phase and the arrivals are a rate, and the run is counted in requests, each client
+  running ``duration`` once connected (`H2Load.steady`: when the offered rate is steady).
+  A load can also be ``spread`` over several h2load processes started a fraction of a
+  client's interval apart (their figures summed), each run, with ``slice``, as successive
+  h2load runs of that many seconds: h2load never retries a refused connect, so without
+  slices a client the gateway's paused listener refused is lost for the run. The connects
+  refused meanwhile are counted (`refused_connects`, machine-wide).
+* `run_h2load`: the child pinned to the given CPUs (`taskset`), bounded in time (killed
+  after its ramp, duration, client deadline and a grace), its per-request log
+  (``--log-file``: start, status, microseconds) read into the figures the benchmarks print:
+  answers by status, latency percentiles per status, the ``503`` answers and connection
+  failures within ``fast`` seconds, answers per bucket of time, and its own CPU seconds
+  beside those of the processes it watched.
 * `parse_h2load`, `parse_h2load_log`, `parse_wrk`: the parsers (tested against the real
   tools' output, ``tests/test_bench_native.py``).
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import re
 import resource
@@ -83,20 +88,50 @@ class H2Load:
     timeout: float = 30.0  # a connection silent this long is dropped (h2load's -N)
     fast: float = 0.05  # a 503 or a connection failure this soon "failed fast"
     bucket: float = 0.5  # seconds per step of the answers-over-time series
-    # Open loop: the clients split among this many h2load processes, started a fraction of
-    # a client's interval apart. One h2load starts every client's timer at once, so all its
-    # clients send in the same millisecond, once an interval: a train of bursts, not a rate
-    # (measured: 1,600 clients at 2.5 req/s each sent in 16 of 281 10-ms slots).
-    spread: int = 1
-    # ... and their starts further apart by whole intervals (same phases), over about this
-    # many seconds: a process connecting all its clients at once while the gateway still
-    # accepts the last one's finds its listener closed (an accept-queue pause), and h2load
-    # does not retry a refused connect.
+    # Open loop: the seconds over which the clients connect, evenly (h2load's ``-r`` a
+    # ``--rate-period``), each then running `duration`. A client's request timer starts when
+    # it connects, so the clients' requests are spread over their interval: h2load run for a
+    # duration (``-D``) connects every client at once and fires all their timers in the same
+    # millisecond, once an interval, a train of bursts and not a rate (measured: 1,600
+    # clients at 2.5 req/s each sent in 16 of 281 10-ms slots), and a listener meeting the
+    # connects all at once pauses for its accept queue, refusing clients h2load never brings
+    # back. With a ramp the run is counted in requests (``-n``: rate x duration) and ends
+    # when every one is answered, so none is left in flight at its end; the offered rate is
+    # steady from `ramp` to `duration` after the start (`steady`).
     ramp: float = 0.0
+    # Open loop: the clients split among this many h2load processes, started a fraction of a
+    # client's interval apart (without a ramp, the only way to put their timers out of phase).
+    spread: int = 1
     # Open loop: each process runs as successive h2load runs of this many seconds (0: one
     # run), so a client whose connect was refused (the gateway's listener paused) is back at
     # the next slice, as a real client reconnects, instead of lost for the run.
     slice: float = 0.0
+
+    @property
+    def ramped(self) -> bool:
+        return self.rate is not None and self.ramp > 0
+
+    @property
+    def steady(self) -> tuple[float, float] | None:
+        """Seconds after the start between which every client is sending (a ramped open
+        loop whose duration exceeds its ramp), else None."""
+        if not self.ramped or self.slice or self.duration <= self.ramp:
+            return None
+        return (self.ramp, self.duration)
+
+    @property
+    def requests(self) -> int:
+        """An open loop's arrivals: rate x duration (a ramped run's ``-n``, which is at
+        least one a client)."""
+        assert self.rate is not None
+        due = round(self.rate * self.duration)
+        return max(self.connections, due) if self.ramped else due
+
+    @property
+    def bound(self) -> float:
+        """Seconds one process may run before it is killed: its ramp, its duration and a
+        silent connection's deadline."""
+        return (self.ramp if self.ramped else 0.0) + self.duration + self.timeout + GRACE
 
     def parts(self) -> list[tuple[float, H2Load]]:
         """The h2load runs this load is made of, each with its start delay in seconds."""
@@ -107,11 +142,8 @@ class H2Load:
         out = []
         for i in range(k):
             n = self.connections // k + (i < self.connections % k)
-            part = replace(
-                self, connections=n, rate=self.rate * n / self.connections, spread=1, ramp=0.0
-            )
-            whole = round(self.ramp * i / k / interval)
-            out.append((interval * (whole + i / k), part))
+            part = replace(self, connections=n, rate=self.rate * n / self.connections, spread=1)
+            out.append((interval * i / k, part))
         return out
 
     def slices(self) -> list[H2Load]:
@@ -133,14 +165,13 @@ class H2Load:
             "1",
             "-c",
             str(self.connections),
-            "-D",
-            f"{max(1, round(self.duration * 1000))}ms",
+            *self._length(),
             "-N",
             f"{max(1, round(self.timeout))}",
             # No connection outlives the run and its deadline, whatever happens to it: twice
             # on a saturated machine h2load ran past duration + -N (the cause is not known).
             "-T",
-            f"{max(1, round(self.duration + self.timeout))}",
+            f"{max(1, round(self.bound - GRACE))}",
             "-d",
             str(body_path),
             "--log-file",
@@ -155,6 +186,17 @@ class H2Load:
         else:
             cmd.append(self.urls[0])
         return cmd
+
+    def _length(self) -> list[str]:
+        """How long the run is: a duration (``-D``), or with a ramp its requests (``-n``)
+        and the pace its clients connect at (``-r`` a ``--rate-period``, at most one
+        period a millisecond)."""
+        if not self.ramped:
+            return ["-D", f"{max(1, round(self.duration * 1000))}ms"]
+        assert self.rate is not None
+        every = max(1, math.ceil(self.connections / (self.ramp * 1000.0)))
+        period_ms = max(1, round(self.ramp * 1000.0 * every / self.connections))
+        return ["-n", str(self.requests), "-r", str(every), "--rate-period", f"{period_ms}ms"]
 
 
 _REQUESTS = re.compile(
@@ -258,7 +300,7 @@ async def run_h2load(
 ) -> Window:
     """Run `load` pinned to `cpus` and return its figures, with the CPU seconds `watch`'s
     processes and h2load itself used during the run. Bounded: h2load is killed after
-    ``duration + timeout + GRACE`` seconds (ChildError-like RuntimeError, with what it printed).
+    `H2Load.bound` seconds (a RuntimeError, with what it printed).
     A load `spread` over several h2load processes is summed (their logs read as one)."""
     with tempfile.TemporaryDirectory(prefix="bench-h2load-") as tmp:
         work = Path(tmp)
@@ -333,15 +375,14 @@ async def _h2load(load: H2Load, cmd: list[str], cpus: frozenset[int]) -> str:
     )
     try:
         # h2load drops a request unanswered for `timeout` (-N) and only then ends.
-        async with asyncio.timeout(load.duration + load.timeout + GRACE):
+        async with asyncio.timeout(load.bound):
             out, _ = await proc.communicate()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         out, _ = await proc.communicate()
         raise RuntimeError(
-            f"h2load ran past {load.duration + load.timeout + GRACE:g} s (killed):\n"
-            f"{out.decode(errors='replace')[-2000:]}"
+            f"h2load ran past {load.bound:g} s (killed):\n{out.decode(errors='replace')[-2000:]}"
         ) from None
     finally:
         if proc.returncode is None:
@@ -366,7 +407,7 @@ def _result(
     statuses: dict[str, int] = detail["statuses"]
     ok = sum(v for k, v in statuses.items() if k.startswith("2"))
     wall = float(summary["wall"]) or load.duration
-    due = round(load.rate * load.duration) if load.rate is not None else int(summary["started"])
+    due = load.requests if load.rate is not None else int(summary["started"])
     answered = sum(statuses.values())
     lat = detail["latency_ms"]
     all_p99 = max((v.get("p99", 0.0) for v in lat.values()), default=float("nan"))

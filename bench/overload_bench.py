@@ -25,16 +25,23 @@ and prints what it measured.
    and the RSS baseline.
 3. **The ladders**: open loop at each ``--factors`` multiple, each client pacing its share
    of the rate (``--rps``), as many clients as the rate needs at ``--client-rate`` each (a
-   client holds one request at a time), split among ``--spread`` h2load processes whose
-   clients' timers are out of phase (one h2load fires all its clients together: a train of
-   bursts, not a rate), started over ``--ramp`` seconds. The gateway's listener pauses
-   under overload (the kernel refuses connects at no cost to it) and h2load never retries a
-   refused connect: each refused connect (``Tcp: AttemptFails``, machine-wide) counts as a
-   refusal within 50 ms. With ``--slice``, each process runs as successive h2load runs of
-   that many seconds, so a refused client comes back at the next slice as a real client
-   reconnects; off by default: measured (2026-11-29), each slice's reconnection of a
-   process's clients at once held the listener closed by its accept-queue rule half of a
-   quick phase, and goodput fell (docs/performance-results.md).
+   client holds one request at a time), the clients connecting evenly over ``--ramp``
+   seconds and each then sending for the phase's duration. A client's timer starts when it
+   connects, so the arrivals are a rate; h2load run for a duration connects every client at
+   once and fires their timers in the same millisecond (a train of bursts, which earlier
+   runs split among ``--spread`` processes out of phase), and the connects all at once met
+   the listener's accept-queue pause, which refused clients h2load never brought back.
+   Goodput is judged over the steady window, from the ramp's end to the duration, when
+   every client sends; a ramped phase is counted in requests and ends when every one is
+   answered, so none is left in flight to count as unrefused excess. The gateway's
+   listener pauses under overload (the kernel refuses connects at no cost to it) and h2load
+   never retries a refused connect: each refused connect (``Tcp: AttemptFails``,
+   machine-wide) counts as a refusal within 50 ms. With ``--slice``, each process runs as
+   successive h2load runs of that many seconds, so a refused client comes back at the next
+   slice as a real client reconnects; off by default: measured (2026-11-29), each slice's
+   reconnection of a process's clients at once held the listener closed by its
+   accept-queue rule half of a quick phase, and goodput fell
+   (docs/performance-results.md).
    ``steady``: the broker's round trip is
    ``--broker-base-ms`` throughout; ``broker-x10``: the same, raised tenfold half-way
    through each loaded phase (the adaptive limit must follow; it is read from /metrics just
@@ -339,7 +346,9 @@ async def phase(
     slow = None
     if ladder == "broker-x10" and stack.e2e is not None:
         raised = stack.base_ms * 10
-        slow = asyncio.create_task(_slow_broker(stack, args.duration / 2, raised, seen))
+        # Half-way through the phase: the middle of the steady window when there is a ramp.
+        middle = (load.ramp + args.duration) / 2
+        slow = asyncio.create_task(_slow_broker(stack, middle, raised, seen))
     started = time.monotonic()
     samples: list[dict[str, float]] = []
     sampler = asyncio.create_task(_sample_loop(stack.gateway.url, samples))
@@ -375,6 +384,8 @@ async def phase(
         "connections": load.connections,
         "result": {k: v for k, v in r.items() if k != "series"},
         "series": r["series"],
+        "steady": load.steady,
+        "length": load.duration if load.ramped else None,
         "peak": max(rss.between(started, ended + 1.0), default=0),
         "span": (started, ended),
         "correctness": check,
@@ -390,6 +401,19 @@ async def phase(
         },
         "shed": shed,
     }
+
+
+def steady_ok_rate(p: dict[str, Any], r: dict[str, Any]) -> float:
+    """The 2xx a second of a phase: over its steady window (every client sending) where it
+    has one, by when each answer came (h2load's log, in `bucket`-second slots from the
+    first request); else all its 2xx over its wall time."""
+    steady, bucket = p.get("steady"), float(r.get("bucket") or 0.0)
+    if steady and bucket:
+        lo, hi = math.ceil(steady[0] / bucket), math.floor(steady[1] / bucket)
+        if hi - lo >= 2:
+            ok = sum(_ok(counts) for slot, counts in p["series"].items() if lo <= int(slot) < hi)
+            return float(ok / ((hi - lo) * bucket))
+    return _ok(r["statuses"]) / (float(r["wall"]) or 1.0)
 
 
 def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
@@ -414,7 +438,7 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
     ok_lat = [v for k, v in r["latency_ms"].items() if k.startswith("2") and v]
     p50 = max((x["p50"] for x in ok_lat), default=float("nan"))
     p99 = max((x["p99"] for x in ok_lat), default=float("nan"))
-    goodput = ok / wall / rate if rate else float("nan")
+    goodput = steady_ok_rate(p, r) / rate if rate else float("nan")
     fast_share = fast / sent_excess if sent_excess else 1.0
     growth = p["peak"] - baseline
     judged = p["factor"] in GOALS_AT
@@ -427,7 +451,7 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
     return {
         "factor": p["factor"],
         "offered": p["offered"],
-        "sent_rate": int(r["sent"]) / wall,
+        "sent_rate": int(r["sent"]) / (p.get("length") or wall),
         "connections": p["connections"],
         "goodput_share": goodput,
         "p50_ms": p50,
@@ -757,19 +781,20 @@ def main(argv: list[str] | None = None) -> int:
         "1 / this before its client falls behind (2.5: 400 ms)",
     )
     parser.add_argument(
-        "--spread",
-        type=int,
-        default=16,
-        help="h2load processes an open-loop load is split into, started a fraction of a "
-        "client's interval apart (one h2load sends all its clients' requests at once; 16)",
-    )
-    parser.add_argument(
         "--ramp",
         type=float,
         default=2.0,
-        help="seconds over which those processes start (by whole client intervals, so their "
-        "phases stay apart): connecting every client at once meets the gateway's "
-        "accept-queue pause, and h2load does not retry a refused connect (2)",
+        help="seconds over which an open-loop phase's clients connect, evenly, each then "
+        "sending for the phase's duration: their timers start when they connect, so their "
+        "requests are a rate, not bursts; goodput is judged between the ramp's end and the "
+        "duration, when every client sends (0: h2load for a duration, all clients at once; 2)",
+    )
+    parser.add_argument(
+        "--spread",
+        type=int,
+        default=1,
+        help="h2load processes an open-loop load is split into, started a fraction of a "
+        "client's interval apart (the phases' spread without a ramp; 1)",
     )
     parser.add_argument(
         "--slice",
@@ -780,7 +805,16 @@ def main(argv: list[str] | None = None) -> int:
         "real clients reconnect (0: one run a process; measured, slices' reconnections "
         "close the listener by its accept-queue rule, so off by default)",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, help="client deadline")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="client deadline: a request unanswered, or a connection silent, this long is "
+        "dropped (h2load's -N; 10). A ramped phase ends when its last client does, and "
+        "under overload h2load left some clients idle on open connections, neither sending "
+        "nor closing, until this deadline (measured: phases ran 20 s past their last "
+        "answer at 30)",
+    )
     parser.add_argument("--cooldown", type=float, default=5.0, help="seconds of calm after")
     parser.add_argument("--out", default=str(OUT_DIR), help="where the JSON goes")
     args = parser.parse_args(argv)

@@ -105,6 +105,29 @@ async def test_h2load_open_loop_spread_over_processes_paces_the_rate_in_staggere
     assert r["summary"]["started"] == r["sent"] >= r["statuses"]["201"]
 
 
+async def test_h2load_open_loop_with_a_ramp_sends_a_rate_not_bursts(served: str) -> None:
+    # 8 clients at 10 req/s each. Run for a duration, h2load starts every client's timer at
+    # once: their requests leave together, ten bursts a second. Connected over a ramp, each
+    # client's timer has its own phase and the answers fall in many more 10 ms slots.
+    url = served + "/queues/orders/messages"
+    bursts = H2Load([url], duration=1.0, connections=8, rate=80, bucket=0.01)
+    ramped = H2Load([url], duration=1.0, connections=8, rate=80, bucket=0.01, ramp=0.1)
+    assert bursts.steady is None and ramped.steady == (0.1, 1.0)
+    assert ramped.requests == 80 and ramped.bound > bursts.bound
+    command = ramped.command(Path("body"), Path("log"), None)
+    assert "-D" not in command and command[command.index("-n") + 1] == "80"
+    # 8 clients over 100 ms: one every 12 ms, the pace h2load connects them at.
+    assert command[command.index("-r") + 1] == "1"
+    assert command[command.index("--rate-period") + 1] == "12ms"
+    async with asyncio.timeout(60):
+        unramped = (await run_h2load(bursts, cpus=frozenset(), watch={})).result
+        r = (await run_h2load(ramped, cpus=frozenset(), watch={})).result
+    assert r["due"] == 80 and r["statuses"]["201"] == 80  # every request, each answered
+    assert r["unanswered_at_end"] == 0 and r["shed"] == 0
+    # Slots holding answers: ~10 for the bursts (one a client interval), ~80 ramped.
+    assert len(r["series"]) >= 2 * len(unramped["series"]), (r["series"], unramped["series"])
+
+
 async def test_h2load_open_loop_in_slices_brings_back_clients_whose_connect_was_refused(
     tmp_path: Path,
 ) -> None:
