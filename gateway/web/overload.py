@@ -18,9 +18,11 @@ act before any of the request's own work:
   event loop's measured delay (`gateway.core.looplag`) is over the bound at two samples in
   a row, the process stops listening the same way, until a sample is under half of it.
   The listener also closes for a moment when connections pile up in the kernel's accept
-  queue (`gateway.web.listener.ShedSite`): measured, uvloop accepts only a few
-  connections per turn of a busy loop, so without these two the excess waits in the
-  accept queue and in SYN retransmits, where no cap sees it.
+  queue (`gateway.web.listener.ShedSite`): libuv, under uvloop, accepts one connection a
+  turn of the loop, so without these two the excess waits in the accept queue and in SYN
+  retransmits, where no cap sees it. While requests have room (`Shedder.has_room`: under
+  half the in-progress limit, the loop not behind) the site takes the queue itself, so a
+  connection the process can serve is accepted at once rather than reset by a pause.
 * **Requests in progress** (``http.max_requests_in_progress``, or the adaptive limit below
   when it is lower): each request is counted as its head is parsed, in the connection's
   ``data_received`` (`gateway.web.shedding`), so a burst of heads parsed in one turn of the
@@ -288,6 +290,12 @@ class Shedder:
         """Whether a request arriving now would be refused (nothing counted)."""
         limit = self.limit
         return bool(limit) and self.in_progress >= limit
+
+    def has_room(self) -> bool:
+        """Whether new connections are worth taking at once (`ShedSite`): fewer requests in
+        progress than half the limit, and the loop not behind."""
+        limit = self.limit
+        return not self.lagging and not (limit and self.in_progress * 2 >= limit)
 
     def refused(self) -> None:
         """A request was refused at the limit before it was parsed: counted as shed."""

@@ -130,6 +130,24 @@ def test_a_lagging_loop_pauses_the_listener_after_two_late_samples_and_resumes_u
     assert listener.calls == ["pause", "resume"] and not shedder.lagging
 
 
+def test_connections_are_taken_at_once_only_while_requests_have_room() -> None:
+    limits = OverloadLimits(0, 4, 0.0, retry_after=1.0, max_loop_lag=0.2)
+    shedder = Shedder(limits)
+    shedder.attach(_Listener())
+    assert shedder.has_room()
+    assert shedder.admit_head()
+    assert shedder.has_room()  # 1 of 4: under half
+    assert shedder.admit_head()
+    assert not shedder.has_room()  # half the limit in progress
+    shedder.done()
+    assert shedder.has_room()
+    shedder.loop_sampled(0.3)
+    shedder.loop_sampled(0.3)  # the loop behind
+    assert not shedder.has_room()
+    unlimited = Shedder(OverloadLimits(0, 0, 0.0, retry_after=1.0))
+    assert unlimited.admit_head() and unlimited.has_room()
+
+
 def test_the_listener_stays_paused_while_either_rule_holds() -> None:
     limits = OverloadLimits(2, 0, 0.0, retry_after=1.0, max_loop_lag=0.2)
     shedder = Shedder(limits)
