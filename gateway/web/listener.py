@@ -66,7 +66,7 @@ class ShedSite(web.TCPSite):
       than they come (libuv, under uvloop, accepts one a turn of the loop), and each
       would wait there, unseen by any cap, until its client gave up.
 
-    While the requests have room (under the in-progress limit, the loop not behind), it
+    While the requests have room (under half the in-progress limit, the loop not behind), it
     also takes connections from the accept queue itself, up to `ACCEPT_BATCH` each time the
     listening socket is readable (through a duplicate of it, beside the loop's own
     one-a-turn accept), and hands each to the app's server as an accepted socket, in a task
