@@ -72,9 +72,10 @@ def test_every_module_imports_alone() -> None:
 # `gateway.amqp` are held before they exist, so their first commit already obeys the map.
 
 # Leaf modules every layer of the gateway may import: the version, errors as data, secrets,
-# the entity-path grammar and the task-lifetime kit.
+# the entity-path grammar, the task-lifetime kit and the listeners' batch accept.
 _BASE = (
     "gateway",
+    "gateway.accepting",
     "gateway.errors",
     "gateway.secret",
     "gateway.entitypath",
@@ -117,6 +118,7 @@ LAYERS: dict[str, Layer] = {
     "gateway.secret": Layer(ours=_BASE),
     "gateway.entitypath": Layer(ours=_BASE),
     "gateway.lifetimes": Layer(ours=_BASE),
+    "gateway.accepting": Layer(ours=_BASE),
     # settings: read once, validated; the SDK only to parse a connection string
     "gateway.config": Layer(ours=_BASE, third=("azure.servicebus",)),
     "gateway.auth": Layer(ours=_BASE),

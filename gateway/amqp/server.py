@@ -23,6 +23,7 @@ import ssl
 import time
 from typing import Any
 
+from gateway.accepting import Acceptor
 from gateway.amqp.connection import AmqpConnection
 from gateway.amqp.management import Scheduler
 from gateway.auth import AuthConfigError, Authorizer
@@ -88,6 +89,10 @@ class AmqpServer:
         # Deliveries of connections that were lost before they settled: still ours to await.
         self._orphans: set[asyncio.Task[None]] = set()
         self._servers: list[asyncio.Server] = []
+        # Connections taken from the accept queues a batch at a time, while under the cap
+        # (the loop alone takes one a turn: a fleet of clients reconnecting at once after a
+        # restart would wait in the queue, or have its connects dropped when it is full).
+        self._acceptor = Acceptor("AMQP", room=self._has_room_for_connections)
         self._tls: _ReloadingContext | None = None
         self.draining = False
         self.ports: dict[str, int] = {}  # listener → bound port (tests bind port 0)
@@ -120,12 +125,19 @@ class AmqpServer:
                 backlog=256,
             )
             self._servers.append(server)
+            self._acceptor.watch(
+                server.sockets,
+                lambda: AmqpConnection(self, "tls"),
+                ssl_context=self._tls.context,
+                ssl_handshake_timeout=amqp.handshake_timeout,
+            )
             self.ports["tls"] = _port(server)
         if amqp.plain_port:
             server = await loop.create_server(
                 lambda: AmqpConnection(self, "plain"), amqp.plain_host, amqp.plain_port
             )
             self._servers.append(server)
+            self._acceptor.watch(server.sockets, lambda: AmqpConnection(self, "plain"))
             self.ports["plain"] = _port(server)
         for name, port in self.ports.items():
             log.info("AMQP %s listener on port %d", name, port)
@@ -138,6 +150,11 @@ class AmqpServer:
             return False
         self._connections.add(connection)
         return True
+
+    def _has_room_for_connections(self) -> bool:
+        """Worth taking queued connections a batch at a time: under the cap, not draining
+        (over it, the loop's one-a-turn accept brings each to `admit`, which closes it)."""
+        return not self.draining and len(self._connections) < self.settings.max_connections
 
     def forget(self, connection: AmqpConnection, tasks: set[asyncio.Task[None]]) -> None:
         """A connection is gone; its deliveries still in flight finish, owned here."""
@@ -176,6 +193,7 @@ class AmqpServer:
         self.draining = True
         for server in self._servers:
             server.close()
+        await self._acceptor.stop(CANCEL_GRACE)  # and the TLS handshakes it began
         connections = list(self._connections)
         for c in connections:
             c.stop_credit()

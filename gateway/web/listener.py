@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import sys
 
 from aiohttp import web
 
-from gateway.lifetimes import CANCEL_GRACE, Backoff, TaskSet, stop
+from gateway.accepting import Acceptor
+from gateway.lifetimes import CANCEL_GRACE, Backoff, stop
 from gateway.web.overload import (
     LISTEN_BACKLOG,
     PAUSE_REASONS,
@@ -41,12 +41,6 @@ RETRY = Backoff(REOPEN_RETRY, REOPEN_RETRY_MAX)
 QUEUE_CHECK = 0.05
 MAX_ACCEPT_QUEUE = 64
 QUEUE_PAUSE = 0.25
-# Connections taken from the accept queue at once when the listening socket is readable,
-# besides the one the event loop takes itself. libuv (under uvloop) accepts one connection
-# a turn of the loop: measured, a loop busy serving ~1,000 connections turned every few
-# milliseconds and so accepted a few hundred connections a second, and the queue grew
-# while it served; at this many a turn a connect waits at most a turn.
-ACCEPT_BATCH = 128
 _TCP_INFO_LEN = 104
 _TCPI_UNACKED = 24  # offset of tcpi_unacked: for a listening socket, its accept queue
 
@@ -67,18 +61,20 @@ class ShedSite(web.TCPSite):
       would wait there, unseen by any cap, until its client gave up.
 
     While the requests have room (under half the in-progress limit, the loop not behind), it
-    also takes connections from the accept queue itself, up to `ACCEPT_BATCH` each time the
-    listening socket is readable (through a duplicate of it, beside the loop's own
-    one-a-turn accept), and hands each to the app's server as an accepted socket, in a task
-    it owns: a busy loop then accepts as fast as connections come.
+    also takes connections from the accept queue itself, a batch each time the listening
+    socket is readable (`gateway.accepting.Acceptor`, beside the loop's own one-a-turn
+    accept): a busy loop then accepts as fast as connections come. At the in-progress
+    limit, or with the loop behind, the queue is left to the loop's one-a-turn accept and
+    the accept-queue rule, which refuse at no cost to the process (measured: draining it
+    then, at 5x and 10x, took in connections only to refuse their requests, and served
+    fewer).
 
     Listening again opens a new socket on the same address, in a task this site owns;
     `stop` cancels and awaits it, the accepting tasks, and the timers. Each pause is counted
     under the reason that began it (`pauses`, `paused_seconds`: the app's metrics read them)."""
 
     __slots__ = (
-        "_accepting",
-        "_acceptors",
+        "_acceptor",
         "_began",
         "_bind_error",
         "_bind_failing_since",
@@ -119,8 +115,7 @@ class ShedSite(web.TCPSite):
         self._runner_loop = asyncio.get_running_loop()
         self._paused_for: dict[PauseReason, float] = dict.fromkeys(PAUSE_REASONS, 0.0)
         self._pause_count: dict[PauseReason, int] = dict.fromkeys(PAUSE_REASONS, 0)
-        self._acceptors: list[socket.socket] = []  # duplicates of the listening sockets
-        self._accepting = TaskSet("listener accepts")
+        self._acceptor = Acceptor(f"listener {self.name}", room=self._has_room)
 
     async def start(self) -> None:
         await super().start()
@@ -243,55 +238,16 @@ class ShedSite(web.TCPSite):
             self._reopening = None
 
     def _take_accepts(self) -> None:
-        """Watch a duplicate of each listening socket and accept from it (`_accept`)."""
-        loop = asyncio.get_running_loop()
-        for listening in getattr(self._server, "sockets", None) or ():
-            sock = socket.socket(fileno=os.dup(listening.fileno()))
-            sock.setblocking(False)
-            loop.add_reader(sock.fileno(), self._accept, sock)
-            self._acceptors.append(sock)
+        server = self._runner.server
+        if server is not None:
+            self._acceptor.watch(getattr(self._server, "sockets", None) or (), server)
 
     def _leave_accepts(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sock in self._acceptors:
-            loop.remove_reader(sock.fileno())
-            sock.close()
-        self._acceptors.clear()
+        self._acceptor.unwatch()
 
-    def _accept(self, listening: socket.socket) -> None:
-        """Up to `ACCEPT_BATCH` connections from the queue, each handed to the app's server
-        (the loop's own accept may have taken some: then there are fewer, or none), while
-        the requests have room: at the in-progress limit, or with the loop behind, the queue
-        is left to the loop's one-a-turn accept and the accept-queue rule, which refuse at
-        no cost to the process (measured: draining it then, at 5x and 10x, took in
-        connections only to refuse their requests, and served fewer)."""
-        server = self._runner.server
-        if server is None:
-            return
+    def _has_room(self) -> bool:
         shedder = getattr(self._runner, "shedder", None)
-        if isinstance(shedder, Shedder) and not shedder.has_room():
-            return
-        loop = asyncio.get_running_loop()
-        for _ in range(ACCEPT_BATCH):
-            try:
-                conn, _ = listening.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of descriptors, say: the loop's accept says so too
-                log.debug("accept on %s: %s", self.name, exc)
-                return
-            conn.setblocking(False)
-            self._accepting.spawn(self._serve(loop, server, conn), name="accepted connection")
-
-    @staticmethod
-    async def _serve(
-        loop: asyncio.AbstractEventLoop, server: web.Server, conn: socket.socket
-    ) -> None:
-        try:
-            await loop.connect_accepted_socket(server, conn)
-        except BaseException:
-            conn.close()
-            raise
+        return not isinstance(shedder, Shedder) or shedder.has_room()
 
     def not_listening_reason(self) -> str | None:
         """A readiness check: why this site cannot listen again when it wants to (another
@@ -330,9 +286,8 @@ class ShedSite(web.TCPSite):
         for timer in (self._check, self._wake):
             if timer is not None:
                 timer.cancel()
-        self._leave_accepts()
         task = self._reopening
         if task is not None:
             await stop([task], CANCEL_GRACE, "listener")
-        await self._accepting.stop(CANCEL_GRACE)
+        await self._acceptor.stop(CANCEL_GRACE)
         await super().stop()

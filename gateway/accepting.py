@@ -1,0 +1,144 @@
+"""Taking connections off a listening socket as fast as they come (`Acceptor`).
+
+libuv, under uvloop (which `gateway serve` runs on), accepts **one** connection each time a
+listening socket is readable, once a turn of the event loop: measured, a loop busy serving
+~1,000 connections turned every few milliseconds, so it accepted a few hundred connections
+a second and the kernel's accept queue grew while it served. Clients whose connects wait
+there are unseen by every cap, and once the queue is full the kernel drops their SYNs
+(they retry after a second, then three...).
+
+An `Acceptor` watches a duplicate of each listening socket (`watch`) and, each time it is
+readable and the owner says there is room, accepts up to `ACCEPT_BATCH` connections from the
+queue and hands each to the server's protocol factory as an accepted socket
+(`loop.connect_accepted_socket`, TLS included), in a task it owns. The loop's own
+one-a-turn accept goes on beside it: whichever of the two comes first takes a connection.
+Used by both edges: the HTTP listener (`gateway.web.listener.ShedSite`) and the AMQP
+listeners (`gateway.amqp.server`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from gateway.lifetimes import TaskSet
+
+log = logging.getLogger(__name__)
+
+# Connections taken from the accept queue each time a listening socket is readable: at this
+# many a turn, a connect waits at most a turn of the loop.
+ACCEPT_BATCH = 128
+
+ProtocolFactory = Callable[[], asyncio.BaseProtocol]
+
+
+class _Listening(Protocol):
+    def fileno(self) -> int: ...
+
+
+def _always() -> bool:
+    return True
+
+
+class Acceptor:
+    """See the module docstring. `room` is asked before each batch: while it says no, the
+    queue is left to the loop's own accept (one a turn), and to whatever rule the owner
+    applies to the queue. `stop` forgets the sockets and cancels and awaits the hand-overs
+    still running (a TLS handshake, bounded by its own timeout)."""
+
+    __slots__ = ("_batch", "_name", "_room", "_tasks", "_watched")
+
+    def __init__(
+        self, name: str, *, room: Callable[[], bool] = _always, batch: int = ACCEPT_BATCH
+    ) -> None:
+        self._name = name
+        self._room = room
+        self._batch = batch
+        self._watched: list[socket.socket] = []  # duplicates of the listening sockets
+        self._tasks = TaskSet(f"{name} accepts")
+
+    def watch(
+        self,
+        sockets: Iterable[_Listening],
+        factory: ProtocolFactory,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        ssl_handshake_timeout: float | None = None,
+    ) -> None:
+        """Accept from the listening `sockets` (a server's, as they are now) into
+        `factory`'s protocols."""
+        loop = asyncio.get_running_loop()
+        for listening in sockets:
+            sock = socket.socket(fileno=os.dup(listening.fileno()))
+            sock.setblocking(False)
+            loop.add_reader(
+                sock.fileno(), self._accept, sock, factory, ssl_context, ssl_handshake_timeout
+            )
+            self._watched.append(sock)
+
+    def unwatch(self) -> None:
+        """Stop accepting (the listening sockets are the server's to close)."""
+        loop = asyncio.get_running_loop()
+        for sock in self._watched:
+            loop.remove_reader(sock.fileno())
+            sock.close()
+        self._watched.clear()
+
+    async def stop(self, within: float) -> None:
+        self.unwatch()
+        await self._tasks.stop(within)
+
+    def _accept(
+        self,
+        listening: socket.socket,
+        factory: ProtocolFactory,
+        ssl_context: ssl.SSLContext | None,
+        ssl_handshake_timeout: float | None,
+    ) -> None:
+        if not self._room():
+            return
+        for _ in range(self._batch):
+            try:
+                conn, _ = listening.accept()
+            except (BlockingIOError, InterruptedError):
+                return  # the queue is empty (the loop's own accept may have taken some)
+            except OSError as exc:  # out of descriptors, say: the loop's accept says so too
+                log.debug("accept on %s: %s", self._name, exc)
+                return
+            conn.setblocking(False)
+            self._tasks.spawn(
+                self._serve(conn, factory, ssl_context, ssl_handshake_timeout),
+                name=f"{self._name} accepted connection",
+            )
+
+    async def _serve(
+        self,
+        conn: socket.socket,
+        factory: ProtocolFactory,
+        ssl_context: ssl.SSLContext | None,
+        ssl_handshake_timeout: float | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if ssl_context is None:
+                await loop.connect_accepted_socket(factory, conn)
+            else:
+                await loop.connect_accepted_socket(
+                    factory,
+                    conn,
+                    ssl=ssl_context,
+                    ssl_handshake_timeout=ssl_handshake_timeout,
+                )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            # A client gone, or a handshake that failed or timed out: the loop's own
+            # listener logs these no louder (its transports close the socket themselves).
+            log.debug("connection on %s not taken: %r", self._name, exc)
+            conn.close()
+        except BaseException:
+            conn.close()
+            raise
