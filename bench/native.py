@@ -236,20 +236,27 @@ def percentiles(values: array[float]) -> dict[str, float]:
     return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": ordered[-1] * 1000.0}
 
 
-def parse_h2load_log(text: str, *, fast: float, bucket: float) -> dict[str, Any]:
+def parse_h2load_log(
+    text: str, *, fast: float, bucket: float, steady: tuple[float, float] | None = None
+) -> dict[str, Any]:
     """h2load's ``--log-file`` (one line a request: start µs since the epoch, status or -1
     for a failed stream, µs until its end): answers by status, latency percentiles by
-    status, the 503s and failures within `fast` seconds, answers per `bucket` seconds."""
+    status, the 503s and failures within `fast` seconds, answers per `bucket` seconds; with
+    `steady` (seconds after the first request), the 2xx latency percentiles of the requests
+    sent within it too (``latency_steady_ms``: the ramp's connection storm left out)."""
+    rows = [parts for line in text.splitlines() if len(parts := line.split("\t")) >= 3]
+    first_start = min((int(parts[0]) for parts in rows), default=0) / 1e6
+    steady_ok: array[float] = array("d")
     latency: dict[int, array[float]] = {}
     series: dict[int, Counter[str]] = {}
     statuses: Counter[int] = Counter()
     fast_503 = fast_failed = failed = 0
     first: float | None = None
-    for line in text.splitlines():
-        parts = line.split("\t")
-        if len(parts) < 3:
-            continue
+    for parts in rows:
         start, status, took = int(parts[0]) / 1e6, int(parts[1]), int(parts[2]) / 1e6
+        if steady is not None and 200 <= status < 300:
+            if steady[0] <= start - first_start < steady[1]:
+                steady_ok.append(took)
         first = start if first is None else min(first, start)
         if status < 0:
             failed += 1
@@ -268,6 +275,7 @@ def parse_h2load_log(text: str, *, fast: float, bucket: float) -> dict[str, Any]
     return {
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "latency_ms": {str(k): percentiles(v) for k, v in sorted(latency.items())},
+        "latency_steady_ms": percentiles(steady_ok) if steady_ok else {},
         "unavailable_fast": fast_503,
         "failed": failed,
         "failed_fast": {"connection": fast_failed} if fast_failed else {},
@@ -344,7 +352,7 @@ async def run_h2load(
             work / f"p{i}-{j}.tsv" for i, (_, p) in enumerate(parts) for j in range(len(p.slices()))
         ]
         text = "".join(log.read_text() for log in logs if log.exists())
-        detail = parse_h2load_log(text, fast=load.fast, bucket=load.bucket)
+        detail = parse_h2load_log(text, fast=load.fast, bucket=load.bucket, steady=load.steady)
     return Window(
         result=_result(load, summary, detail, own),
         cpu={**_delta(before, after), "h2load": own},

@@ -671,6 +671,12 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                         log(f"   {p['failed']}: no figures for this phase")
                         continue
                     r = p["result"]
+                    steady_lat = r.get("latency_steady_ms") or {}
+                    log(
+                        f"   2xx p50 / p99 of the requests sent in the steady window (the "
+                        f"ramp's connects left out): {steady_lat.get('p50', math.nan):.0f} / "
+                        f"{steady_lat.get('p99', math.nan):.0f} ms"
+                    )
                     log(
                         f"   {p['connections']:,} clients; statuses {r['statuses']}, errors "
                         f"{r['errors']}, in flight at the end {r['unanswered_at_end']:,}, "

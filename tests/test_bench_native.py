@@ -19,6 +19,7 @@ from aiohttp import web
 from bench.native import (
     H2Load,
     parse_h2load,
+    parse_h2load_log,
     parse_wrk,
     post_script,
     refused_connects,
@@ -157,6 +158,19 @@ async def test_h2load_open_loop_in_slices_brings_back_clients_whose_connect_was_
     r = window.result
     assert r["refused_connects"] >= 1
     assert r["statuses"].get("201", 0) > 0  # the clients came back at a later slice
+
+
+def test_the_steady_windows_latency_leaves_the_ramp_out() -> None:
+    # h2load's log: start (µs since the epoch), status, µs until the end. A slow 201 sent
+    # during the ramp (the first 0.5 s), fast ones after it, a 503 and a failure in it.
+    t0 = 1_700_000_000_000_000
+    rows = [(0, 201, 300_000), (600_000, 201, 2_000), (700_000, 201, 4_000)]
+    rows += [(800_000, 503, 1_000), (900_000, -1, 5_000), (1_200_000, 201, 90_000)]
+    text = "".join(f"{t0 + start}\t{status}\t{took}\n" for start, status, took in rows)
+    parsed = parse_h2load_log(text, fast=0.05, bucket=0.1, steady=(0.5, 1.0))
+    assert parsed["latency_ms"]["201"]["max"] == 300.0  # every 201
+    assert parsed["latency_steady_ms"]["max"] == 4.0  # the 2xx sent within 0.5..1.0 s
+    assert parse_h2load_log(text, fast=0.05, bucket=0.1)["latency_steady_ms"] == {}
 
 
 def test_h2load_summary_without_a_run_is_refused() -> None:
