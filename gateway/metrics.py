@@ -192,6 +192,20 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
             "limit (docs/admission.md); 0: none.",
             registry=r,
         )
+        self.http_request_latency = Gauge(
+            "sbgate_http_request_latency_seconds",
+            "Mean seconds from a request's head to its answer over the last quarter second "
+            "(0 while too few were answered to tell): the adaptive in-progress limit is cut "
+            "while it is over sbgate_http_request_latency_goal_seconds (docs/admission.md).",
+            registry=r,
+        )
+        self.http_request_latency_goal = Gauge(
+            "sbgate_http_request_latency_goal_seconds",
+            "The mean request latency the adaptive in-progress limit holds to: "
+            "limits.adaptive_latency_goal, or adaptive_tolerance x the broker's measured "
+            "latency when that is higher (0: the rule is off).",
+            registry=r,
+        )
         self.http_listening = Gauge(
             "sbgate_http_listening",
             "1 while the listen port accepts connections; 0 while it does not (paused under "
@@ -475,6 +489,8 @@ class Metrics(DispatchObserver, FailoverObserver, SyphonObserver, EdgeObserver):
         self.http_connections.set_function(lambda: shedder.connections)
         self.http_in_progress.set_function(lambda: shedder.in_progress)
         self.http_in_progress_limit.set_function(lambda: shedder.limit)
+        self.http_request_latency.set_function(lambda: shedder.latency or 0.0)
+        self.http_request_latency_goal.set_function(lambda: shedder.latency_goal)
 
     def watch_listener(self, stats: ListenerStats) -> None:
         """Read the listen port's state and pauses from its site (read at scrape)."""

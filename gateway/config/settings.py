@@ -172,6 +172,13 @@ class LimitSettings:
         doc="send latency up to this many times the learned baseline (or 50 ms, when "
         "higher) does not shrink the adaptive limit",
     )
+    adaptive_latency_goal: float = setting(
+        0.0,
+        parse=_float(0.0, 10.0),
+        doc="seconds; 0: off. A mean request latency (head to answer) over this, or over "
+        "adaptive_tolerance x the broker's when higher, lowers the in-progress limit at the "
+        "head: a lower median under overload for less goodput ([admission.md](admission.md))",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,14 @@ act before any of the request's own work:
   rises with the broker's latency and the throughput is kept). The floor keeps a limiter
   that mistakes the gateway's own slowness for the broker's from throttling below what is
   being delivered. Never below `MIN_LIMIT`, never above ``http.max_requests_in_progress``.
-  With it off the limit is that cap.
+  With ``limits.adaptive_latency_goal`` set (off by default), under that ceiling the limit
+  **follows the requests' own latency** (head parsed to answer, each window's mean): over
+  the goal (or ``adaptive_tolerance`` x the broker's measured latency, when higher) two
+  windows in a row, it is cut toward the recent peak rate x the goal, a fifth at most a
+  window and never under half the ceiling; near the goal it grows back by a quarter a
+  window; far under it, it is the ceiling. Where the gateway's CPU is the bottleneck, the
+  requests it admits then wait for it a goal's worth, not a cap's. With adaptive admission
+  off the limit is that cap.
 
 Probes, metrics and the admin API are never shed by the request caps (nor counted): a
 liveness probe answered 503 under load would have Kubernetes restart a replica that is
@@ -108,6 +115,24 @@ RATE_WINDOW: Final = 0.25
 RATE_DECAY: Final = 0.98
 # The adaptive limit never goes under this many requests (a burst after an idle spell).
 MIN_LIMIT: Final = 32
+# The head's own latency (a request's head parsed to its answer), averaged over each
+# `RATE_WINDOW`: over this goal two windows in a row (one is a hiccup), the limit is cut
+# toward Little's law at the goal (the recent peak completion rate x the goal), at most to
+# `MAX_CUT` of itself a window and never under `MIN_SHARE` of the ceiling; within it, the
+# limit grows back by `GROWTH` a window; under half of it (or with too few answers to tell)
+# it is the ceiling above (the limit without this rule). The goal is raised to `tolerance` x
+# the broker's measured latency when that is higher (a slower broker is not the gateway's
+# own queueing), and the limit moves with it (Little's law). Off by default: measured, a
+# goal of 25 ms halved the median under overload and cost a tenth of the goodput or more
+# (docs/admission.md).
+LATENCY_GOAL: Final = 0.0  # off: the default of ``limits.adaptive_latency_goal``
+MAX_CUT: Final = 0.8
+GROWTH: Final = 1.25
+# A cut never takes the limit under this share of the ceiling: a latency the limit cannot
+# bring down (refusals or another edge's load on the same CPU) must not spiral it down.
+MIN_SHARE: Final = 0.5
+# A window needs this many answered requests before its mean latency counts.
+MIN_LATENCY_SAMPLES: Final = 20
 
 
 class ListenerStats(Protocol):
@@ -145,6 +170,12 @@ class OverloadLimits:
     max_loop_lag: float = 0.0  # the listener pauses while the loop runs this late (0: never)
     target_latency: float = TARGET_LATENCY  # the latency an adaptive limit aims at
     tolerance: float = 1.5  # x the namespaces' learned latency, when that is higher
+    latency_goal: float = LATENCY_GOAL  # the head's mean latency the limit follows (0: off)
+
+
+# What the namespaces' limiters tell the head (`Shedder.attach_limit`): their limits' sum,
+# the highest learned latency (None until measured), the highest broker floor (0 until then).
+LimitSource = tuple[int, float | None, float]
 
 
 class Shedder:
@@ -156,9 +187,12 @@ class Shedder:
         "_clock",
         "_completed",
         "_late_before",
+        "_latency_count",
+        "_latency_sum",
         "_limits",
         "_listener",
         "_on_shed",
+        "_over_goal",
         "_raw_body",
         "_raw_head",
         "_raw_head_kept",
@@ -169,6 +203,8 @@ class Shedder:
         "connections",
         "in_progress",
         "lagging",
+        "latency",
+        "latency_goal",
         "limit",
         "paused",
         "peak_rate",
@@ -188,9 +224,14 @@ class Shedder:
         # Requests admitted at once now (0: no limit): the cap, or the adaptive limit
         # (`attach_limit`), recomputed every RATE_WINDOW as requests complete.
         self.limit = limits.max_requests_in_progress
-        self._source: Callable[[], tuple[int, float | None] | None] | None = None
+        self._source: Callable[[], LimitSource | None] | None = None
         self.peak_rate = 0.0  # requests completed a second: the recent peak
         self._completed = 0
+        self._latency_sum = 0.0  # this window's answered requests' head-to-answer seconds
+        self._latency_count = 0
+        self.latency: float | None = None  # the last window's mean of those (None: too few)
+        self.latency_goal = limits.latency_goal  # the last window's goal (raised by the broker)
+        self._over_goal = False  # the last window's latency was over its goal
         self._window_start = clock()
         self._window_end = self._window_start + RATE_WINDOW
         self._listener: Listener | None = None
@@ -267,19 +308,20 @@ class Shedder:
         else:
             listener.resume()
 
-    def attach_limit(self, source: Callable[[], tuple[int, float | None] | None]) -> None:
+    def attach_limit(self, source: Callable[[], LimitSource | None]) -> None:
         """Set the in-progress limit by Little's law (see the module docstring) from
-        `source`: the sum of the namespaces' adaptive limits and the highest of their learned
-        latencies (None until measured), or None while no namespace has a limiter."""
+        `source`: the sum of the namespaces' adaptive limits, the highest of their learned
+        latencies (None until measured) and of their broker floors (the fastest recent send,
+        0 until measured), or None while no namespace has a limiter."""
         self._source = source
-        self.limit = self._compute_limit()
+        self.limit = self._compute_limit(self._source())
 
-    def _compute_limit(self) -> int:
+    def _compute_limit(self, got: LimitSource | None) -> int:
+        """The ceiling: the cap, or the namespaces' limits floored by Little's law."""
         cap = self._limits.max_requests_in_progress
-        got = self._source() if self._source is not None else None
         if got is None:
             return cap
-        adaptive, baseline = got
+        adaptive, baseline, _floor = got
         target = self._limits.target_latency
         if baseline is not None and baseline * self._limits.tolerance > target:
             target = baseline * self._limits.tolerance
@@ -337,20 +379,58 @@ class Shedder:
         self.in_progress += 1
         return None
 
-    def done(self) -> None:
-        """An admitted request is answered (or abandoned): no longer in progress. Every
-        `RATE_WINDOW` the completion rate's peak and the limit are brought up to date."""
+    def done(self, latency: float | None = None) -> None:
+        """An admitted request is answered (`latency`: seconds from its head to its answer)
+        or abandoned (None): no longer in progress. Every `RATE_WINDOW` the completion
+        rate's peak and the limit are brought up to date."""
         self.in_progress -= 1
         self._completed += 1
+        if latency is not None:
+            self._latency_sum += latency
+            self._latency_count += 1
         now = self._clock()
         if now >= self._window_end:
             elapsed = now - self._window_start
             self.peak_rate = max(self._completed / elapsed, self.peak_rate * RATE_DECAY)
+            count = self._latency_count
+            self.latency = self._latency_sum / count if count >= MIN_LATENCY_SAMPLES else None
             self._completed = 0
+            self._latency_sum = 0.0
+            self._latency_count = 0
             self._window_start = now
             self._window_end = now + RATE_WINDOW
             if self._source is not None:
-                self.limit = self._compute_limit()
+                got = self._source()
+                self.limit = self._follow_latency(self._compute_limit(got), got)
+
+    def _follow_latency(self, ceiling: int, got: LimitSource | None) -> int:
+        """The limit under `ceiling` that holds the head's mean latency at its goal (see
+        `LATENCY_GOAL`): cut toward the recent peak rate x the goal while the latency was
+        over it, grown back toward the ceiling while within it."""
+        goal = self._limits.latency_goal
+        latency = self.latency
+        if not goal or got is None:
+            return ceiling
+        _adaptive, baseline, floor = got
+        broker = max(baseline or 0.0, floor)
+        goal = max(goal, self._limits.tolerance * broker)
+        before, self.latency_goal = self.latency_goal, goal
+        over_before, self._over_goal = self._over_goal, latency is not None and latency > goal
+        if latency is None or latency <= goal / 2:
+            return ceiling  # far within it (or too few answers to tell): the ceiling
+        # The same rate at another latency takes proportionally more (or fewer) requests in
+        # progress (Little's law): a broker found slower moves the limit with the goal at
+        # once, rather than cutting a limit now too low for it.
+        current = (self.limit or ceiling) * goal / before
+        if self._over_goal and over_before:  # two windows in a row: one is a hiccup
+            little = self.peak_rate * goal  # at the recent peak: a cut lowering the rate
+            # it is measured by would spiral
+            limit = min(current, max(current * MAX_CUT, little, ceiling * MIN_SHARE))
+        elif self._over_goal:
+            limit = current
+        else:
+            limit = current * GROWTH
+        return max(MIN_LIMIT, min(ceiling, int(limit)))
 
     def raw_503(self) -> bytes:
         """A complete ``503 overloaded`` response that closes the connection, as bytes."""

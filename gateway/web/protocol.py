@@ -288,7 +288,7 @@ class HardenedRequestHandler(RequestHandler):
         try:
             return await super()._handle_request(request, start_time, request_handler)
         finally:
-            shedder.done()
+            shedder.done(self._loop.time() - head_done)
 
     def _admit(self, request: BaseRequest, waited: float) -> ShedReason | None:
         """The shedder's decision for `request`, whose head waited `waited` seconds (a hook:

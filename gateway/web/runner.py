@@ -20,6 +20,7 @@ from gateway.config import Settings
 from gateway.web.handlers import request_handler
 from gateway.web.overload import (
     MAX_LOOP_LAG,
+    LimitSource,
     OverloadLimits,
     Shedder,
 )
@@ -78,6 +79,7 @@ class HardenedAppRunner(web.AppRunner):
             retry_after=settings.timeouts.retry_after,
             max_loop_lag=MAX_LOOP_LAG,
             tolerance=settings.limits.adaptive_tolerance,
+            latency_goal=settings.limits.adaptive_latency_goal,
         )
         self.shedder: Shedder | None = None
         self.metrics = observer  # ShedSite reports there
@@ -101,10 +103,10 @@ class HardenedAppRunner(web.AppRunner):
             self.shedder.attach_limit(source)
         return ShedServer(base, self._deadlines, self.shedder)
 
-    def _adaptive_limit(self) -> Callable[[], tuple[int, float | None] | None] | None:
-        """The sum of the namespaces' adaptive limits and the highest of their learned
-        latencies (None before any limiter exists), when adaptive admission is on and the
-        app has a dispatcher."""
+    def _adaptive_limit(self) -> Callable[[], LimitSource | None] | None:
+        """The sum of the namespaces' adaptive limits, the highest of their learned
+        latencies and of their broker floors (None before any limiter exists), when adaptive
+        admission is on and the app has a dispatcher."""
         app = self.app
         if not self._adaptive or self._dispatcher is None or not isinstance(app, web.Application):
             return None
@@ -114,13 +116,17 @@ class HardenedAppRunner(web.AppRunner):
         if dispatcher is None or not names:
             return None
 
-        def total() -> tuple[int, float | None] | None:
+        def total() -> LimitSource | None:
             limiters = [dispatcher.limiter(name) for name in names]
             present = [limiter for limiter in limiters if limiter is not None]
             if not present:
                 return None
             baselines = [lim.baseline for lim in present if lim.baseline is not None]
-            return sum(lim.limit for lim in present), max(baselines, default=None)
+            return (
+                sum(lim.limit for lim in present),
+                max(baselines, default=None),
+                max(lim.broker_floor for lim in present),
+            )
 
         return total
 

@@ -158,3 +158,32 @@ async def _below(gw: Any, value: float) -> bool:
 
 async def _above(gw: Any, value: float) -> bool:
     return await _metric(gw, _LIMIT) > value
+
+
+_HEAD_LATENCY = re.compile(r"^sbgate_http_request_latency_seconds (\S+)$", re.M)
+_HEAD_GOAL = re.compile(r"^sbgate_http_request_latency_goal_seconds (\S+)$", re.M)
+
+
+async def test_the_heads_latency_and_its_goal_follow_a_slower_broker(
+    gateway: GatewayFactory, control: ControlClient
+) -> None:
+    """The in-progress limit at the head follows the requests' own latency: /metrics shows
+    the last window's mean (head to answer) and the goal, which a slower broker raises
+    (tolerance x its fastest send) so that its latency is not cut as the gateway's own."""
+    gw = await gateway(
+        {
+            "SBGATE_ADAPTIVE_ADMISSION": "true",
+            "SBGATE_ADAPTIVE_LATENCY_GOAL": "0.025",
+            "SBGATE_SEND_TIMEOUT": "30",
+        }
+    )
+    await control.set_latency("primary", round_trip_ms=80)
+
+    async def measured() -> bool:
+        return await _metric(gw, _HEAD_LATENCY) >= 0.08 and await _metric(gw, _HEAD_GOAL) >= 0.12
+
+    async with _load(gw) as statuses:
+        await eventually(
+            measured, within=60, what="the head's latency and the goal raised by the broker"
+        )
+    assert statuses.get("201", 0) > 0

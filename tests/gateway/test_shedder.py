@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.web.overload import MIN_LIMIT, OverloadLimits, PauseReason, Shedder, ShedReason
+from gateway.web.overload import (
+    MIN_LIMIT,
+    LimitSource,
+    OverloadLimits,
+    PauseReason,
+    Shedder,
+    ShedReason,
+)
 
 
 def _shedder(
@@ -168,7 +175,7 @@ def test_the_adaptive_in_progress_limit_is_floored_by_littles_law_within_its_bou
     limits = OverloadLimits(0, 1000, 1.0, retry_after=1.0, target_latency=0.05, tolerance=1.5)
     shedder = Shedder(limits, shed.append, clock=lambda: now[0])
     assert shedder.limit == 1000  # no source: the cap
-    source: list[tuple[int, float | None] | None] = [(10, None)]
+    source: list[LimitSource | None] = [(10, None, 0.0)]
     shedder.attach_limit(lambda: source[0])
     assert shedder.limit == MIN_LIMIT  # nothing completed yet: the floor
 
@@ -185,14 +192,14 @@ def test_the_adaptive_in_progress_limit_is_floored_by_littles_law_within_its_bou
     assert 7000 < shedder.peak_rate <= 8200
     assert shedder.limit == int(shedder.peak_rate * 0.05)  # x 50 ms, over the namespaces' 10
     # The broker is slower: 60 ms learned, x 1.5: the floor rises to keep the rate.
-    source[0] = (10, 0.06)
+    source[0] = (10, 0.06, 0.0)
     quarter_second_of(2048)
     assert shedder.limit == int(shedder.peak_rate * 0.06 * 1.5) > 700
     # The namespaces' limits above the floor are the limit; the cap bounds everything.
-    source[0] = (900, 0.06)
+    source[0] = (900, 0.06, 0.0)
     quarter_second_of(2048)
     assert shedder.limit == 900
-    source[0] = (5000, 10.0)
+    source[0] = (5000, 10.0, 0.0)
     quarter_second_of(2048)
     assert shedder.limit == 1000
     source[0] = None
@@ -225,3 +232,66 @@ def test_the_pre_encoded_503_is_one_complete_response(keep_alive: bool) -> None:
     assert int(fields[b"Content-Length"]) == len(body)
     assert orjson.loads(body)["error"] == "overloaded"
     assert (b"Connection" in fields) is not keep_alive
+
+
+def test_the_in_progress_limit_follows_the_heads_latency_under_its_ceiling() -> None:
+    """Over the latency goal two windows in a row, the limit falls toward Little's law at the
+    goal (no faster than a fifth a window); near it, it grows back gradually; far under it,
+    it is the ceiling (the namespaces' limits, Little's floor, the cap) as without the rule.
+    A slower broker raises the goal, and the limit with it, instead of cutting."""
+    now = [0.0]
+    limits = OverloadLimits(0, 400, 1.0, retry_after=1.0, latency_goal=0.025, tolerance=1.5)
+    shedder = Shedder(limits, clock=lambda: now[0])
+    source: list[LimitSource | None] = [(1000, 0.004, 0.005)]
+    shedder.attach_limit(lambda: source[0])
+
+    def window(n: int, latency: float) -> None:
+        # A quarter of a second of `n` answers, each `latency` long (steps of 2**-13 s:
+        # exact in binary, so the window ends at the last answer).
+        shedder.in_progress += n  # admitted earlier (whether the limit let them is not tested)
+        for _ in range(n):
+            now[0] += 0.25 / n
+            shedder.done(latency)
+
+    window(2048, 0.005)  # fast: the ceiling (the cap, under the namespaces' 1,000)
+    assert shedder.limit == 400
+    window(2048, 0.060)  # over the goal once: a hiccup, nothing cut
+    assert shedder.limit == 400
+    window(2048, 0.060)  # twice: a fifth off, not yet Little's 8,192/s x 25 ms = 204
+    assert shedder.limit == int(400 * 0.8)
+    cuts = [shedder.limit]
+    for _ in range(5):
+        window(2048, 0.060)
+        cuts.append(shedder.limit)
+    assert cuts == sorted(cuts, reverse=True) and cuts[-1] == 204  # settled at Little's
+    window(2048, 0.020)  # near the goal: grown by a quarter, not back to the ceiling
+    assert shedder.limit == int(204 * 1.25)
+    # The broker's fastest send is now 20 ms: the goal is 30 ms, and the limit moves with it
+    # at once (the same rate at 30 ms takes 1.2 times the requests in progress), then grows.
+    source[0] = (1000, 0.004, 0.020)
+    window(2048, 0.020)
+    goal = 1.5 * 0.020
+    assert shedder.latency_goal == goal
+    assert shedder.limit == int(int(204 * 1.25) * goal / 0.025 * 1.25)
+    window(2048, 0.005)  # far under it: the ceiling again
+    assert shedder.limit == 400
+    # A latency no limit brings down (the rate falls with each cut): the cuts stop at half
+    # the ceiling.
+    for _ in range(20):
+        window(256, 0.5)
+    assert shedder.limit == 400 // 2
+    # Too few answers to tell: the ceiling.
+    window(16, 0.5)
+    assert shedder.latency is None and shedder.limit == 400
+
+
+def test_without_a_latency_goal_the_limit_is_the_ceiling_whatever_the_latency() -> None:
+    now = [0.0]
+    shedder = Shedder(OverloadLimits(0, 400, 1.0, retry_after=1.0), clock=lambda: now[0])
+    shedder.attach_limit(lambda: (1000, 0.004, 0.005))
+    for _ in range(10):  # a second of answers, each half a second long
+        shedder.in_progress += 256
+        for _ in range(256):
+            now[0] += 0.25 / 256
+            shedder.done(0.5)
+    assert shedder.latency == 0.5 and shedder.limit == 400  # measured, not acted on
