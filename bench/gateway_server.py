@@ -19,7 +19,9 @@ after reading the request body — what any aiohttp service does at the least.
 Prints ``READY {"port": N}`` once listening; stops on SIGTERM/SIGINT. With
 ``BENCH_MEMDUMP=<prefix>`` it writes the live objects' counts by type, and with
 ``BENCH_TRACEMALLOC=1`` also a `tracemalloc` snapshot, on every SIGUSR1 (the memory
-benchmarks' ``--memdump`` and ``--tracemalloc``; see `bench.memwatch.compare_dumps`).
+benchmarks' ``--memdump`` and ``--tracemalloc``; see `bench.memwatch.compare_dumps`). With
+``BENCH_GCLOG=<path>`` it appends a line to `path` for every collection of the cyclic
+collector: when it ended, its generation, how long it held the loop, what it collected.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -204,8 +207,37 @@ def _snapshots(loop: asyncio.AbstractEventLoop) -> None:
     loop.add_signal_handler(signal.SIGUSR1, dump)
 
 
+def gc_log() -> Callable[[str, dict[str, int]], None] | None:
+    """``BENCH_GCLOG=<path>``: every collection of the cyclic collector, one line each (the
+    monotonic time it ended, its generation, milliseconds, objects collected), appended to
+    `path` as the process runs (line-buffered): the loop's stalls that are the collector's.
+    Returns the callback it added to `gc.callbacks` (None without the variable)."""
+    path = os.environ.get("BENCH_GCLOG")
+    if not path:
+        return None
+    import gc
+    import time
+
+    out = open(path, "a", buffering=1)  # open for the process's life
+    started: list[float] = [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            started[0] = now
+        else:
+            out.write(
+                f"{time.monotonic():.4f}\t{info['generation']}\t"
+                f"{(now - started[0]) * 1000:.2f}\t{info['collected']}\n"
+            )
+
+    gc.callbacks.append(timed)
+    return timed
+
+
 async def serve(mode: str, sink: str) -> None:
     _snapshots(asyncio.get_running_loop())
+    gc_log()
     from gateway.web.listener import ShedSite
     from gateway.web.overload import LISTEN_BACKLOG
 

@@ -69,3 +69,26 @@ def test_every_benchmark_takes_quick() -> None:
         )
         assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
         assert "--quick" in done.stdout, f"{name} has no --quick:\n{done.stdout}"
+
+
+def test_the_gateway_servers_gc_log_writes_a_line_a_collection(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import gc
+
+    from bench.gateway_server import gc_log
+
+    monkeypatch.delenv("BENCH_GCLOG", raising=False)
+    assert gc_log() is None
+    path = tmp_path / "gc.log"
+    monkeypatch.setenv("BENCH_GCLOG", str(path))
+    callback = gc_log()
+    assert callback is not None
+    try:
+        gc.collect(0)
+        gc.collect(2)
+    finally:
+        gc.callbacks.remove(callback)
+    lines = [line.split("\t") for line in path.read_text().splitlines()]
+    assert [generation for _, generation, _, _ in lines[-2:]] == ["0", "2"]
+    assert all(float(ms) >= 0 and int(collected) >= 0 for _, _, ms, collected in lines)
