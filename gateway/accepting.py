@@ -46,7 +46,7 @@ def _always() -> bool:
 
 
 class Acceptor:
-    """See the module docstring. `room` is asked before each batch: while it says no, the
+    """See the module docstring. `room` is asked before each connection: while it says no, the
     queue is left to the loop's own accept (one a turn), and to whatever rule the owner
     applies to the queue. `stop` forgets the sockets and cancels and awaits the hand-overs
     still running (a TLS handshake, bounded by its own timeout)."""
@@ -89,6 +89,13 @@ class Acceptor:
             sock.close()
         self._watched.clear()
 
+    @property
+    def pending(self) -> int:
+        """Connections taken and not yet handed over (a TLS handshake under way): an owner
+        counting its connections against a cap counts these too, or a flood of connects
+        that never finish their handshakes would be taken without bound."""
+        return len(self._tasks)
+
     async def stop(self, within: float) -> None:
         self.unwatch()
         await self._tasks.stop(within)
@@ -100,9 +107,9 @@ class Acceptor:
         ssl_context: ssl.SSLContext | None,
         ssl_handshake_timeout: float | None,
     ) -> None:
-        if not self._room():
-            return
         for _ in range(self._batch):
+            if not self._room():
+                return
             try:
                 conn, _ = listening.accept()
             except (BlockingIOError, InterruptedError):

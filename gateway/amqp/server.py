@@ -152,9 +152,11 @@ class AmqpServer:
         return True
 
     def _has_room_for_connections(self) -> bool:
-        """Worth taking queued connections a batch at a time: under the cap, not draining
-        (over it, the loop's one-a-turn accept brings each to `admit`, which closes it)."""
-        return not self.draining and len(self._connections) < self.settings.max_connections
+        """Worth taking queued connections a batch at a time: under the cap, counting those
+        still in their TLS handshake, and not draining (over it, the loop's one-a-turn accept
+        brings each to `admit`, which closes it)."""
+        taken = len(self._connections) + self._acceptor.pending
+        return not self.draining and taken < self.settings.max_connections
 
     def forget(self, connection: AmqpConnection, tasks: set[asyncio.Task[None]]) -> None:
         """A connection is gone; its deliveries still in flight finish, owned here."""

@@ -163,3 +163,43 @@ def test_failed_tls_handshakes_are_dropped_quietly_and_a_tls_client_is_served(
     assert any(rec.name == "gateway.accepting" for rec in caplog.records)
     loud = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
     assert not loud, [rec.getMessage() for rec in loud]
+
+
+async def _handshakes_taken(cert: Path, key: Path, cap: int, connects: int) -> int:
+    """The most TLS handshakes the batch accept held at once while `connects` clients that
+    never send a byte waited in the queue, against an AMQP connection cap of `cap`."""
+    settings = load_settings(
+        {
+            "SBGATE_AMQP_PORT": str(free_port()),
+            "SBGATE_AMQP_TLS_CERT_FILE": str(cert),
+            "SBGATE_AMQP_TLS_KEY_FILE": str(key),
+            "SBGATE_AMQP_MAX_CONNECTIONS": str(cap),
+        }
+    )
+    server = AmqpServer(settings, None, None)  # type: ignore[arg-type]  # no message is sent
+    await server.start()
+    silent = [socket.create_connection(("127.0.0.1", server.ports["tls"])) for _ in range(connects)]
+    try:
+        most = 0
+        for _ in range(50):  # turns of the loop: the batch accept meets the queue in the first
+            await asyncio.sleep(0)
+            most = max(most, server._acceptor.pending)
+        return most
+    finally:
+        for sock in silent:
+            sock.close()
+        await server.close()
+
+
+def test_the_batch_accept_holds_no_more_handshakes_than_the_connection_cap(
+    tmp_path: Path,
+) -> None:
+    """Clients that connect and never finish a TLS handshake are taken a batch at a time
+    only up to the connection cap (those in their handshake counted): a flood of them does
+    not make the edge hold handshakes without bound (the loop's own accept, one a turn, goes
+    on beside it, as before)."""
+    uvloop = pytest.importorskip("uvloop")
+    cert, key = ensure_dev_cert(tmp_path)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        most = runner.run(_handshakes_taken(cert, key, cap=10, connects=60))
+    assert 1 <= most <= 10, most
