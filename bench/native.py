@@ -251,13 +251,11 @@ def parse_h2load_log(
     series: dict[int, Counter[str]] = {}
     statuses: Counter[int] = Counter()
     fast_503 = fast_failed = failed = 0
-    first: float | None = None
     for parts in rows:
         start, status, took = int(parts[0]) / 1e6, int(parts[1]), int(parts[2]) / 1e6
         if steady is not None and 200 <= status < 300:
             if steady[0] <= start - first_start < steady[1]:
                 steady_ok.append(took)
-        first = start if first is None else min(first, start)
         if status < 0:
             failed += 1
             fast_failed += took <= fast
@@ -270,7 +268,7 @@ def parse_h2load_log(
             lat.append(took)
             fast_503 += status == 503 and took <= fast
             kind = str(status)
-        slot = int((start + took - (first or start)) / bucket)
+        slot = int((start + took - first_start) / bucket)
         series.setdefault(slot, Counter())[kind] += 1
     return {
         "statuses": {str(k): v for k, v in sorted(statuses.items())},

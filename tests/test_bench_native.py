@@ -173,6 +173,17 @@ def test_the_steady_windows_latency_leaves_the_ramp_out() -> None:
     assert parse_h2load_log(text, fast=0.05, bucket=0.1)["latency_steady_ms"] == {}
 
 
+def test_answers_are_slotted_from_the_first_start_of_every_process_log() -> None:
+    # With --spread > 1 the logs of several h2load processes are concatenated: the second
+    # process's lines may start before the first's. Every answer's slot counts from the
+    # earliest start of all, not from the earliest seen so far.
+    t0 = 1_700_000_000_000_000
+    rows = [(500_000, 201, 10_000), (0, 201, 10_000)]  # process 1, then process 2
+    text = "".join(f"{t0 + start}\t{status}\t{took}\n" for start, status, took in rows)
+    parsed = parse_h2load_log(text, fast=0.05, bucket=0.1)
+    assert parsed["series"] == {"0": {"201": 1}, "5": {"201": 1}}
+
+
 def test_h2load_summary_without_a_run_is_refused() -> None:
     with pytest.raises(ValueError, match="h2load"):
         parse_h2load("connect refused\n")
