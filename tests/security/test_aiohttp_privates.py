@@ -13,6 +13,9 @@ test_shedding.py exercise every path over real sockets), update the hash.
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -28,7 +31,9 @@ RELIED_ON = {
     # _lingering_time, _force_close, _close, _upgraded, _loop, _request_handler
     "aiohttp.web_protocol.RequestHandler.__init__": "46c577d1f419158f",
     "aiohttp.web_protocol.RequestHandler.data_received": "1ee57ebe052e6c80",
-    "aiohttp.web_protocol.RequestHandler.start": "2e565fd40c8e04fb",
+    "aiohttp.web_protocol.RequestHandler.start": "2e565fd40c8e04fb",  # copied: below
+    "aiohttp.web_protocol.RequestHandler._resume_reading_if_drained": "27f2a6fbbb3a790e",
+    "aiohttp.web_protocol.RequestHandler._make_error_handler": "b73dcf1dd177a243",
     "aiohttp.web_protocol.RequestHandler._handle_request": "a88a34ee65a2714c",
     "aiohttp.web_protocol.RequestHandler.connection_lost": "df2fe6e95fd04c7c",
     "aiohttp.web_protocol.RequestHandler.force_close": "38d0e1e798e4d3b7",
@@ -93,3 +98,50 @@ def test_the_aiohttp_internals_the_edge_relies_on_are_unchanged() -> None:
         "aiohttp internals changed, re-check gateway/web/protocol.py, runner.py and "
         f"listener.py: {changed(RELIED_ON)}"
     )
+
+
+def _loop_ast(source: str) -> str:
+    """A request loop's syntax tree, normalised for comparison: no docstring, no return
+    annotation; statements on lines marked ``# sbgate: added`` left out, and those marked
+    ``# sbgate: typed`` as the plain assignments they were; the builtin `TimeoutError` for
+    its alias `asyncio.TimeoutError` (ruff's UP041 rewrote it)."""
+    lines = textwrap.dedent(source).splitlines()
+    (func,) = ast.parse(textwrap.dedent(source)).body
+    assert isinstance(func, ast.AsyncFunctionDef)
+    func.body = func.body[1:]
+    func.returns = None
+
+    class Normalise(ast.NodeTransformer):
+        def generic_visit(self, node: ast.AST) -> ast.AST:
+            super().generic_visit(node)
+            for field in ("body", "orelse", "finalbody"):
+                stmts = getattr(node, field, None)
+                if isinstance(stmts, list):
+                    kept = [s for s in stmts if "# sbgate: added" not in lines[s.lineno - 1]]
+                    setattr(node, field, kept)
+            return node
+
+        def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+            if "# sbgate: typed" in lines[node.lineno - 1] and node.value is not None:
+                return ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno)
+            return node
+
+        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+            if ast.unparse(node) == "asyncio.TimeoutError":
+                return ast.Name(id="TimeoutError", ctx=ast.Load())
+            return self.generic_visit(node)
+
+    return ast.dump(Normalise().visit(func), include_attributes=False)
+
+
+@pytest.mark.unit
+def test_the_gateways_request_loop_is_aiohttps_but_for_its_marked_lines() -> None:
+    """`HardenedRequestHandler.start` is a copy of aiohttp's (the hash above guards
+    aiohttp's side): this guards the copy, so that only the marked lines differ."""
+    from aiohttp.web_protocol import RequestHandler
+
+    from gateway.web.protocol import HardenedRequestHandler
+
+    ours = inspect.getsource(HardenedRequestHandler.start)
+    assert ours.count("# sbgate: added") == 6  # the five declarations and the drop
+    assert _loop_ast(ours) == _loop_ast(inspect.getsource(RequestHandler.start))
