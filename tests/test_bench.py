@@ -92,3 +92,32 @@ def test_the_gateway_servers_gc_log_writes_a_line_a_collection(
     lines = [line.split("\t") for line in path.read_text().splitlines()]
     assert [generation for _, generation, _, _ in lines[-2:]] == ["0", "2"]
     assert all(float(ms) >= 0 and int(collected) >= 0 for _, _, ms, collected in lines)
+
+
+async def test_step_0_tries_h2load_once_more_then_goes_on_without_the_figure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from bench import overload_bench
+    from bench.harness import Cores
+    from bench.native import H2Load
+
+    outcomes: list[object] = [RuntimeError("h2load ran past 65 s (killed):\n"), "window"]
+
+    async def run_h2load(load: H2Load, cpus: frozenset[int], watch: dict[str, int]) -> object:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(overload_bench, "run_h2load", run_h2load)
+    lines: list[str] = []
+    load = H2Load(["http://127.0.0.1:1/"], 1.0, connections=1)
+    cores = Cores(frozenset(), frozenset())
+    gateway = SimpleNamespace(pid=None)
+    assert await overload_bench._h2load_retried(load, cores, gateway, lines.append) == "window"
+    assert lines == ["  h2load failed (h2load ran past 65 s (killed):); once more"]
+    outcomes[:] = [RuntimeError("h2load exited 1:"), RuntimeError("h2load exited 1:")]
+    assert await overload_bench._h2load_retried(load, cores, gateway, lines.append) is None
+    assert lines[-1] == "  h2load failed (h2load exited 1:); no figure"
