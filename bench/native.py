@@ -20,7 +20,8 @@ loops in C that cost a fraction of that; `make bench-tools` installs them with a
   client's interval apart (their figures summed), each run, with ``slice``, as successive
   h2load runs of that many seconds: h2load never retries a refused connect, so without
   slices a client the gateway's paused listener refused is lost for the run. The connects
-  refused meanwhile are counted (`refused_connects`, machine-wide).
+  refused meanwhile are counted (`refused_connects`, machine-wide), and the connections
+  reset while they waited in the listener's queue (`reset_connections`).
 * `run_h2load`: the child pinned to the given CPUs (`taskset`), bounded in time (killed
   after its ramp, duration, client deadline and a grace), its per-request log
   (``--log-file``: start, status, microseconds) read into the figures the benchmarks print:
@@ -282,18 +283,31 @@ def parse_h2load_log(
     }
 
 
-def refused_connects() -> int:
-    """The machine's TCP connects that failed so far (``Tcp: AttemptFails`` in
-    /proc/net/snmp: a connect answered by a reset, as at a closed listener); 0 where it is
-    not to be read. Machine-wide: another process's failures count too."""
+def _tcp_counter(name: str) -> int:
+    """The machine's ``Tcp:`` counter `name` in /proc/net/snmp; 0 where it is not to be read."""
     try:
         lines = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines()]
     except OSError:
         return 0
     tcp = [line for line in lines if line and line[0] == "Tcp:"]
-    if len(tcp) < 2 or "AttemptFails" not in tcp[0]:
+    if len(tcp) < 2 or name not in tcp[0]:
         return 0
-    return int(tcp[1][tcp[0].index("AttemptFails")])
+    return int(tcp[1][tcp[0].index(name)])
+
+
+def refused_connects() -> int:
+    """The machine's TCP connects that failed so far (``Tcp: AttemptFails``: a connect
+    answered by a reset, as at a closed listener). Machine-wide: another process's count too."""
+    return _tcp_counter("AttemptFails")
+
+
+def reset_connections() -> int:
+    """The machine's established TCP connections reset so far (``Tcp: EstabResets``). When
+    the gateway's listener closes for its accept queue, the connections waiting in that queue
+    are reset: their clients had connected and sent a request, which h2load counts as started
+    and never done (no line in its log). Over loopback both ends of each count, so such
+    connections are half the difference. Machine-wide, as `refused_connects`."""
+    return _tcp_counter("EstabResets")
 
 
 def _children_cpu() -> float:
@@ -319,7 +333,7 @@ async def run_h2load(
         parts = load.parts()
         before = {k: cpu_seconds(p) for k, p in watch.items()}
         own0 = _children_cpu()
-        refused0 = refused_connects()
+        refused0, resets0 = refused_connects(), reset_connections()
         started = time.monotonic()
         try:
             async with asyncio.TaskGroup() as group:  # one failing stops (kills) the others
@@ -334,6 +348,7 @@ async def run_h2load(
         after = {k: cpu_seconds(p) for k, p in watch.items()}
         own = _children_cpu() - own0
         refused = refused_connects() - refused0
+        resets = reset_connections() - resets0
         # Each process's slices in turn (their walls added), the processes side by side.
         per_part = [[parse_h2load(out) for out in part_outs] for part_outs in outs]
         summaries = [s for part in per_part for s in part]
@@ -346,6 +361,7 @@ async def run_h2load(
                 "classes": {c: sum(s["classes"][c] for s in summaries) for c in summary["classes"]},
             }
         summary["refused_connects"] = refused
+        summary["reset_connections"] = resets // 2  # both ends of each, over loopback
         logs = [
             work / f"p{i}-{j}.tsv" for i, (_, p) in enumerate(parts) for j in range(len(p.slices()))
         ]
@@ -433,6 +449,8 @@ def _result(
         # Connects refused (by a paused listener) during the run, machine-wide: each is a
         # refusal at once, of a client h2load brings back only at its next slice.
         "refused_connects": int(summary.get("refused_connects", 0)),
+        # Connections reset in the listener's queue during the run (machine-wide, halved).
+        "reset_connections": int(summary.get("reset_connections", 0)),
         # Requests in flight when the run ended (h2load stops then): each client's last one
         # in a closed loop; not failures, but their outcome is unknown.
         "unanswered_at_end": max(0, int(summary["started"]) - int(summary["done"])),

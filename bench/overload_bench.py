@@ -32,11 +32,14 @@ and prints what it measured.
    runs split among ``--spread`` processes out of phase), and the connects all at once met
    the listener's accept-queue pause, which refused clients h2load never brought back.
    Goodput is judged over the steady window, from the ramp's end to the duration, when
-   every client sends; a ramped phase is counted in requests and ends when every one is
-   answered, so none is left in flight to count as unrefused excess. The gateway's
-   listener pauses under overload (the kernel refuses connects at no cost to it) and h2load
-   never retries a refused connect: each refused connect (``Tcp: AttemptFails``,
-   machine-wide) counts as a refusal within 50 ms. With ``--slice``, each process runs as
+   every client sends. The gateway's listener pauses under overload (the kernel refuses
+   connects at no cost to it) and h2load never retries a refused connect: each refused
+   connect (``Tcp: AttemptFails``, machine-wide) counts as a refusal within 50 ms. So does
+   each request sent on a connection the pause reset while it waited in the listener's
+   queue: h2load counts those started and never done ("in flight at the end") and logs no
+   line for them; the machine's ``Tcp: EstabResets`` (both ends of each, over loopback)
+   bounds how many of the requests in flight at the end they are (measured 2026-11-30: 1,118
+   in flight at the end of a 10x phase, 2,234 resets). With ``--slice``, each process runs as
    successive h2load runs of that many seconds, so a refused client comes back at the next
    slice as a real client reconnects; off by default: measured (2026-11-29), each slice's
    reconnection of a process's clients at once held the listener closed by its
@@ -445,7 +448,18 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
     # the issue counts one "refused at the connection cap": in the excess and refused fast.
     # The arrivals its client then owed until its next slice are client-shed.
     refused = int(r.get("refused_connects", 0))
-    fast = int(r["unavailable_fast"]) + sum(int(v) for v in r["failed_fast"].values()) + refused
+    # A request sent on a connection reset in the listener's queue (the listener closed for
+    # its accept queue with the connection in it) is refused by the kernel's reset as well:
+    # h2load counts it started and never done ("in flight at the end"), without a log line.
+    # Those requests in flight at the end that such resets account for count as refused
+    # fast; the rest of them as not.
+    reset = min(int(r.get("unanswered_at_end", 0)), int(r.get("reset_connections", 0)))
+    fast = (
+        int(r["unavailable_fast"])
+        + sum(int(v) for v in r["failed_fast"].values())
+        + refused
+        + reset
+    )
     # The share refused fast is of the excess the gateway was sent: what h2load never sent
     # (client-shed) the gateway could not refuse. A run whose client-shed is over a tenth of
     # the arrivals is generator-bound there (too few clients for the latency): judged on
@@ -475,6 +489,7 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
         "excess": excess,
         "refused_fast": fast,
         "refused_connects": refused,
+        "reset_in_queue": reset,
         "statuses": r["statuses"],
         "client_shed": shed,
         "shed_share": shed / int(r["due"]) if int(r["due"]) else 0.0,
@@ -523,7 +538,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             f"({row['connections']:,}) | {row['goodput_share']:.0%}"
             f"{_yes(met.get('goodput'))} | {row['p50_ms']:,.0f} / {row['p99_ms']:,.0f}"
             f"{_yes(met.get('p99'))} | {row['excess']:,} | {row['fast_share']:.0%}"
-            f"{_yes(met.get('fast'))} ({row.get('refused_connects', 0):,} connects refused) "
+            f"{_yes(met.get('fast'))} ({row.get('refused_connects', 0):,} connects refused, "
+            f"{row.get('reset_in_queue', 0):,} reset in the listener's queue) "
             f"| {row['client_shed']:,} ({row['shed_share']:.0%})"
             f"{' generator-bound' if row['shed_share'] > 0.1 else ''} | "
             f"{row['rss_growth'] / MiB:+.1f} MiB{_yes(met.get('rss'))} | "

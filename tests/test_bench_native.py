@@ -213,3 +213,49 @@ async def test_wrk_output_is_read(served: str, tmp_path: Path) -> None:
     assert busy["non_2xx"] == busy["requests"] > 0
     assert set(ok["latency_ms"]) == {"p50", "p75", "p90", "p99"}
     assert 0.5 < ok["wall"] < 5
+
+
+def test_requests_on_connections_reset_in_the_listeners_queue_count_as_refused_fast() -> None:
+    # A 10x phase as measured: the sent excess that got no answer is the requests h2load
+    # counted started and never done, each on a connection the listener's pause reset.
+    from bench.overload_bench import summarize
+
+    result = {
+        "statuses": {"201": 60_000, "503": 240},
+        "latency_ms": {"201": {"p50": 40.0, "p99": 80.0}},
+        "wall": 8.0,
+        "due": 480_000,
+        "sent": 61_740,
+        "shed": 418_260,
+        "unavailable_fast": 240,
+        "failed_fast": {},
+        "refused_connects": 2_300,
+        "unanswered_at_end": 1_500,
+        "reset_connections": 1_600,
+        "errors": {},
+        "series": {},
+        "bucket": 0.5,
+    }
+    phase = {
+        "factor": 10.0,
+        "offered": 80_000.0,
+        "connections": 4_000,
+        "peak": 0,
+        "result": result,
+        "series": {},
+        "cpu": {},
+        "correctness": "",
+        "adaptive": {},
+        "adaptive_before": {},
+        "shed": {},
+    }
+    row = summarize(phase, 8_000.0, 0)
+    # excess 480,000 - 60,000; sent of it 1,740 (240 503s, 1,500 in flight at the end) and
+    # 2,300 refused connects: all refused at once.
+    assert (row["reset_in_queue"], row["refused_fast"]) == (1_500, 240 + 2_300 + 1_500)
+    assert row["fast_share"] == 1.0 and row["met"]["fast"]
+    # Fewer resets than requests left in flight: only those the resets account for.
+    row = summarize({**phase, "result": {**result, "reset_connections": 500}}, 8_000.0, 0)
+    assert row["reset_in_queue"] == 500
+    assert row["fast_share"] == (240 + 2_300 + 500) / (240 + 1_500 + 2_300)
+    assert not row["met"]["fast"]
