@@ -37,8 +37,9 @@ REOPEN_LOG_EVERY = 30.0
 RETRY = Backoff(REOPEN_RETRY, REOPEN_RETRY_MAX)
 
 # How often the accept queue is looked at; over `MAX_ACCEPT_QUEUE` connections waiting
-# there, the listener closes for `QUEUE_PAUSE` (gateway.web.overload).
-QUEUE_CHECK = 0.05
+# there, the listener closes for `QUEUE_PAUSE` (gateway.web.overload). A connection the
+# loop has no room for waits there at most this long (and the loop's lag) before its reset.
+QUEUE_CHECK = 0.025
 MAX_ACCEPT_QUEUE = 64
 QUEUE_PAUSE = 0.25
 _TCP_INFO_LEN = 104
@@ -54,9 +55,9 @@ class ShedSite(web.TCPSite):
     * while the runner's shedder says so (`pause` / `resume`: the connection cap, a
       lagging loop);
     * for `QUEUE_PAUSE` when more than `MAX_ACCEPT_QUEUE` connections wait in the kernel's
-      accept queue at two looks in a row, the second no shorter than the first (every
-      `QUEUE_CHECK`; Linux only, where ``TCP_INFO`` on a listening socket gives its
-      queue): the loop accepts them slower
+      accept queue at two looks in a row, the second no shorter than the first, or at one
+      look while the requests have no room (every `QUEUE_CHECK`; Linux only, where
+      ``TCP_INFO`` on a listening socket gives its queue): the loop accepts them slower
       than they come (libuv, under uvloop, accepts one a turn of the loop), and each
       would wait there, unseen by any cap, until its client gave up.
 
@@ -189,8 +190,11 @@ class ShedSite(web.TCPSite):
         # Over the bound at two looks in a row, and no shorter at the second: a burst of
         # connects the loop is still accepting (a client opening its pool, a load
         # generator opening thousands at once) drains between looks, and is not a backlog.
+        # Over the bound while the requests have no room, one look is enough: the loop is
+        # not taking the queue, so its connections would only wait for the second look to
+        # be reset then (their requests already sent: refused at once is the point).
         before, self._was_long = self._was_long, queue if queue > MAX_ACCEPT_QUEUE else 0
-        if before and queue >= before:
+        if (before and queue >= before) or (queue > MAX_ACCEPT_QUEUE and not self._has_room()):
             self._quiet_until = loop.time() + QUEUE_PAUSE
             if self._wake is not None:
                 self._wake.cancel()

@@ -230,6 +230,32 @@ async def test_a_long_accept_queue_closes_the_listener_for_a_while(
     assert await _stored(control) == 1
 
 
+async def test_a_long_accept_queue_while_requests_have_no_room_closes_the_listener_at_one_look(
+    broker: BrokerProcess, control: ControlClient
+) -> None:
+    """The loop does not take the queue while the requests in progress have no room, so a
+    queue over the bound then is not a burst being drained: its connections, whose requests
+    are already sent, are reset at the first look instead of waiting for a second one."""
+    waiting: list[socket.socket] = []
+    async with serving(broker, SBGATE_MAX_REQUESTS_IN_PROGRESS="2") as (site, shedder):
+        _, writer = await open_raw(site.port)
+        writer.write(request_head(length=2) + b"x")  # in progress: its body never finishes
+        await eventually(lambda: shedder.in_progress == 1, what="a request in progress")
+        assert not shedder.has_room()
+        address = ("127.0.0.1", site.port)
+        waiting = [socket.create_connection(address) for _ in range(MAX_ACCEPT_QUEUE + 1)]
+        assert site.accept_queue() == MAX_ACCEPT_QUEUE + 1
+        site._look()
+        assert not site.listening
+        assert site.pauses("accept_queue") == 1
+        writer.close()
+        await eventually(lambda: site.listening, what="listening again after the pause")
+        await served(site.port)
+    for sock in waiting:
+        sock.close()
+    assert await _stored(control) == 1
+
+
 async def test_a_long_accept_queue_that_is_draining_does_not_close_the_listener(
     broker: BrokerProcess, control: ControlClient
 ) -> None:
