@@ -99,7 +99,7 @@ class LimitSettings:
         64, parse=_int(1, 100_000), doc="broker send operations in flight, all entities"
     )
     senders_per_entity: int = setting(
-        4,
+        8,
         parse=_int(1, 64),
         doc="most senders (concurrent batch sends) per entity; opened as its load grows",
     )
