@@ -190,9 +190,10 @@ class ShedSite(web.TCPSite):
         # Over the bound at two looks in a row, and no shorter at the second: a burst of
         # connects the loop is still accepting (a client opening its pool, a load
         # generator opening thousands at once) drains between looks, and is not a backlog.
-        # Over the bound while the requests have no room, one look is enough: the loop is
-        # not taking the queue, so its connections would only wait for the second look to
-        # be reset then (their requests already sent: refused at once is the point).
+        # Over the bound while the requests have no room, one look is enough: the batch
+        # accept has stopped and the loop's own takes one a turn, so the queue is not being
+        # drained and its connections would only wait for the second look to be reset then
+        # (their requests already sent: refused at once is the point).
         before, self._was_long = self._was_long, queue if queue > MAX_ACCEPT_QUEUE else 0
         if (before and queue >= before) or (queue > MAX_ACCEPT_QUEUE and not self._has_room()):
             self._quiet_until = loop.time() + QUEUE_PAUSE
