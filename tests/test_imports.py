@@ -375,15 +375,23 @@ def test_the_layer_map_allows(module: str, line: str) -> None:
     assert not violations(module, line)
 
 
+# Copies of a library's function, kept line for line so that a test can compare them with
+# the original (splitting one would lose that): (module, function name) -> that test.
+COPIED = {
+    # aiohttp's request loop, dropping the last request's objects before it idles
+    ("gateway.web.protocol", "start"): "tests/security/test_aiohttp_privates.py",
+}
+
+
 @pytest.mark.unit
 def test_no_function_is_over_80_lines() -> None:
     """A function a reader cannot see whole is split where its steps are (STYLE: function
-    size); decorators and the docstring count."""
+    size); decorators and the docstring count. `COPIED` functions are exempt."""
     long = []
     for module, path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > 80:
+                if lines > 80 and (module, node.name) not in COPIED:
                     long.append(f"{module}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "functions over 80 lines:\n" + "\n".join(long)
