@@ -10,8 +10,8 @@ there are unseen by every cap, and once the queue is full the kernel drops their
 An `Acceptor` watches a duplicate of each listening socket (`watch`) and, each time it is
 readable and the owner says there is room, accepts up to `ACCEPT_BATCH` connections from the
 queue and hands each to the server's protocol factory as an accepted socket
-(`loop.connect_accepted_socket`, TLS included), in a task it owns. The loop's own
-one-a-turn accept goes on beside it: whichever of the two comes first takes a connection.
+(`loop.connect_accepted_socket`, TLS included), in a task it owns. The loop's own one-a-turn
+accept goes on beside it: whichever of the two comes first takes a connection.
 Used by both edges: the HTTP listener (`gateway.web.listener.ShedSite`) and the AMQP
 listeners (`gateway.amqp.server`).
 """
@@ -48,8 +48,9 @@ def _always() -> bool:
 class Acceptor:
     """See the module docstring. `room` is asked before each connection: while it says no, the
     queue is left to the loop's own accept (one a turn), and to whatever rule the owner
-    applies to the queue. `stop` forgets the sockets and cancels and awaits the hand-overs
-    still running (a TLS handshake, bounded by its own timeout)."""
+    applies to the queue. `stop` forgets the sockets and waits for the hand-overs still
+    running (a TLS handshake, bounded by its own timeout), cancelling only what outlives
+    its bound."""
 
     __slots__ = ("_batch", "_name", "_room", "_tasks", "_watched")
 
@@ -97,8 +98,16 @@ class Acceptor:
         return len(self._tasks)
 
     async def stop(self, within: float) -> None:
+        """Stop accepting, let the hand-overs still running end within `within` seconds, and
+        cancel only what is left then (a TLS handshake not finished). Never cancelled at
+        once: uvloop's `connect_accepted_socket`, cancelled once the protocol has heard
+        `connection_made` (its coroutine returns a turn of the loop later), closes the
+        socket under the protocol without ever calling `connection_lost`; a request read
+        in that turn was handled, and its answer could not be written (a message stored,
+        its client told the server disconnected). A plain hand-over ends within a turn, a
+        TLS one within its handshake timeout."""
         self.unwatch()
-        await self._tasks.stop(within)
+        await self._tasks.finish(within)
 
     def _accept(
         self,

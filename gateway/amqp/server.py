@@ -195,7 +195,7 @@ class AmqpServer:
         self.draining = True
         for server in self._servers:
             server.close()
-        await self._acceptor.stop(CANCEL_GRACE)  # and the TLS handshakes it began
+        await self._acceptor.stop(CANCEL_GRACE)  # its hand-overs end first (TLS: a grace)
         connections = list(self._connections)
         for c in connections:
             c.stop_credit()

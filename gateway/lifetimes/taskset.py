@@ -4,7 +4,7 @@ Each task `spawn` starts is owned here until it ends; a finished task is forgott
 (the set never grows with the tasks that came and went), and one that raised is logged with
 its traceback (nobody awaits it: its failure must not pass silently). `stop` cancels what
 still runs and waits for it within a bound (`closing.stop`: it holds even when a task's
-cancellation is lost).
+cancellation is lost); `finish` lets them end first, cancelling only what outlives its bound.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-from gateway.lifetimes.closing import stop
+from gateway.lifetimes.closing import stop, stop_after
 
 log = logging.getLogger(__name__)
 
@@ -54,3 +54,9 @@ class TaskSet:
         """Cancel every task still running and wait up to `within` seconds (+ the grace of
         `closing.stop`) for them to end. Returns how many still run then (each logged)."""
         return await stop(list(self._tasks), within, self._owner)
+
+    async def finish(self, within: float) -> int:
+        """Wait up to `within` seconds for every task still running to end on its own, then
+        cancel the ones left and wait `closing.CANCEL_GRACE` more (`closing.stop_after`).
+        Returns how many still run then (each logged)."""
+        return await stop_after(list(self._tasks), within, self._owner)

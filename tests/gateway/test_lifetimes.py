@@ -97,6 +97,27 @@ async def test_a_task_set_stops_within_its_bound_even_when_a_cancel_is_lost() ->
 
 
 @pytest.mark.unit
+async def test_finish_lets_a_task_end_and_cancels_only_what_outlives_its_bound() -> None:
+    """`finish` is `stop` without the first cancel: a task about to end is not cancelled
+    (a connection's hand-over, gateway/accepting.py), one still running at the bound is."""
+    release = asyncio.Event()
+    ended: list[str] = []
+
+    async def ends_when_released() -> None:
+        await release.wait()
+        ended.append("released")
+
+    tasks = TaskSet("test")
+    tasks.spawn(ends_when_released(), name="ending")
+    forever = tasks.spawn(asyncio.sleep(3600), name="forever")
+    await asyncio.sleep(0)
+    asyncio.get_running_loop().call_soon(release.set)  # after `finish` has begun waiting
+    async with asyncio.timeout(5):
+        left = await tasks.finish(0.05)
+    assert left == 0 and ended == ["released"] and forever.cancelled()
+
+
+@pytest.mark.unit
 async def test_stop_gives_up_on_a_task_that_never_ends(caplog: pytest.LogCaptureFixture) -> None:
     release = asyncio.Event()
 

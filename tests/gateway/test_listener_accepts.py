@@ -17,12 +17,15 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 
+from gateway.accepting import Acceptor
 from gateway.amqp.server import AmqpServer
 from gateway.config import load_settings
+from gateway.lifetimes import CANCEL_GRACE
 from gateway.web.listener import ShedSite
 from sblocal.certs import client_ssl_context, ensure_dev_cert
 from tests.support.processes import free_port
@@ -203,3 +206,60 @@ def test_the_batch_accept_holds_no_more_handshakes_than_the_connection_cap(
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         most = runner.run(_handshakes_taken(cert, key, cap=10, connects=60))
     assert 1 <= most <= 10, most
+
+
+class _Told(asyncio.Protocol):
+    """A connection's protocol that stops `acceptor` from its own `connection_made`: the
+    acceptor's hand-over task is then about to resume, its connect already done."""
+
+    def __init__(self, acceptor: Acceptor) -> None:
+        self._acceptor = acceptor
+        self.stopping: asyncio.Task[None] | None = None
+        self.transport: Any = None  # uvloop's transports are no `asyncio.Transport`
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.stopping = asyncio.get_running_loop().create_task(self._acceptor.stop(CANCEL_GRACE))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = True
+
+
+async def _answer_after_stop() -> bytes | str:
+    """Stop an `Acceptor` as it hands a connection over; then answer on that connection:
+    what its client reads (or how the answer failed)."""
+    listening = socket.create_server(("127.0.0.1", 0))
+    listening.setblocking(False)
+    acceptor = Acceptor("test listener")
+    told = _Told(acceptor)
+    acceptor.watch([listening], lambda: told)
+    try:
+        async with asyncio.timeout(10):  # liveness only
+            reader, writer = await asyncio.open_connection(*listening.getsockname()[:2])
+            try:
+                await eventually(lambda: told.stopping is not None and told.stopping.done())
+                assert told.transport is not None and not told.lost
+                try:
+                    told.transport.write(b"answer")
+                except RuntimeError as exc:  # uvloop: the handle was closed under the protocol
+                    return repr(exc)
+                return await reader.readexactly(6)
+            finally:
+                writer.close()
+    finally:
+        await acceptor.stop(CANCEL_GRACE)
+        listening.close()
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_stopping_the_accepts_never_closes_a_connection_already_handed_over(loop: str) -> None:
+    """A connection whose protocol heard `connection_made` belongs to the server from then
+    on: stopping the batch accept (at shutdown) must not cancel its hand-over. uvloop's
+    `connect_accepted_socket`, cancelled after the protocol heard `connection_made`, closes
+    the socket under it without calling `connection_lost`: a request read meanwhile was
+    handled, stored, and its answer could not be written (seen at SIGTERM under load: a
+    message stored and its client told the server disconnected)."""
+    factory = pytest.importorskip("uvloop").new_event_loop if loop == "uvloop" else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        assert runner.run(_answer_after_stop()) == b"answer"
