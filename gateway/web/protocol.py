@@ -227,7 +227,13 @@ class HardenedRequestHandler(RequestHandler):
         die only when the next request comes: the collector promotes them, and their deaths
         in the older generations hold its young-generation counter down, so each young
         collection walks several times its threshold (74,000 objects instead of 10,000 at
-        4,000 clients, 15-18 ms stalls: docs/performance-results.md)."""
+        4,000 clients, 15-18 ms stalls: docs/performance-results.md).
+
+        And end when the connection was closed (`close`, as shutdown closes every
+        connection) before this loop's first turn: before Python 3.12 the loop starts a
+        turn after ``connection_made``, so a connection accepted as the listener closed
+        could be closed with no wait yet to cancel, and aiohttp's loop would then wait for
+        a request the closed connection ignores (shutdown waited its whole timeout)."""
         loop = self._loop
         manager = self._manager
         assert manager is not None
@@ -245,6 +251,8 @@ class HardenedRequestHandler(RequestHandler):
         while not self._force_close:
             if not self._messages:
                 message = payload = writer = request = coro = resp = None  # sbgate: added
+                if self._close:  # sbgate: added (closed before this loop's first turn)
+                    break  # sbgate: added
                 try:
                     # wait for next request
                     self._waiter = loop.create_future()
