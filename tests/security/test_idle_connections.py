@@ -86,7 +86,7 @@ async def test_a_connection_closed_before_its_request_loop_began_closes_at_once(
     starts a turn after ``connection_made``; one accepted as the listener closed was closed
     before its loop began, so there was no wait to cancel: the loop then waited for a
     request the closed connection ignores, and shutdown waited ``shutdown_timeout`` (10 s
-    at SIGTERM, seen 2 runs in 14) for it. The loop must see the close and end."""
+    at SIGTERM, 10 runs in 75) for it. The loop must see the close and end."""
     connection_made = ShedRequestHandler.connection_made
 
     def closed_at_once(self: ShedRequestHandler, transport: asyncio.BaseTransport) -> None:
