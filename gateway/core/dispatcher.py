@@ -24,6 +24,14 @@ buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
   taken yet; a take that leaves requests pending (over a batch, another session's) wakes
   the next. A request's messages always travel in one broker batch, so a request never
   partially succeeds.
+* **Paced**: while one of a lane's batches is in flight, the lane starts the next no sooner
+  than its round trip / `senders_per_entity` after the last (the round trip a moving
+  average of its sends, the gap at most `MAX_PACE`): its sends spread over the round trip
+  instead of leaving together. Unpaced, a lane sends in a cluster: the workers back from
+  their sends each take a few requests within a millisecond, all of them are then busy, and
+  what arrives waits for the cluster's return, up to a whole round trip (measured, a 50 ms
+  broker: p50 70 and p99 95 ms, every batch start within 1-2 ms of the others). A lone
+  request (nothing in flight) is still sent at once.
 * **Isolated**: a batch the broker refuses because of one message (`message_fault` in the
   error table) is bisected between requests, so only the offending request gets the 4xx
   (`_isolate`, bounded by `split_budget`).
@@ -70,6 +78,15 @@ ADMISSION_WAIT_TRACED = 0.001
 SENDER_CLOSE_TIMEOUT = 5.0
 # The broker pushing back: the adaptive limit is cut (gateway.core.limiter).
 _PUSHBACK = frozenset({FailureKind.SERVER_BUSY, FailureKind.TIMEOUT, FailureKind.QUOTA_EXCEEDED})
+# Pacing (the module docstring): the gap between a lane's send starts is its round trip /
+# senders_per_entity, at most this (a broker slower than 8 x this is paced over part of it),
+# the round trip an exponential average of its sends taking this share of each.
+MAX_PACE = 0.0125
+# A gap under this is not paced: the event loop's timers have a millisecond's resolution, so a
+# shorter wait would be a millisecond all the same (a broker that fast clusters its sends
+# within its round trip, a few ms, which pacing would not beat).
+MIN_PACE = 0.001
+_RTT_WEIGHT = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +163,7 @@ class _State(enum.Enum):
     STARTING = "starting"  # created, not yet running: it will take what is pending
     IDLE = "idle"  # parked on its lane's `wakeup`
     OPENING = "opening"  # opening its sender, outside the send slots
+    PACING = "pacing"  # for its lane's pace, before a send slot: it takes what is pending
     WAITING = "waiting"  # for a send slot
     CLAIMING = "claiming"  # holding a send slot, about to take what is pending
     SENDING = "sending"  # delivering what it took (reopening, too, within a bisection)
@@ -243,7 +261,7 @@ class _Wakeup:
 class _Lane:
     """Pending requests for one destination and the workers that send them."""
 
-    __slots__ = ("dest", "expiry", "pending", "wakeup", "workers")
+    __slots__ = ("dest", "expiry", "next_send", "pending", "rtt", "wakeup", "workers")
 
     def __init__(self, dest: Destination) -> None:
         self.dest = dest
@@ -251,6 +269,8 @@ class _Lane:
         self.wakeup = _Wakeup()
         self.workers: list[_Worker] = []
         self.expiry: asyncio.TimerHandle | None = None  # for the oldest pending group
+        self.rtt = 0.0  # seconds: its sends' moving average (0 until one succeeded)
+        self.next_send = 0.0  # loop time: the earliest the next paced send may start
 
     def take(self, max_messages: int, max_bytes: int) -> list[_Group]:
         """Whole groups from the front, within the limits and sharing one batch key. The
@@ -438,7 +458,7 @@ class Dispatcher:
             lane.wakeup.set()
             for w in lane.workers:  # inline: once per request
                 state = w.state
-                if state is _State.IDLE or state is _State.STARTING:
+                if state is _State.IDLE or state is _State.STARTING or state is _State.PACING:
                     break
                 # Opening its sender, it takes what is pending when open: a second worker
                 # would add a second cold open, not an earlier send, unless the pending
@@ -499,7 +519,7 @@ class Dispatcher:
         lane: groups are appended in deadline order."""
         lane.expiry = None
         loop = asyncio.get_running_loop()
-        if lane.has(_State.CLAIMING) or (
+        if lane.has(_State.CLAIMING, _State.PACING) or (
             lane.wakeup.is_set()
             and (
                 lane.has(_State.STARTING)
@@ -610,6 +630,7 @@ class Dispatcher:
                     w.state = _State.OPENING
                     lane.wakeup.release(w)  # a parked worker with its sender open takes them
                     opening = await self._open(w)
+                await self._pace(w)
                 w.state = _State.WAITING
                 await self._take_slot(w)
                 try:
@@ -666,6 +687,25 @@ class Dispatcher:
             if w.sender is not None:
                 self._parked[w] = None  # the most recently used
 
+    async def _pace(self, w: _Worker) -> None:
+        """Wait until `w`'s lane may start another send (see "Paced" in the module
+        docstring): at once when none of its batches is in flight; else no sooner than a gap
+        after the last start (or the last one reserved by a worker still waiting for it)."""
+        lane = w.lane
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if not lane.rtt or not lane.has(_State.SENDING):
+            lane.next_send = now
+            return
+        gap = min(lane.rtt / self._limits.senders_per_entity, MAX_PACE)
+        if gap < MIN_PACE:
+            return
+        at = max(now, lane.next_send + gap)
+        lane.next_send = at
+        if at > now:
+            w.state = _State.PACING
+            await asyncio.sleep(at - now)
+
     async def _take_slot(self, w: _Worker) -> None:
         """One of the `max_in_flight` send slots for `w`."""
         await self._in_flight.acquire()
@@ -717,7 +757,10 @@ class Dispatcher:
         loop_started = asyncio.get_running_loop().time()
         failure = await self._attempt(w, groups, opening)
         if failure is None and opening is None:
-            self._observe_send(w.lane, started, loop_started)
+            lane = w.lane
+            seconds = asyncio.get_running_loop().time() - loop_started
+            lane.rtt = seconds if not lane.rtt else lane.rtt + _RTT_WEIGHT * (seconds - lane.rtt)
+            self._observe_send(lane, started, loop_started)
         if failure is not None and failure.classification.message_fault and len(groups) > 1:
             self._observe(w.lane, groups, started, failure)
             await self._isolate(w, groups)

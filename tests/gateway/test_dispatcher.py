@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections.abc import Sequence
 
 import pytest
@@ -605,3 +606,70 @@ async def test_a_burst_larger_than_a_batch_still_grows_the_lane_while_its_sender
         await asyncio.gather(*sends)
     assert client.opened == 2
     assert sorted(client.sent_ids(), key=int) == [str(i) for i in range(12)]
+
+
+# -- pacing: a lane's sends spread over the broker's round trip ---------------------------
+
+_RTT = 0.04  # the fake broker's round trip
+
+
+def _slow_broker(starts: list[float]):
+    """A broker that takes `_RTT` to store each batch, recording when each send began."""
+
+    async def behaviour(path: str, messages: Sequence[OutboundMessage]) -> None:
+        starts.append(asyncio.get_running_loop().time())
+        await asyncio.sleep(_RTT)  # the fake broker's latency, not a wait for a condition
+
+    return behaviour
+
+
+async def test_a_lane_spreads_its_sends_over_the_round_trip_instead_of_sending_together(make):
+    # Unpaced, requests arriving a turn apart while one batch is in flight each woke a
+    # worker, and every worker sent within a millisecond: what came next waited for the
+    # whole cluster's return, up to a round trip (a 50 ms broker: p99 95 ms for 58 paced).
+    starts: list[float] = []
+    client = FakeClient(behaviour=_slow_broker(starts))
+    d = make(dataclasses.replace(LIMITS, senders_per_entity=4))
+    dest = Destination(client, "orders")
+    await d.send(dest, [msg("warm")])  # the lane's round trip is measured: >= _RTT
+    sends = []
+    for i in range(4):
+        sends.append(asyncio.ensure_future(d.send(dest, [msg(i)])))
+        await next_tick(3)
+    async with no_hang("the paced sends"):
+        await asyncio.gather(*sends)
+    assert sorted(client.sent_ids()[1:], key=int) == ["0", "1", "2", "3"]
+    paced = starts[1:]
+    assert len(paced) >= 2, client.batches
+    gap = _RTT / 4  # the round trip / senders_per_entity
+    assert all(b - a >= gap * 0.99 for a, b in itertools.pairwise(paced)), paced
+
+
+async def test_requests_arriving_while_a_worker_waits_out_the_pace_join_its_batch(make):
+    starts: list[float] = []
+    client = FakeClient(behaviour=_slow_broker(starts))
+    d = make(dataclasses.replace(LIMITS, senders_per_entity=4))
+    dest = Destination(client, "orders")
+    await d.send(dest, [msg("warm")])
+    first = asyncio.ensure_future(d.send(dest, [msg("first")]))
+    await next_tick(3)  # in flight: what comes next is paced
+    rest = []
+    for i in range(20):
+        rest.append(asyncio.ensure_future(d.send(dest, [msg(i)])))
+        await next_tick()
+    async with no_hang("the paced sends"):
+        await asyncio.gather(first, *rest)
+    # one worker waits out the pace and takes all 20; none is added for them meanwhile
+    assert [len(ids) for _, ids in client.batches] == [1, 1, 20], client.batches
+
+
+async def test_a_lone_request_after_the_lane_went_quiet_is_not_paced(make):
+    starts: list[float] = []
+    client = FakeClient(behaviour=_slow_broker(starts))
+    d = make(dataclasses.replace(LIMITS, senders_per_entity=4))
+    dest = Destination(client, "orders")
+    await d.send(dest, [msg("warm")])
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    await d.send(dest, [msg("next")])  # nothing in flight: sent at once
+    assert starts[1] - asked < _RTT / 4, "a request with nothing in flight must not be paced"
