@@ -51,7 +51,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipeline import charts, report, sessions
+from pipeline import report, sessions
 from pipeline.inputs import (
     VALID,
     InputError,
@@ -816,6 +816,10 @@ def _charts(
     latency_ms: Sequence[dict[str, Any]],
 ) -> list[str]:
     """The PNG charts, drawn into the staging directory; returns their file names."""
+    # Imported here, not at the top: matplotlib's first import on a machine builds its font
+    # cache by running `fc-list`, which `sbgate audit --help` (and --no-charts) need not do.
+    from pipeline import charts
+
     spans = [(w["start_ts"], w["end_ts"], w["entity"]) for w in windows]
     series = {
         "accepted → primary": "accepted_primary",
