@@ -27,7 +27,8 @@ loops in C that cost a fraction of that; `make bench-tools` installs them with a
   (``--log-file``: start, status, microseconds) read into the figures the benchmarks print:
   answers by status, latency percentiles per status, the ``503`` answers and connection
   failures within ``fast`` seconds, answers per bucket of time, and its own CPU seconds
-  beside those of the processes it watched.
+  beside those of the processes it watched. With ``BENCH_H2LOAD_LOGS=<dir>`` each run's
+  per-request log (all its processes') is also kept there, one file a run.
 * `parse_h2load`, `parse_h2load_log`, `parse_wrk`: the parsers (tested against the real
   tools' output, ``tests/test_bench_native.py``).
 
@@ -366,6 +367,9 @@ async def run_h2load(
             work / f"p{i}-{j}.tsv" for i, (_, p) in enumerate(parts) for j in range(len(p.slices()))
         ]
         text = "".join(log.read_text() for log in logs if log.exists())
+        if keep := os.environ.get("BENCH_H2LOAD_LOGS"):  # the raw per-request log, kept
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            (Path(keep) / f"h2load-{time.time():.0f}.tsv").write_text(text)
         detail = parse_h2load_log(text, fast=load.fast, bucket=load.bucket, steady=load.steady)
     return Window(
         result=_result(load, summary, detail, own),
