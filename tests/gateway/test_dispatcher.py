@@ -623,15 +623,22 @@ def _slow_broker(starts: list[float]):
     return behaviour
 
 
-async def test_a_lane_spreads_its_sends_over_the_round_trip_instead_of_sending_together(make):
-    # Unpaced, requests arriving a turn apart while one batch is in flight each woke a
-    # worker, and every worker sent within a millisecond: what came next waited for the
-    # whole cluster's return, up to a round trip (a 50 ms broker: p99 95 ms for 58 paced).
+async def _warm_lane(make) -> tuple[list[float], FakeClient, Dispatcher, Destination]:
+    """A lane of 4 senders to the slow broker, its round trip measured (>= `_RTT`) by one
+    send; the list of send start times it fills."""
     starts: list[float] = []
     client = FakeClient(behaviour=_slow_broker(starts))
     d = make(dataclasses.replace(LIMITS, senders_per_entity=4))
     dest = Destination(client, "orders")
-    await d.send(dest, [msg("warm")])  # the lane's round trip is measured: >= _RTT
+    await d.send(dest, [msg("warm")])
+    return starts, client, d, dest
+
+
+async def test_a_lane_spreads_its_sends_over_the_round_trip_instead_of_sending_together(make):
+    # Unpaced, requests arriving a turn apart while one batch is in flight each woke a
+    # worker, and every worker sent within a millisecond: what came next waited for the
+    # whole cluster's return, up to a round trip (a 50 ms broker: p99 95 ms for 58 paced).
+    starts, client, d, dest = await _warm_lane(make)
     sends = []
     for i in range(4):
         sends.append(asyncio.ensure_future(d.send(dest, [msg(i)])))
@@ -646,11 +653,7 @@ async def test_a_lane_spreads_its_sends_over_the_round_trip_instead_of_sending_t
 
 
 async def test_requests_arriving_while_a_worker_waits_out_the_pace_join_its_batch(make):
-    starts: list[float] = []
-    client = FakeClient(behaviour=_slow_broker(starts))
-    d = make(dataclasses.replace(LIMITS, senders_per_entity=4))
-    dest = Destination(client, "orders")
-    await d.send(dest, [msg("warm")])
+    _starts, client, d, dest = await _warm_lane(make)
     first = asyncio.ensure_future(d.send(dest, [msg("first")]))
     await next_tick(3)  # in flight: what comes next is paced
     rest = []
@@ -664,11 +667,7 @@ async def test_requests_arriving_while_a_worker_waits_out_the_pace_join_its_batc
 
 
 async def test_a_lone_request_after_the_lane_went_quiet_is_not_paced(make):
-    starts: list[float] = []
-    client = FakeClient(behaviour=_slow_broker(starts))
-    d = make(dataclasses.replace(LIMITS, senders_per_entity=4))
-    dest = Destination(client, "orders")
-    await d.send(dest, [msg("warm")])
+    starts, _client, d, dest = await _warm_lane(make)
     loop = asyncio.get_running_loop()
     asked = loop.time()
     await d.send(dest, [msg("next")])  # nothing in flight: sent at once
