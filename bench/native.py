@@ -367,15 +367,20 @@ async def run_h2load(
             work / f"p{i}-{j}.tsv" for i, (_, p) in enumerate(parts) for j in range(len(p.slices()))
         ]
         text = "".join(log.read_text() for log in logs if log.exists())
-        if keep := os.environ.get("BENCH_H2LOAD_LOGS"):  # the raw per-request log, kept
-            Path(keep).mkdir(parents=True, exist_ok=True)
-            (Path(keep) / f"h2load-{time.time():.0f}.tsv").write_text(text)
+        _keep_log(text)
         detail = parse_h2load_log(text, fast=load.fast, bucket=load.bucket, steady=load.steady)
     return Window(
         result=_result(load, summary, detail, own),
         cpu={**_delta(before, after), "h2load": own},
         wall=wall,
     )
+
+
+def _keep_log(text: str) -> None:
+    """With ``BENCH_H2LOAD_LOGS=<dir>``, a run's per-request log kept there, one file a run."""
+    if keep := os.environ.get("BENCH_H2LOAD_LOGS"):
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / f"h2load-{time.time():.0f}.tsv").write_text(text)
 
 
 async def _sliced(
