@@ -458,12 +458,14 @@ class Dispatcher:
             lane.wakeup.set()
             for w in lane.workers:  # inline: once per request
                 state = w.state
-                if state is _State.IDLE or state is _State.STARTING or state is _State.PACING:
+                if state is _State.IDLE or state is _State.STARTING:
                     break
-                # Opening its sender, it takes what is pending when open: a second worker
-                # would add a second cold open, not an earlier send, unless the pending
-                # requests exceed one batch.
-                if state is _State.OPENING and len(lane.pending) <= self._limits.max_batch_messages:
+                # Opening its sender (or waiting out the pace), it takes what is pending when
+                # done: a second worker would add a second cold open (or a send the pace
+                # holds back), not an earlier send, unless the pending requests exceed one
+                # batch.
+                takes_soon = state is _State.OPENING or state is _State.PACING
+                if takes_soon and len(lane.pending) <= self._limits.max_batch_messages:
                     break
             else:
                 if len(lane.workers) < self._limits.senders_per_entity:
@@ -519,7 +521,9 @@ class Dispatcher:
         lane: groups are appended in deadline order."""
         lane.expiry = None
         loop = asyncio.get_running_loop()
-        if lane.has(_State.CLAIMING, _State.PACING) or (
+        # (Not a worker waiting out the pace: it takes within MAX_PACE, but a lane over its
+        # capacity has one pacing most of the time, and the deadline must not wait on it.)
+        if lane.has(_State.CLAIMING) or (
             lane.wakeup.is_set()
             and (
                 lane.has(_State.STARTING)

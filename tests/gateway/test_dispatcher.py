@@ -10,7 +10,15 @@ from collections.abc import Sequence
 import pytest
 
 from gateway.config import LimitSettings, TimeoutSettings
-from gateway.core.dispatcher import Destination, Dispatcher, _Lane, _Wakeup, _Worker
+from gateway.core.dispatcher import (
+    Destination,
+    Dispatcher,
+    _Group,
+    _Lane,
+    _State,
+    _Wakeup,
+    _Worker,
+)
 from gateway.core.message import OutboundMessage
 from gateway.errors import (
     CONNECTION,
@@ -672,3 +680,21 @@ async def test_a_lone_request_after_the_lane_went_quiet_is_not_paced(make):
     asked = loop.time()
     await d.send(dest, [msg("next")])  # nothing in flight: sent at once
     assert starts[1] - asked < _RTT / 4, "a request with nothing in flight must not be paced"
+
+
+async def test_a_request_past_its_deadline_is_refused_while_a_worker_waits_out_the_pace(make):
+    # A pace lasts at most MAX_PACE, but a lane over its capacity has some worker pacing most
+    # of the time: the admission deadline must not wait for one (it waited only for a worker
+    # about to take within the turn).
+    d = make()
+    lane = d._lane(Destination(FakeClient(), "orders"))
+    pacing = _Worker(lane, 0.0)
+    pacing.state = _State.PACING
+    lane.workers.append(pacing)
+    loop = asyncio.get_running_loop()
+    group = _Group([msg(1)], 10, loop.create_future(), deadline=loop.time() - 1.0)
+    lane.pending.append(group)
+    d._expire(lane)
+    assert isinstance(group.future.exception(), Saturated)
+    assert lane.expiry is None and not lane.pending
+    lane.workers.clear()
