@@ -29,9 +29,10 @@ buffer) → the lane's worker tasks (delivery), each owning one open `Sender`.
   average of its sends, the gap at most `MAX_PACE`): its sends spread over the round trip
   instead of leaving together. Unpaced, a lane sends in a cluster: the workers back from
   their sends each take a few requests within a millisecond, all of them are then busy, and
-  what arrives waits for the cluster's return, up to a whole round trip (measured, a 50 ms
-  broker: p50 70 and p99 95 ms, every batch start within 1-2 ms of the others). A lone
-  request (nothing in flight) is still sent at once.
+  what arrives waits for the cluster's return, up to a whole round trip (measured in
+  process, a 50 ms broker: p50 70 and p99 95 ms, the batch starts in clusters a round trip
+  apart; paced, 54 and 58 ms: `bench.pacing_bench`). A lone request (nothing in flight) is
+  still sent at once.
 * **Isolated**: a batch the broker refuses because of one message (`message_fault` in the
   error table) is bisected between requests, so only the offending request gets the 4xx
   (`_isolate`, bounded by `split_budget`).
