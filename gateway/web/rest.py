@@ -240,7 +240,12 @@ def _ttl(value: Any) -> dt.timedelta:
         raise RequestError(
             f"BrokerProperties.TimeToLive must be > 0 and <= {MAX_TTL_SECONDS:.0f} seconds"
         )
-    return dt.timedelta(seconds=float(value))
+    # Never under the broker's unit, a millisecond (the wire sends at least one): a smaller
+    # value would be timedelta(0) below a microsecond, a falsy "no TTL".
+    return max(dt.timedelta(seconds=float(value)), _MIN_TTL)
+
+
+_MIN_TTL = dt.timedelta(milliseconds=1)
 
 
 def _schedule(value: Any) -> dt.datetime:

@@ -81,6 +81,15 @@ def test_message_id_defaults_idempotency_key_then_uuid():
     assert len(generated) == 32 and generated != single().message_id
 
 
+@pytest.mark.parametrize("ttl", [1e-7, "0.0000004", 0.0004, 0.001])
+def test_a_ttl_under_a_millisecond_is_a_millisecond_never_none(ttl: float | str) -> None:
+    # Found by the fuzz test: 1e-7 s became timedelta(0), a falsy TTL ("none" to any
+    # `if m.time_to_live`) on a message the client gave a TTL. The broker counts in
+    # milliseconds, and the wire already sent at least one.
+    m = single(props=orjson.dumps({"TimeToLive": ttl}).decode())
+    assert m.time_to_live == dt.timedelta(milliseconds=1)
+
+
 @pytest.mark.parametrize(
     ("props", "fragment"),
     [
