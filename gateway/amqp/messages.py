@@ -312,7 +312,15 @@ def _header(value: Any) -> dict[str, Any]:
         return {}
     if not isinstance(ttl, int) or isinstance(ttl, bool):
         raise MalformedMessage("the header's ttl is not a number")
-    return {"time_to_live": dt.timedelta(milliseconds=int(ttl))}
+    if ttl < 0:
+        raise MalformedMessage("the header's ttl is negative")
+    if ttl >= 2**32:
+        # The standard's ttl is a uint: beyond one is sent as none (the entity's default
+        # applies, never shorter than asked), and a timedelta could not even hold a ulong.
+        return {}
+    # Never under the broker's unit: 0 would be timedelta(0), a falsy "no TTL" (the wire
+    # sends 1 ms for it).
+    return {"time_to_live": dt.timedelta(milliseconds=max(int(ttl), 1))}
 
 
 def _annotations(value: Any) -> dict[str, Any]:

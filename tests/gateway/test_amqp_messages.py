@@ -277,6 +277,33 @@ def test_the_ttl_and_schedule_are_read() -> None:
     assert m.scheduled_enqueue_time_utc == dt.datetime.fromtimestamp(1_800_000_000, dt.UTC)
 
 
+@pytest.mark.parametrize(
+    ("ttl", "want"),
+    [
+        (Uint(0), dt.timedelta(milliseconds=1)),  # the broker's unit, never a falsy "none"
+        (Long(0), dt.timedelta(milliseconds=1)),
+        (Uint(2**32 - 1), dt.timedelta(milliseconds=2**32 - 1)),
+        (Long(2**32), None),  # beyond a uint: sent as none (the entity's default applies)
+        (Ulong(2**64 - 1), None),  # was an OverflowError out of timedelta
+    ],
+)
+def test_a_header_ttl_is_read_within_the_uint_the_standard_gives_it(
+    ttl: Any, want: dt.timedelta | None
+) -> None:
+    """Whatever integer type a client encodes its TTL in, the message carries what the wire
+    sends for it: at least a millisecond, and none beyond a uint."""
+    m = to_outbound(message(header=[None, None, ttl]))
+    assert m.time_to_live == want
+    assert content(bytes(encode(m)))["ttl"] == (None if want is None else max(ttl, 1))
+
+
+def test_a_negative_header_ttl_is_malformed() -> None:
+    """A negative TTL is not a TTL: the message is refused, never carried as one that a
+    backlog could not restore."""
+    with pytest.raises(MalformedMessage, match="ttl"):
+        to_outbound(message(header=[None, None, Long(-5)]))
+
+
 def test_symbolic_descriptors_read_as_the_sdks_numeric_ones() -> None:
     """The SDKs' encoding (numeric descriptors) takes a fast path; any other is decoded
     generically, with the same result."""
