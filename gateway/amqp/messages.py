@@ -331,7 +331,10 @@ def _annotations(value: Any) -> dict[str, Any]:
         if key == PARTITION_KEY and isinstance(v, str) and not isinstance(v, Symbol):
             out["partition_key"] = str(v)
         elif key == SCHEDULED_ENQUEUE_TIME and isinstance(v, Timestamp):
-            out["scheduled_enqueue_time_utc"] = v.to_datetime()
+            try:
+                out["scheduled_enqueue_time_utc"] = v.to_datetime()
+            except DecodeError as exc:  # beyond the calendar: the client's, not a bug
+                raise MalformedMessage(f"the scheduled enqueue time: {exc}") from None
         else:
             raise NotCarried(f"the message annotation {str(key)[:100]!r} cannot be carried")
     return out

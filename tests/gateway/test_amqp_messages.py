@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from gateway.amqp.messages import MalformedMessage, batch_messages, to_outbound
 from gateway.core.backlog import restore, rewrite
 from gateway.core.message import OutboundMessage
-from gateway.errors import NotCarried
+from gateway.errors import NotCarried, RequestError
 from gateway.servicebus.internals.encoding import add, encode
 from gateway.servicebus.receiver import from_sdk
 from sbamqp import codec
@@ -53,6 +53,8 @@ from sbamqp.codec import (
     Ushort,
 )
 from sbamqp.sections import section
+from tests.sbamqp.test_codec import scalars as codec_scalars
+from tests.sbamqp.test_codec import values as codec_values
 
 pytestmark = pytest.mark.unit
 
@@ -304,6 +306,14 @@ def test_a_negative_header_ttl_is_malformed() -> None:
         to_outbound(message(header=[None, None, Long(-5)]))
 
 
+@pytest.mark.parametrize("stamp", [2**62, -(2**62)])
+def test_a_scheduled_time_beyond_the_calendar_is_malformed(stamp: int) -> None:
+    """The client's timestamp, not a bug: refused as its message's own error (it escaped as
+    a DecodeError, answered as the gateway's internal error)."""
+    with pytest.raises(MalformedMessage, match="scheduled"):
+        to_outbound(message(annotations={Symbol("x-opt-scheduled-enqueue-time"): Timestamp(stamp)}))
+
+
 def test_symbolic_descriptors_read_as_the_sdks_numeric_ones() -> None:
     """The SDKs' encoding (numeric descriptors) takes a fast path; any other is decoded
     generically, with the same result."""
@@ -526,3 +536,50 @@ def test_a_batch_of_a_message_that_does_not_decode_is_refused_whole() -> None:
         [to_outbound(p) for p in batch_messages(envelope)]
     big = message(b"x" * 300, properties=["b"])  # a vbin32 data section in the envelope
     assert batch_messages(section(0x75, big) + section(0x75, good)) == [big, good]
+
+
+# -- hostile values: a client's message is carried whole or refused as its own error --------
+
+# Timestamps at and beyond the calendar's ends (year 1 and 9999), where few integers fall.
+_edge_stamps = st.sampled_from([-62135596800001, -62135596800000, 253402300799999, 253402300800000])
+_stamps = st.one_of(_edge_stamps, st.integers(-(2**63), 2**63 - 1)).map(Timestamp)
+_hostile = st.one_of(_stamps, codec_scalars, codec_values)
+
+
+@st.composite
+def hostile_messages(draw: st.DrawFn) -> bytes:
+    """A plain message with one hostile value, wherever the gateway reads one: a header
+    field, an annotation the gateway reads (or another), a properties field, an application
+    property."""
+    value = draw(_hostile)
+    where = draw(st.sampled_from(["header", "annotations", "properties", "app"]))
+    fields: dict[str, Any] = {"properties": ["id"]}
+    if where == "header":
+        header: list[Any] = [None] * 5
+        header[draw(st.integers(0, 4))] = value
+        fields["header"] = header
+    elif where == "annotations":
+        key = draw(st.sampled_from(["x-opt-partition-key", "x-opt-scheduled-enqueue-time", "x-x"]))
+        fields["annotations"] = {Symbol(key): value}
+    elif where == "properties":
+        props: list[Any] = ["id"] + [None] * 12
+        props[draw(st.integers(0, 12))] = value
+        fields["properties"] = props
+    else:
+        fields["app"] = {draw(_names): value}
+    return message(draw(st.binary(max_size=20)), **fields)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_messages())
+def test_a_hostile_message_is_carried_whole_or_refused_as_its_own_error(payload: bytes) -> None:
+    """Any value in any field: the message is refused with a client error (never an
+    exception the edge would answer as its own internal error), or it is one that the
+    primary can be sent and that a backlog queue gives back."""
+    try:
+        m = to_outbound(payload)
+    except RequestError:
+        return
+    assert bytes(encode(m))
+    home = through_backlog(m)
+    assert home.body == m.body and home.message_id == m.message_id
