@@ -59,7 +59,12 @@ growth; the CPU of the gateway, the broker and the generator, each as a share of
 Each phase's log line also says where a request's time in progress went when it was not the
 gateway's CPU: the broker sends of the phase (how many, their mean time and batch, from
 /metrics before and after) and the event loop's lag and requests in progress, sampled from
-/metrics every half second (median and highest).
+/metrics every half second (median and highest); and the clients the steady window held (the
+open connections) against the requests in progress, which marks a phase **client-bound**
+(every held client busy: h2load never brings back a client whose connect was refused, so
+goodput was at most those clients / the latency) or **h2load pipelined** (more in progress
+than connections: see `bench.h2load_reconnect`). ``BENCH_SAMPLES=<seconds>`` samples that
+often and keeps every sample in the JSON beside the table.
 The goals (issue #38), judged at 2x, 5x and 10x in each ladder, each marked met or not:
 goodput >= 90 %, >= 90 % of the excess refused within 50 ms, 2xx p99 <= 100 ms, RSS growth
 <= 64 MiB; and a last line with every goal's tally. And whether the broker stored exactly the
@@ -76,6 +81,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import re
 import statistics
 import time
@@ -253,6 +259,15 @@ _SENDS = re.compile(
 )
 _LOOP_LAG = re.compile(r"^sbgate_event_loop_lag_seconds (\S+)$", re.M)
 _IN_PROGRESS = re.compile(r"^sbgate_http_requests_in_progress (\S+)$", re.M)
+# What a time series of samples (``BENCH_SAMPLES``) adds: where requests wait, summed.
+_GAUGES = {
+    "open_connections": re.compile(r"^sbgate_http_open_connections(?:\{[^}]*\})? (\S+)$", re.M),
+    "sends_in_flight": re.compile(r"^sbgate_broker_sends_in_flight(?:\{[^}]*\})? (\S+)$", re.M),
+    "pending_bytes": re.compile(r"^sbgate_pending_bytes(?:\{[^}]*\})? (\S+)$", re.M),
+    "admission_waiting": re.compile(
+        r"^sbgate_admission_waiting_requests(?:\{[^}]*\})? (\S+)$", re.M
+    ),
+}
 
 
 async def gateway_figures(url: str) -> dict[str, float]:
@@ -280,17 +295,58 @@ async def gateway_figures(url: str) -> dict[str, float]:
     in_progress = _IN_PROGRESS.search(text)
     if in_progress is not None:
         out["loop_in_progress"] = float(in_progress.group(1))
+    for name, pattern in _GAUGES.items():
+        out[f"loop_{name}"] = sum(float(m.group(1)) for m in pattern.finditer(text))
     return out
 
 
-async def _sample_loop(url: str, into: list[dict[str, float]]) -> None:
-    """The gateway's loop lag and requests in progress every half second of a phase (a
-    scrape costs it about a millisecond), until cancelled."""
+# ``BENCH_SAMPLES=<seconds>``: sample that often (default half a second) and keep every
+# sample, stamped with the wall clock, in the phase's record (the JSON beside the table), to
+# be laid beside the h2load logs (``BENCH_H2LOAD_LOGS``) when a phase is studied.
+SAMPLE_EVERY = float(os.environ.get("BENCH_SAMPLES") or 0.5)
+KEEP_SAMPLES = bool(os.environ.get("BENCH_SAMPLES"))
+
+
+async def _sample_loop(url: str, started: float, into: list[dict[str, float]]) -> None:
+    """The gateway's loop lag, requests in progress and open connections every half second
+    of a phase (a scrape costs it about a millisecond), stamped with the seconds since the
+    phase's start (``t``) and the wall clock (``at``), until cancelled."""
     while True:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(SAMPLE_EVERY)
         figures = await gateway_figures(url)
         if "loop_lag_s" in figures:
-            into.append(figures)
+            into.append({"t": time.monotonic() - started, "at": time.time(), **figures})
+
+
+def clients_held(samples: list[dict[str, float]], window: tuple[float, float] | None) -> str:
+    """How many clients the phase's steady window held, and whether each was busy: the
+    medians of the open connections and the requests in progress sampled in it. Every held
+    client busy (in progress at 90 % or more of them) makes the load closed-loop: h2load's
+    clients hold one request at a time and a client whose connect was refused is gone for
+    the phase, so goodput is then at most the clients held / the latency, whatever the
+    gateway could do (measured 2026-11-30: ~500 held after a 10x ramp). More in progress
+    than connections means clients pipelining: h2load's ``--rps`` (1.52) sends every
+    request a client owes in one write on the connection it opens after the server closed
+    the last one (a 503 refused on the handler's path closes it), and those requests wait
+    behind each other on that connection (measured: 10-17 deep, 0.1-0.8 s), which no
+    client of one request at a time would do."""
+    inside = [s for s in samples if window is None or window[0] <= s.get("t", 0.0) < window[1]]
+    if not inside:
+        return ""
+    held = statistics.median(s.get("loop_open_connections", 0.0) for s in inside)
+    busy = statistics.median(s.get("loop_in_progress", 0.0) for s in inside)
+    flags = []
+    if held and busy >= 0.9 * held:
+        flags.append("every client busy: client-bound")
+    if busy > held * PIPELINED_OVER:
+        flags.append("more in progress than connections: h2load pipelined")
+    return f"clients held {held:,.0f}, in progress {busy:,.0f}" + (
+        f" ({'; '.join(flags)})" if flags else ""
+    )
+
+
+# In progress over this many times the open connections: some clients pipelined (above).
+PIPELINED_OVER = 1.05
 
 
 def loop_figures(samples: list[dict[str, float]]) -> str:
@@ -370,7 +426,7 @@ async def phase(
         slow = asyncio.create_task(_slow_broker(stack, middle, raised, seen))
     started = time.monotonic()
     samples: list[dict[str, float]] = []
-    sampler = asyncio.create_task(_sample_loop(stack.gateway.url, samples))
+    sampler = asyncio.create_task(_sample_loop(stack.gateway.url, started, samples))
     try:
         window = await run_h2load(load, cpus=cores.rest, watch=stack.watch)
     except RuntimeError as exc:  # killed past its bound: this phase has no figures
@@ -397,6 +453,7 @@ async def phase(
         k[5:]: after.get(k, 0.0) - shed_before.get(k, 0.0) for k in after if k.startswith("shed_")
     }
     sends = send_figures(shed_before, after) + "; " + loop_figures(samples)
+    held = clients_held(samples, load.steady)
     return {
         "factor": factor,
         "offered": offered,
@@ -413,12 +470,14 @@ async def phase(
             k: v for k, v in after.items() if not k.startswith(("shed_", "sends_", "loop_"))
         },
         "sends": sends,
+        "held": held,
         "adaptive_before": {
             k: v
             for k, v in seen.get("before", {}).items()
             if not k.startswith(("shed_", "sends_", "loop_"))
         },
         "shed": shed,
+        **({"samples": samples} if KEEP_SAMPLES else {}),
     }
 
 
@@ -503,6 +562,8 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
         "adaptive": p["adaptive"],
         "adaptive_before": p["adaptive_before"],
         "gateway_shed": p["shed"],
+        "held": p.get("held", ""),
+        **({"samples": p["samples"]} if "samples" in p else {}),
     }
 
 
@@ -536,8 +597,11 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {row['factor']:g}x | {row['offered']:,.0f} / {row['sent_rate']:,.0f} "
             f"({row['connections']:,}) | {row['goodput_share']:.0%}"
-            f"{_yes(met.get('goodput'))} | {row['p50_ms']:,.0f} / {row['p99_ms']:,.0f}"
-            f"{_yes(met.get('p99'))} | {row['excess']:,} | {row['fast_share']:.0%}"
+            f"{_yes(met.get('goodput'))}"
+            f"{' client-bound' if 'client-bound' in row.get('held', '') else ''} | "
+            f"{row['p50_ms']:,.0f} / {row['p99_ms']:,.0f}{_yes(met.get('p99'))}"
+            f"{' h2load pipelined' if 'pipelined' in row.get('held', '') else ''} | "
+            f"{row['excess']:,} | {row['fast_share']:.0%}"
             f"{_yes(met.get('fast'))} ({row.get('refused_connects', 0):,} connects refused, "
             f"{row.get('reset_in_queue', 0):,} reset in the listener's queue) "
             f"| {row['client_shed']:,} ({row['shed_share']:.0%})"
@@ -636,7 +700,13 @@ def report(
         "RSS growth <= 64 MiB. sent: the rate h2load managed to send; client-shed: arrivals it "
         "could not send within the run (each client holds one request at a time); over 10 % "
         "of the arrivals, the load was generator-bound (raise --max-connections or lower "
-        "--client-rate). CPU: each process's share of one CPU (the gateway has the first CPU; "
+        "--client-rate); client-bound: in the steady window every client h2load still held "
+        "was busy (requests in progress >= 90 % of the open connections, sampled), so goodput "
+        "was at most those clients / the latency (a client refused at connect is gone for the "
+        "phase); h2load pipelined: more requests in progress than connections, h2load's --rps "
+        "having sent every request a client owed in one write after the gateway closed its "
+        "connection, so they waited behind each other there (a p99 of the generator's making). "
+        "CPU: each process's share of one CPU (the gateway has the first CPU; "
         "the broker and h2load share the second); on a shared machine the shares need not add "
         "up to saturation."
     )
@@ -716,6 +786,8 @@ async def bench(args: argparse.Namespace, cores: Cores, log: Any) -> dict[str, A
                         + ", ".join(f"{k} {v:.0%}" for k, v in p["cpu"].items())
                         + f"; {p['sends']}; {p['correctness']}"
                     )
+                    if p["held"]:
+                        log(f"   steady window: {p['held']}")
             await asyncio.sleep(args.cooldown)
             after = rss.sample() or 0
         finally:

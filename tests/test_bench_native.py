@@ -259,3 +259,54 @@ def test_requests_on_connections_reset_in_the_listeners_queue_count_as_refused_f
     assert row["reset_in_queue"] == 500
     assert row["fast_share"] == (240 + 2_300 + 500) / (240 + 1_500 + 2_300)
     assert not row["met"]["fast"]
+
+
+def test_a_phase_whose_every_held_client_is_busy_is_flagged_client_bound() -> None:
+    # The broker x10 10x phase as sampled (2026-11-30): ~500 clients left after the ramp,
+    # each holding a request, under a head limit of 512.
+    from bench.overload_bench import clients_held, table
+
+    def sample(t: float, conns: float, busy: float) -> dict[str, float]:
+        return {"t": t, "loop_open_connections": conns, "loop_in_progress": busy}
+
+    ramp = [sample(0.5, 300, 232), sample(1.5, 3_000, 120)]  # outside the steady window
+    steady = [sample(t, 514, b) for t, b in ((2.5, 512), (3.5, 506), (4.5, 512), (5.5, 380))]
+    held = clients_held(ramp + steady, (2.0, 6.0))
+    assert held == "clients held 514, in progress 509 (every client busy: client-bound)"
+    # Clients with room to spare: a load the gateway could have taken more of.
+    assert (
+        clients_held([sample(3.0, 1_000, 400)], (2.0, 6.0)) == "clients held 1,000, in progress 400"
+    )
+    assert clients_held(ramp, (2.0, 6.0)) == ""  # nothing sampled in the window
+    # The slow kind as sampled: clients that pipelined after the gateway closed their
+    # connection hold more requests in progress than there are connections.
+    pipelined = [sample(t, 329, 409) for t in (2.5, 3.5, 4.5)]
+    assert clients_held(pipelined, (2.0, 6.0)) == (
+        "clients held 329, in progress 409 (every client busy: client-bound; more in "
+        "progress than connections: h2load pipelined)"
+    )
+
+    row = {
+        "factor": 10.0,
+        "offered": 100_000.0,
+        "sent_rate": 12_000.0,
+        "connections": 4_000,
+        "goodput_share": 0.78,
+        "met": {"goodput": False, "fast": True, "p99": True, "rss": True},
+        "p50_ms": 62.0,
+        "p99_ms": 99.0,
+        "excess": 500_000,
+        "fast_share": 1.0,
+        "client_shed": 400_000,
+        "shed_share": 0.8,
+        "rss_growth": 0,
+        "cpu": {},
+        "adaptive": {},
+        "adaptive_before": {},
+        "held": held,
+    }
+    assert "| 78% NOT met client-bound | 62 / 99 met |" in table([row])[2]
+    assert "client-bound" not in table([{**row, "held": ""}])[2]
+    slow = {**row, "p99_ms": 602.0, "met": {**row["met"], "p99": False}}
+    slow["held"] = clients_held(pipelined, (2.0, 6.0))
+    assert "| 62 / 602 NOT met h2load pipelined |" in table([slow])[2]
