@@ -259,12 +259,29 @@ async def serve(mode: str, sink: str) -> None:
 
             tune_gc()  # as `gateway serve` does once started
         port = runner.addresses[0][1]
+        ready: dict[str, int] = {"port": port, "pid": os.getpid()}
+        probes = None
+        if mode != "bare":
+            # The probe port, as `gateway serve` has it with probe_port set: /metrics on a
+            # listener overload never closes, so a bench reads it while the listen port is
+            # paused (a scrape there is refused then).
+            from gateway.web.probes import probe_app
+            from gateway.web.runner import ProbeRunner
+
+            probes = ProbeRunner(
+                probe_app(app), settings=settings, handle_signals=False, access_log=None
+            )
+            await probes.setup()
+            await web.TCPSite(probes, "127.0.0.1", 0).start()
+            ready["probe_port"] = probes.addresses[0][1]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        emit("READY " + orjson.dumps({"port": port, "pid": os.getpid()}).decode())
+        emit("READY " + orjson.dumps(ready).decode())
         await stop.wait()
+        if probes is not None:
+            await probes.cleanup()
     finally:
         await runner.cleanup()
 

@@ -538,6 +538,13 @@ class Server:
     def pid(self) -> int:
         return self.child.pid
 
+    @property
+    def metrics_url(self) -> str:
+        """Where /metrics is read: the gateway's probe port, which overload never closes
+        (the listen port refuses a scrape while it is paused), else the server's own."""
+        port = self.info.get("probe_port")
+        return f"http://127.0.0.1:{port}" if port else self.url
+
     async def close(self) -> None:
         await self.child.close()
 
