@@ -37,6 +37,7 @@ sysdeps:
 	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
+	command -v cc >/dev/null || missing="$$missing gcc"; \
 	{ command -v java >/dev/null && java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; } \
 	  || missing="$$missing openjdk-17-jre-headless"; \
 	if [ -n "$$missing" ]; then \
@@ -111,7 +112,7 @@ pipeline-dist:
 	$(PY) scripts/pipeline_dist.py
 
 ## pytest: every test but tests/packaging, which `make packaging` runs
-pytest: $(STAMP) sysdeps node-deps
+pytest: $(STAMP) sysdeps node-deps $(BIN)/sbload
 	mkdir -p $(PYTEST_DEBUG_TEMPROOT)
 	$(BIN)/pytest -q --durations=15 --ignore=tests/packaging
 
@@ -150,10 +151,17 @@ bench-tools:
 	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v taskset >/dev/null || missing="$$missing util-linux"; \
+	command -v cc >/dev/null || missing="$$missing gcc"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	@$(MAKE) --no-print-directory $(BIN)/sbload
+
+## sbload: the open-loop generator whose clients reconnect one by one (bench/sbload.c)
+$(BIN)/sbload: bench/sbload.c
+	mkdir -p $(BIN)
+	cc -O2 -Wall -Wextra -Werror -o $@ bench/sbload.c
 
 ## bench: benchmarks that print ratios measured in one run
 bench: $(STAMP) bench-tools node-deps

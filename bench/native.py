@@ -21,7 +21,12 @@ loops in C that cost a fraction of that; `make bench-tools` installs them with a
   h2load runs of that many seconds: h2load never retries a refused connect, so without
   slices a client the gateway's paused listener refused is lost for the run. The connects
   refused meanwhile are counted (`refused_connects`, machine-wide), and the connections
-  reset while they waited in the listener's queue (`reset_connections`).
+  reset while they waited in the listener's queue (`reset_connections`). With
+  ``generator="sbload"`` an open loop with a ramp runs `bench/sbload.c` instead (built by
+  `make bench-tools`): the same summary and log, but its clients reconnect one by one after
+  a refused connect, a reset or a close, never pipeline (h2load's ``--rps`` does after a
+  server's close: `bench.h2load_reconnect`), and shed an arrival not sent before their
+  schedule's end.
 * `run_h2load`: the child pinned to the given CPUs (`taskset`), bounded in time (killed
   after its ramp, duration, client deadline and a grace), its per-request log
   (``--log-file``: start, status, microseconds) read into the figures the benchmarks print:
@@ -46,6 +51,7 @@ import os
 import re
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from array import array
@@ -54,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench.harness import Window, cpu_seconds
 
@@ -67,8 +74,9 @@ class ToolMissing(RuntimeError):
 
 
 def tool(name: str) -> str:
-    """The path of `name` (h2load, wrk); ToolMissing with the install command if absent."""
-    path = shutil.which(name)
+    """The path of `name` (h2load, wrk; sbload, which `make bench-tools` builds into the
+    venv's bin); ToolMissing with the install command if absent."""
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if path is None:
         raise ToolMissing(f"{name} is not installed: {INSTALL_HINT}")
     return path
@@ -108,6 +116,10 @@ class H2Load:
     # run), so a client whose connect was refused (the gateway's listener paused) is back at
     # the next slice, as a real client reconnects, instead of lost for the run.
     slice: float = 0.0
+    # Open loop with a ramp: "sbload" (bench/sbload.c) instead of h2load, whose clients each
+    # reconnect on their own after a refused connect, a reset or a close (a jittered backoff,
+    # 50 ms doubling to 1 s) and never pipeline; the same summary and log. One URL.
+    generator: str = "h2load"
 
     @property
     def ramped(self) -> bool:
@@ -150,7 +162,7 @@ class H2Load:
 
     def slices(self) -> list[H2Load]:
         """The successive runs one process of this load is made of (see `slice`)."""
-        if not self.slice or self.rate is None or self.slice >= self.duration:
+        if not self.slice or self.rate is None or self.slice >= self.duration or self.sbload:
             return [self]
         whole = int(self.duration // self.slice)
         runs = [replace(self, duration=self.slice, slice=0.0)] * whole
@@ -159,7 +171,13 @@ class H2Load:
             runs.append(replace(self, duration=rest, slice=0.0))
         return runs
 
+    @property
+    def sbload(self) -> bool:
+        return self.generator == "sbload"
+
     def command(self, body_path: Path, log_path: Path, urls_path: Path | None) -> list[str]:
+        if self.sbload:
+            return self._sbload(body_path, log_path)
         cmd = [
             tool("h2load"),
             "--h1",
@@ -188,6 +206,28 @@ class H2Load:
         else:
             cmd.append(self.urls[0])
         return cmd
+
+    def _sbload(self, body_path: Path, log_path: Path) -> list[str]:
+        """sbload's arguments (bench/sbload.c): an open loop over a ramp, to one URL."""
+        if not self.ramped or len(self.urls) != 1:
+            raise ValueError("sbload runs an open loop with a ramp, to one URL")
+        assert self.rate is not None
+        url = urlsplit(self.urls[0])
+        return [
+            tool("sbload"),
+            url.hostname or "127.0.0.1",
+            str(url.port or 80),
+            url.path or "/",
+            str(body_path),
+            str(self.connections),
+            str(self.requests),
+            f"{self.rate / self.connections:.6f}",
+            f"{self.ramp:g}",
+            f"{self.timeout:g}",
+            f"{self.bound - GRACE:g}",
+            str(log_path),
+            *(f"{name}: {value}" for name, value in self.headers.items()),
+        ]
 
     def _length(self) -> list[str]:
         """How long the run is: a duration (``-D``), or with a ramp its requests (``-n``)
@@ -448,7 +488,7 @@ def _result(
     if summary["timeout"]:
         errors["timeout"] = int(summary["timeout"])
     return {
-        "generator": "h2load",
+        "generator": load.generator,
         "rate": answered / wall if wall > 0 else 0.0,
         "offered": load.rate,
         "wall": wall,

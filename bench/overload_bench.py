@@ -318,7 +318,9 @@ async def _sample_loop(url: str, started: float, into: list[dict[str, float]]) -
             into.append({"t": time.monotonic() - started, "at": time.time(), **figures})
 
 
-def clients_held(samples: list[dict[str, float]], window: tuple[float, float] | None) -> str:
+def clients_held(
+    samples: list[dict[str, float]], window: tuple[float, float] | None, generator: str = "h2load"
+) -> str:
     """How many clients the phase's steady window held, and whether each was busy: the
     medians of the open connections and the requests in progress sampled in it. Every held
     client busy (in progress at 90 % or more of them) makes the load closed-loop: h2load's
@@ -329,7 +331,8 @@ def clients_held(samples: list[dict[str, float]], window: tuple[float, float] | 
     request a client owes in one write on the connection it opens after the server closed
     the last one (a 503 refused on the handler's path closes it), and those requests wait
     behind each other on that connection (measured: 10-17 deep, 0.1-0.8 s), which no
-    client of one request at a time would do."""
+    client of one request at a time would do. sbload's clients reconnect, so with it every
+    held client busy says only that the gateway took no more (its head's limit)."""
     inside = [s for s in samples if window is None or window[0] <= s.get("t", 0.0) < window[1]]
     if not inside:
         return ""
@@ -337,7 +340,11 @@ def clients_held(samples: list[dict[str, float]], window: tuple[float, float] | 
     busy = statistics.median(s.get("loop_in_progress", 0.0) for s in inside)
     flags = []
     if held and busy >= 0.9 * held:
-        flags.append("every client busy: client-bound")
+        flags.append(
+            "every client busy: client-bound"
+            if generator == "h2load"
+            else "every client busy: as many as the gateway took"
+        )
     if busy > held * PIPELINED_OVER:
         flags.append("more in progress than connections: h2load pipelined")
     return f"clients held {held:,.0f}, in progress {busy:,.0f}" + (
@@ -381,7 +388,7 @@ def send_figures(before: dict[str, float], after: dict[str, float]) -> str:
 
 async def _slow_broker(stack: Stack, after: float, ms: float, seen: dict[str, Any]) -> None:
     await asyncio.sleep(after)
-    seen["before"] = await gateway_figures(stack.gateway.url)
+    seen["before"] = await gateway_figures(stack.gateway.metrics_url)
     if stack.e2e is not None:
         await stack.e2e.control.set_latency("primary", round_trip_ms=ms)
 
@@ -415,8 +422,9 @@ async def phase(
         spread=args.spread,
         ramp=args.ramp,
         slice=args.slice,
+        generator=args.generator,
     )
-    shed_before = await gateway_figures(stack.gateway.url)
+    shed_before = await gateway_figures(stack.gateway.metrics_url)
     seen: dict[str, Any] = {}
     slow = None
     if ladder == "broker-x10" and stack.e2e is not None:
@@ -426,7 +434,7 @@ async def phase(
         slow = asyncio.create_task(_slow_broker(stack, middle, raised, seen))
     started = time.monotonic()
     samples: list[dict[str, float]] = []
-    sampler = asyncio.create_task(_sample_loop(stack.gateway.url, started, samples))
+    sampler = asyncio.create_task(_sample_loop(stack.gateway.metrics_url, started, samples))
     try:
         window = await run_h2load(load, cpus=cores.rest, watch=stack.watch)
     except RuntimeError as exc:  # killed past its bound: this phase has no figures
@@ -445,7 +453,7 @@ async def phase(
             with contextlib.suppress(asyncio.CancelledError):
                 await slow
     ended = time.monotonic()
-    after = await gateway_figures(stack.gateway.url)
+    after = await gateway_figures(stack.gateway.metrics_url)
     r = window.result
     abandoned = sum(int(v) for v in r["errors"].values()) + int(r["unanswered_at_end"])
     check = await stack.check(int(r["total_ok"]), abandoned)
@@ -453,7 +461,7 @@ async def phase(
         k[5:]: after.get(k, 0.0) - shed_before.get(k, 0.0) for k in after if k.startswith("shed_")
     }
     sends = send_figures(shed_before, after) + "; " + loop_figures(samples)
-    held = clients_held(samples, load.steady)
+    held = clients_held(samples, load.steady, load.generator)
     return {
         "factor": factor,
         "offered": offered,
@@ -585,7 +593,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| load | offered / sent req/s (clients) | goodput / sustainable | 2xx p50 / p99 ms "
         "| excess | of it sent, refused <= fast | client-shed (of arrivals) | RSS growth "
-        "| CPU: gateway / broker / h2load | limit: at the head / the namespace's |",
+        "| CPU: gateway / broker / generator | limit: at the head / the namespace's |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -667,7 +675,8 @@ def report(
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     log(f"\n== P9 overload ladder ({now}, {loadavg()})")
     log(
-        f"sink {args.sink}; adaptive admission {args.adaptive}; sustainable {rate:,.0f} req/s "
+        f"sink {args.sink}; generator {args.generator}; adaptive admission {args.adaptive}; "
+        f"sustainable {rate:,.0f} req/s "
         f"(windows {spread}; {ok_us:.0f} us of gateway CPU a 2xx); unloaded (0.5x) 2xx p50 "
         f"{unloaded.get('p50_ms', math.nan):.0f} ms, p99 "
         f"{unloaded.get('p99_ms', math.nan):.0f} ms; RSS baseline "
@@ -905,6 +914,14 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="h2load processes an open-loop load is split into, started a fraction of a "
         "client's interval apart (the phases' spread without a ramp; 1)",
+    )
+    parser.add_argument(
+        "--generator",
+        choices=("h2load", "sbload"),
+        default="h2load",
+        help="the open-loop phases' generator: h2load, or sbload (bench/sbload.c: its clients "
+        "reconnect one by one after a refused connect or a close, and never pipeline; make "
+        "bench-tools builds it) (h2load)",
     )
     parser.add_argument(
         "--slice",

@@ -11,11 +11,13 @@ import asyncio
 import shutil
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from bench.harness import Window
 from bench.native import (
     H2Load,
     parse_h2load,
@@ -129,18 +131,17 @@ async def test_h2load_open_loop_with_a_ramp_sends_a_rate_not_bursts(served: str)
     assert len(r["series"]) >= 2 * len(unramped["series"]), (r["series"], unramped["series"])
 
 
-async def test_h2load_open_loop_in_slices_brings_back_clients_whose_connect_was_refused(
-    tmp_path: Path,
-) -> None:
-    # A port nobody listens on yet: every client's first connect is refused (a paused
-    # listener). The server starts once a refusal is seen; the next slice connects to it.
+def _unused_port() -> int:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
+    port: int = probe.getsockname()[1]
     probe.close()
-    url = f"http://127.0.0.1:{port}/queues/orders/messages"
-    load = H2Load([url], duration=2.0, connections=4, rate=40, slice=0.5)
-    assert [s.duration for s in load.slices()] == [0.5, 0.5, 0.5, 0.5]
+    return port
+
+
+async def _refused_then_served(load: H2Load, port: int) -> Window:
+    """Run `load` against `port`, where nobody listens yet: every client's first connect is
+    refused (a paused listener); a server starts there once a refusal is seen."""
     refused0 = refused_connects()
     app = web.Application()
     app.router.add_post("/queues/{name}/messages", _answer)
@@ -152,12 +153,86 @@ async def test_h2load_open_loop_in_slices_brings_back_clients_whose_connect_was_
             while refused_connects() == refused0 and not running.done():
                 await asyncio.sleep(0.01)  # polling the kernel's counter, with the deadline
             await web.TCPSite(runner, "127.0.0.1", port).start()
-            window = await running
+            return await running
     finally:
         await runner.cleanup()
-    r = window.result
+
+
+async def test_h2load_open_loop_in_slices_brings_back_clients_whose_connect_was_refused() -> None:
+    # The next slice connects to the server that started meanwhile.
+    port = _unused_port()
+    url = f"http://127.0.0.1:{port}/queues/orders/messages"
+    load = H2Load([url], duration=2.0, connections=4, rate=40, slice=0.5)
+    assert [s.duration for s in load.slices()] == [0.5, 0.5, 0.5, 0.5]
+    r = (await _refused_then_served(load, port)).result
     assert r["refused_connects"] >= 1
     assert r["statuses"].get("201", 0) > 0  # the clients came back at a later slice
+
+
+async def test_sbload_clients_come_back_on_their_own_after_a_refused_connect() -> None:
+    # As above, with one sbload run: each client whose connect was refused reconnects after
+    # its backoff, so every request is answered once a server listens.
+    port = _unused_port()
+    url = f"http://127.0.0.1:{port}/queues/orders/messages"
+    load = H2Load([url], duration=2.0, connections=4, rate=40, ramp=0.1, generator="sbload")
+    r = (await _refused_then_served(load, port)).result
+    assert r["generator"] == "sbload" and r["refused_connects"] >= 1
+    # Every request sent once its client was back, and answered: none lost, none pipelined.
+    assert r["statuses"] == {"201": 80} and r["sent"] == 80 and r["unanswered_at_end"] == 0
+
+
+async def test_sbload_sends_one_request_at_a_time_after_the_server_closes_a_connection() -> None:
+    # The check h2load fails (bench.h2load_reconnect): each odd connection is answered 503 and
+    # closed after 0.3 s, so its client falls behind; sbload's client reconnects and sends
+    # what it owes one request at a time, and the run ends with every request answered.
+    from bench.h2load_reconnect import _Server
+
+    server = _Server()
+    listening = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    port = listening.sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}/queues/orders/messages"
+    load = H2Load([url], duration=2.0, connections=4, rate=100, ramp=0.1, generator="sbload")
+    try:
+        async with asyncio.timeout(60):
+            r = (await run_h2load(load, cpus=frozenset(), watch={})).result
+    finally:
+        listening.close()
+    assert set(server.per_read) == {1}, server.per_read  # never two requests in one read
+    assert server.connections > 4  # the closed ones were reopened
+    assert r["statuses"]["503"] == (server.connections + 1) // 2  # each odd one's first
+    assert r["statuses"]["201"] + r["statuses"]["503"] == r["due"] == 200
+    assert r["unanswered_at_end"] == 0 and r["failed"] == 0
+
+
+def test_sbload_is_given_its_arguments() -> None:
+    load = H2Load(
+        ["http://127.0.0.1:8080/queues/orders/messages"],
+        duration=6.0,
+        connections=4_000,
+        rate=100_000,
+        ramp=2.0,
+        timeout=10.0,
+        generator="sbload",
+        headers={"content-type": "application/json"},
+    )
+    cmd = load.command(Path("body"), Path("log"), None)
+    assert cmd[1:] == [
+        "127.0.0.1",
+        "8080",
+        "/queues/orders/messages",
+        "body",
+        "4000",
+        "600000",
+        "25.000000",
+        "2",
+        "10",
+        f"{load.bound - 30.0:g}",
+        "log",
+        "content-type: application/json",
+    ]
+    assert load.slices() == [load]  # its clients reconnect themselves
+    with pytest.raises(ValueError, match="ramp"):
+        replace(load, ramp=0.0).command(Path("body"), Path("log"), None)
 
 
 def test_the_steady_windows_latency_leaves_the_ramp_out() -> None:
@@ -278,6 +353,8 @@ def test_a_phase_whose_every_held_client_is_busy_is_flagged_client_bound() -> No
         clients_held([sample(3.0, 1_000, 400)], (2.0, 6.0)) == "clients held 1,000, in progress 400"
     )
     assert clients_held(ramp, (2.0, 6.0)) == ""  # nothing sampled in the window
+    # sbload's clients reconnect: the same samples say the gateway took no more.
+    assert "client-bound" not in clients_held(ramp + steady, (2.0, 6.0), "sbload")
     # The slow kind as sampled: clients that pipelined after the gateway closed their
     # connection hold more requests in progress than there are connections.
     pipelined = [sample(t, 329, 409) for t in (2.5, 3.5, 4.5)]
