@@ -78,6 +78,14 @@ static double wall_us(void) {
 
 static double jitter(double d) { return d * (0.5 + (double)rand() / RAND_MAX); }
 
+static void *must(void *p) {
+    if (p == NULL) {
+        perror("sbload");
+        exit(1);
+    }
+    return p;
+}
+
 static void drop(client *c, double now, double delay) {
     if (c->fd >= 0) {
         epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
@@ -183,7 +191,7 @@ static void on_readable(client *c, double now) {
     for (;;) {
         if (c->rcap - c->rlen < 4096) {
             c->rcap = c->rcap * 2 + 8192;
-            c->rbuf = realloc(c->rbuf, c->rcap);
+            c->rbuf = must(realloc(c->rbuf, c->rcap));
         }
         ssize_t n = read(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen);
         if (n == 0) {
@@ -260,7 +268,7 @@ int main(int argc, char **argv) {
     fseek(bf, 0, SEEK_END);
     long body_len = ftell(bf);
     fseek(bf, 0, SEEK_SET);
-    char *body = malloc((size_t)body_len + 1);
+    char *body = must(malloc((size_t)body_len + 1));
     if (fread(body, 1, (size_t)body_len, bf) != (size_t)body_len) {
         perror("sbload: BODY_FILE");
         return 2;
@@ -284,7 +292,8 @@ int main(int argc, char **argv) {
     size_t headers_len = 0;
     for (int i = 12; i < argc; i++)
         headers_len += strlen(argv[i]) + 2;
-    request = malloc(strlen(argv[3]) + strlen(argv[1]) + headers_len + (size_t)body_len + 256);
+    request = must(
+        malloc(strlen(argv[3]) + strlen(argv[1]) + headers_len + (size_t)body_len + 256));
     int at = sprintf(request, "POST %s HTTP/1.1\r\nHost: %s:%s\r\nContent-Length: %ld\r\n",
                      argv[3], argv[1], argv[2], body_len);
     for (int i = 12; i < argc; i++)
@@ -294,7 +303,7 @@ int main(int argc, char **argv) {
     request_len = (size_t)at + (size_t)body_len;
 
     ep = epoll_create1(0);
-    clients = calloc((size_t)nclients, sizeof(client));
+    clients = must(calloc((size_t)nclients, sizeof(client)));
     double t0 = mono();
     srand((unsigned)t0);
     for (long i = 0; i < nclients; i++) {
