@@ -1,19 +1,28 @@
 """P9: the gateway at 2x, 5x and 10x its sustainable request rate, as clients meet it.
 
-    make bench-tools                                    # h2load and wrk (apt), once
+    make bench-tools                                    # h2load, wrk (apt), sbload, once
     .venv/bin/python -m bench.overload_bench            # ~5 minutes: both ladders
     .venv/bin/python -m bench.overload_bench --quick    # 6 s per load, one rate window
     .venv/bin/python -m bench.overload_bench --sink null   # the gateway alone, no broker
     .venv/bin/python -m bench.overload_bench --ladders steady   # without the slow broker
     .venv/bin/python -m bench.overload_bench --adaptive off     # the fixed caps only
+    .venv/bin/python -m bench.overload_bench --generator h2load # h2load's open loop
 
 The gateway runs pinned to the first CPU, with the real SDK against the local broker
 (`sblocal`) on the second (``--sink null``: a sink that stores nothing, to isolate the gateway
 from the broker), with adaptive admission on (``--adaptive``; docs/admission.md). The load
-comes from `h2load` (Debian's nghttp2-client, `bench.native`), pinned to the second CPU: a C
-event loop, a fraction of the CPU per request a Python generator spent. Traffic goes to
-127.0.0.1 only; every phase is bounded in time (h2load is killed past its duration + 30 s)
-and prints what it measured.
+comes from native generators pinned to the second CPU (`bench.native`), C event loops that cost a
+fraction of the CPU per request a Python generator spent: the closed-loop windows from
+`h2load` (Debian's nghttp2-client), the open-loop phases from `sbload` (``--generator``;
+`bench/sbload.c`, which ``make bench-tools`` builds), whose clients behave as a fleet of real
+ones under overload: each holds one request at a time and never pipelines, reconnects on its
+own after a refused connect, a reset or a close (a jittered backoff, 50 ms doubling to
+1 s), and sends what it owes one request after another once back, until its schedule ends.
+``--generator h2load`` runs those phases with h2load, whose client refused at connect is
+gone for the phase and which pipelines every request it owes after a server's close (both
+measured: `bench.h2load_reconnect`, docs/performance-results.md). Traffic goes to
+127.0.0.1 only; every phase is bounded in time (the generator is killed past its duration +
+30 s) and prints what it measured.
 
 0. **What a refusal costs**: a second gateway (null sink) with one request held in progress
    and ``max_requests_in_progress`` 1, so that every other request is refused at its head;
@@ -33,30 +42,31 @@ and prints what it measured.
    the listener's accept-queue pause, which refused clients h2load never brought back.
    Goodput is judged over the steady window, from the ramp's end to the duration, when
    every client sends. The gateway's listener pauses under overload (the kernel refuses
-   connects at no cost to it) and h2load never retries a refused connect: each refused
-   connect (``Tcp: AttemptFails``, machine-wide) counts as a refusal within 50 ms. So does
-   each request sent on a connection the pause reset while it waited in the listener's
-   queue: h2load counts those started and never done ("in flight at the end") and logs no
-   line for them; the machine's ``Tcp: EstabResets`` (both ends of each, over loopback)
-   bounds how many of the requests in flight at the end they are (measured 2026-11-30: 1,118
-   in flight at the end of a 10x phase, 2,234 resets). With ``--slice``, each process runs as
+   connects at no cost to it; sbload's client tries again after its backoff, h2load's never
+   does): each refused connect (``Tcp: AttemptFails``, machine-wide) counts as a refusal
+   within 50 ms. So does each request sent on a connection the pause reset while it waited
+   in the listener's queue: h2load counts those started and never done ("in flight at the
+   end") and logs no line for them (sbload logs each one failed, within 50 ms when it was);
+   the machine's ``Tcp: EstabResets`` (both ends of each, over loopback) bounds how many of
+   the requests in flight at the end they are (measured 2026-11-30: 1,118 in flight at the
+   end of a 10x phase, 2,234 resets). With ``--slice`` (h2load only), each process runs as
    successive h2load runs of that many seconds, so a refused client comes back at the next
    slice as a real client reconnects; off by default: measured (2026-11-29), each slice's
-   reconnection of a process's clients at once held the listener closed by its
-   accept-queue rule half of a quick phase, and goodput fell
-   (docs/performance-results.md).
-   ``steady``: the broker's round trip is
-   ``--broker-base-ms`` throughout; ``broker-x10``: the same, raised tenfold half-way
-   through each loaded phase (the adaptive limit must follow; it is read from /metrics just
-   before and at the end).
+   reconnection of a process's clients at once held the listener closed by its accept-queue
+   rule half of a quick phase, and goodput fell (docs/performance-results.md). ``steady``:
+   the broker's round trip is ``--broker-base-ms`` throughout; ``broker-x10``: the same,
+   raised tenfold half-way through each loaded phase (the adaptive limit must follow; it is
+   read from /metrics just before and at the end).
 
-Printed, in one table per ladder, per load: the rate offered and the rate h2load managed to
-send (an arrival it could not send within the run is client-shed: the load was then
-generator-bound, flagged over 10 %); goodput as a share of the sustainable rate; the 2xx
-p50/p99; the excess (due, not answered 2xx) and how much of what was sent of it was refused
-fast (a ``503`` or a connection failure within ``--fast``, 50 ms, of being sent); the RSS
-growth; the CPU of the gateway, the broker and the generator, each as a share of one CPU.
-Each phase's log line also says where a request's time in progress went when it was not the
+Printed, in one table per ladder, per load: the rate offered and the rate the generator
+managed to send (an arrival it could not send within the run is client-shed; over 10 % it is
+flagged: with h2load the load was generator-bound, too few clients for the latency; with
+sbload it is what refused clients owed and could not send before their schedule's end);
+goodput as a share of the sustainable rate; the 2xx p50/p99; the excess (due, not answered
+2xx) and how much of what was sent of it was refused fast (a ``503`` or a connection failure
+within ``--fast``, 50 ms, of being sent); the RSS growth; the CPU of the gateway, the broker
+and the generator, each as a share of one CPU. Each phase's log line also says where a
+request's time in progress went when it was not the
 gateway's CPU: the broker sends of the phase (how many, their mean time and batch, from
 /metrics before and after) and the event loop's lag and requests in progress, sampled from
 /metrics every half second (median and highest); and the clients the steady window held (the
@@ -560,6 +570,7 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
         "statuses": r["statuses"],
         "client_shed": shed,
         "shed_share": shed / int(r["due"]) if int(r["due"]) else 0.0,
+        "generator": r.get("generator", "h2load"),
         "errors": r["errors"],
         "fast_share": fast_share,
         "rss_growth": growth,
@@ -573,6 +584,16 @@ def summarize(p: dict[str, Any], rate: float, baseline: int) -> dict[str, Any]:
         "held": p.get("held", ""),
         **({"samples": p["samples"]} if "samples" in p else {}),
     }
+
+
+def _shed_flag(row: dict[str, Any]) -> str:
+    """Over a tenth of the arrivals client-shed: h2load's clients were too few for the
+    latency (generator-bound); sbload's were refused clients backing off, which then owed
+    more than they could send one at a time before their schedule's end (the gateway's
+    refusal, not the generator's limit)."""
+    if row["shed_share"] <= 0.1:
+        return ""
+    return " owed by refused clients" if row.get("generator") == "sbload" else " generator-bound"
 
 
 def _yes(ok: bool | None) -> str:
@@ -612,8 +633,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             f"{row['excess']:,} | {row['fast_share']:.0%}"
             f"{_yes(met.get('fast'))} ({row.get('refused_connects', 0):,} connects refused, "
             f"{row.get('reset_in_queue', 0):,} reset in the listener's queue) "
-            f"| {row['client_shed']:,} ({row['shed_share']:.0%})"
-            f"{' generator-bound' if row['shed_share'] > 0.1 else ''} | "
+            f"| {row['client_shed']:,} ({row['shed_share']:.0%}){_shed_flag(row)} | "
             f"{row['rss_growth'] / MiB:+.1f} MiB{_yes(met.get('rss'))} | "
             f"{cpu.get('gateway', 0):.0%} / {cpu.get('broker', 0):.0%} / "
             f"{cpu.get('h2load', 0):.0%} | {_limit(row, 'head_limit')} / "
@@ -706,11 +726,13 @@ def report(
         f"sustainable; >= {GOAL_FAST:.0%} of the excess that was sent refused (503 or "
         f"connection failure, a refused connect counted as one) within {args.fast * 1000:g} "
         f"ms; 2xx p99 <= {GOAL_P99_MS:.0f} ms; "
-        "RSS growth <= 64 MiB. sent: the rate h2load managed to send; client-shed: arrivals it "
-        "could not send within the run (each client holds one request at a time); over 10 % "
-        "of the arrivals, the load was generator-bound (raise --max-connections or lower "
-        "--client-rate); client-bound: in the steady window every client h2load still held "
-        "was busy (requests in progress >= 90 % of the open connections, sampled), so goodput "
+        "RSS growth <= 64 MiB. sent: the rate the generator managed to send; client-shed: "
+        "arrivals it could not send within the run (each client holds one request at a time); "
+        "over 10 % of the arrivals: with h2load generator-bound (raise --max-connections or "
+        "lower --client-rate), with sbload owed by refused clients (connects refused, their "
+        "backlog not sent before their schedule's end: the gateway refusing); client-bound: "
+        "in the steady window every client h2load still held was busy (requests in progress "
+        ">= 90 % of the open connections, sampled), so goodput "
         "was at most those clients / the latency (a client refused at connect is gone for the "
         "phase); h2load pipelined: more requests in progress than connections, h2load's --rps "
         "having sent every request a client owed in one write after the gateway closed its "
@@ -918,10 +940,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--generator",
         choices=("h2load", "sbload"),
-        default="h2load",
-        help="the open-loop phases' generator: h2load, or sbload (bench/sbload.c: its clients "
-        "reconnect one by one after a refused connect or a close, and never pipeline; make "
-        "bench-tools builds it) (h2load)",
+        default="sbload",
+        help="the open-loop phases' generator: sbload (bench/sbload.c, which make bench-tools "
+        "builds: its clients reconnect one by one after a refused connect or a close, and "
+        "never pipeline), or h2load (whose refused clients are gone for the phase and which "
+        "pipelines after a close) (sbload)",
     )
     parser.add_argument(
         "--slice",

@@ -387,3 +387,8 @@ def test_a_phase_whose_every_held_client_is_busy_is_flagged_client_bound() -> No
     slow = {**row, "p99_ms": 602.0, "met": {**row["met"], "p99": False}}
     slow["held"] = clients_held(pipelined, (2.0, 6.0))
     assert "| 62 / 602 NOT met h2load pipelined |" in table([slow])[2]
+    # Arrivals client-shed: h2load had too few clients; sbload's refused clients owed them.
+    assert "| 400,000 (80%) generator-bound |" in table([row])[2]
+    owed = table([{**row, "generator": "sbload"}])[2]
+    assert "| 400,000 (80%) owed by refused clients |" in owed and "generator-bound" not in owed
+    assert "(5%) |" in table([{**row, "client_shed": 25_000, "shed_share": 0.05}])[2]
