@@ -11,8 +11,8 @@
 The gateway runs pinned to the first CPU, with the real SDK against the local broker
 (`sblocal`) on the second (``--sink null``: a sink that stores nothing, to isolate the gateway
 from the broker), with adaptive admission on (``--adaptive``; docs/admission.md). The load
-comes from native generators pinned to the second CPU (`bench.native`), C event loops that cost a
-fraction of the CPU per request a Python generator spent: the closed-loop windows from
+comes from native generators pinned to the second CPU (`bench.native`), C event loops that
+cost a fraction of the CPU per request a Python generator spent: the closed-loop windows from
 `h2load` (Debian's nghttp2-client), the open-loop phases from `sbload` (``--generator``;
 `bench/sbload.c`, which ``make bench-tools`` builds), whose clients behave as a fleet of real
 ones under overload: each holds one request at a time and never pipelines, reconnects on its
@@ -66,20 +66,19 @@ goodput as a share of the sustainable rate; the 2xx p50/p99; the excess (due, no
 2xx) and how much of what was sent of it was refused fast (a ``503`` or a connection failure
 within ``--fast``, 50 ms, of being sent); the RSS growth; the CPU of the gateway, the broker
 and the generator, each as a share of one CPU. Each phase's log line also says where a
-request's time in progress went when it was not the
-gateway's CPU: the broker sends of the phase (how many, their mean time and batch, from
-/metrics before and after) and the event loop's lag and requests in progress, sampled from
-/metrics every half second (median and highest); and the clients the steady window held (the
-open connections) against the requests in progress, which marks a phase **client-bound**
-(every held client busy: h2load never brings back a client whose connect was refused, so
-goodput was at most those clients / the latency) or **h2load pipelined** (more in progress
-than connections: see `bench.h2load_reconnect`). ``BENCH_SAMPLES=<seconds>`` samples that
-often and keeps every sample in the JSON beside the table.
-The goals (issue #38), judged at 2x, 5x and 10x in each ladder, each marked met or not:
-goodput >= 90 %, >= 90 % of the excess refused within 50 ms, 2xx p99 <= 100 ms, RSS growth
-<= 64 MiB; and a last line with every goal's tally. And whether the broker stored exactly the
-messages answered 2xx. Latency is from when a request was sent (h2load's), not from when it
-was due.
+request's time in progress went when it was not the gateway's CPU: the broker sends of the
+phase (how many, their mean time and batch, from /metrics before and after) and the event
+loop's lag and requests in progress, sampled from /metrics every half second (median and
+highest); and the clients the steady window held (the open connections) against the requests
+in progress, which marks a phase **client-bound** (every held client busy: h2load never
+brings back a client whose connect was refused, so goodput was at most those clients / the
+latency) or **h2load pipelined** (more in progress than connections: see
+`bench.h2load_reconnect`). ``BENCH_SAMPLES=<seconds>`` samples that often and keeps every
+sample in the JSON beside the table. The goals (issue #38), judged at 2x, 5x and 10x in each
+ladder, each marked met or not: goodput >= 90 %, >= 90 % of the excess refused within 50 ms,
+2xx p99 <= 100 ms, RSS growth <= 64 MiB; and a last line with every goal's tally. And
+whether the broker stored exactly the messages answered 2xx. Latency is from when a request
+was sent (by the generator's clock), not from when it was due.
 
 On a shared machine absolute figures mean little and ratios are noisy: the header and the
 summary print the load average, and a figure is only as good as the quiet it was measured in.
