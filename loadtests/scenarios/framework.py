@@ -275,6 +275,21 @@ def acked_fraction(ctx: Ctx) -> tuple[int, int]:
     return len(acked), len(every)
 
 
+def five_xx(records: list[Any]) -> tuple[int, str]:
+    """The attempts answered 5xx, and what they were, by status and error code: (3,
+    "3 answers >= 500 (503 overloaded x2, 500 internal_error x1)"), or (0, "none")."""
+    kinds: dict[str, int] = {}
+    for r in records:
+        if r.status is not None and r.status >= 500:
+            key = f"{r.status} {r.error or '-'}"
+            kinds[key] = kinds.get(key, 0) + 1
+    n = sum(kinds.values())
+    if not n:
+        return 0, "none"
+    listed = ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return n, f"{n} answers >= 500 ({listed})"
+
+
 def other_statuses(records: list[Any]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in records:
@@ -299,7 +314,9 @@ async def run_scenario(
     criterion (it is in the result); raises only if the stack cannot start.
 
     `scale` multiplies the scenario's durations; `max_rate` caps every client's request
-    rate (the CI version keeps to a few thousand messages)."""
+    rate (the CI version keeps to a few thousand messages). Without `keep_logs` the
+    processes' logs are removed after a run that met every criterion, and kept after one
+    that did not (what the gateways logged is how a failure is read)."""
     run_dir = out_dir / scn.name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -381,7 +398,7 @@ async def run_scenario(
     (run_dir / "result.json").write_bytes(
         orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2)
     )
-    if not keep_logs:
+    if not keep_logs and result.passed:
         shutil.rmtree(run_dir / "logs", ignore_errors=True)
     return result
 

@@ -7,18 +7,24 @@ import asyncio
 import random
 import time
 
+from gateway.errors import Overloaded
 from loadtests.harness import backlog_depth
-from loadtests.scenarios.framework import Ctx, acked_fraction, pct, profile
+from loadtests.scenarios.framework import Ctx, acked_fraction, five_xx, pct, profile
 from loadtests.stack import PRIMARY
 
 
 async def baseline(ctx: Ctx) -> None:
-    """Steady load, no fault: everything to the primary, no 5xx."""
+    """Steady load, no fault: everything to the primary, no 5xx. A ``503 overloaded`` is
+    the gateway shedding a request whose head waited for a loop that was behind (a host that
+    stalled the process): a timed criterion, as a busy machine can miss it; any other 5xx
+    is a fault of the gateway's."""
     c = ctx.client(profile(concurrency=16))
     await c.run(duration=ctx.s(30))
     recs = c.stats.records
-    n5 = sum(1 for r in recs if r.status is not None and r.status >= 500)
-    ctx.criterion("no 5xx", n5 == 0, f"{n5} answers >= 500")
+    n5, what = five_xx([r for r in recs if r.error != Overloaded.code])
+    ctx.criterion("no 5xx", n5 == 0, what)
+    shed, what = five_xx([r for r in recs if r.error == Overloaded.code])
+    ctx.criterion("nothing shed as overloaded", shed == 0, what, timed=True)
     routes = {r.route for r in recs if r.outcome == "acked"}
     ctx.criterion("every message to the primary", routes <= {"primary"}, f"routes {routes}")
 

@@ -12,7 +12,9 @@ import pytest
 
 from loadtests.acks import Ack, AckWriter, classify, read_acks
 from loadtests.checker import check
+from loadtests.client import RequestRecord
 from loadtests.proxy import FaultProxy
+from loadtests.scenarios.framework import five_xx
 
 
 @pytest.fixture
@@ -167,6 +169,26 @@ def test_checker_classifies_every_case() -> None:
     assert v.phantoms == 1
     assert v.not_acked == 1
     assert v.status_5xx == 2 and v.status_4xx == 1 and v.indeterminate == 2
+
+
+def test_five_xx_names_what_each_answer_was() -> None:
+    # A "no 5xx" criterion that fails says which statuses and error codes it saw.
+    def rec(status: int | None, error: str | None = None) -> RequestRecord:
+        return RequestRecord(0.0, 0.1, status, "acked", None, 1, "u", error, 0)
+
+    records = [
+        rec(201),
+        rec(503, "overloaded"),
+        rec(500, "internal_error"),
+        rec(503, "overloaded"),
+        rec(None, "ClientOSError"),
+        rec(404, "not_found"),
+    ]
+    assert five_xx(records) == (
+        3,
+        "3 answers >= 500 (503 overloaded x2, 500 internal_error x1)",
+    )
+    assert five_xx([rec(201), rec(None, "TimeoutError")]) == (0, "none")
 
 
 def test_ack_format_round_trips(tmp_path: Path) -> None:
