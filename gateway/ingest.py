@@ -286,23 +286,28 @@ def log_outcome(
     if not access_log.enabled(level):
         return
     request_id = outcome.request_id
-    extra: dict[str, object] = {
-        "request_id": request_id,
-        "protocol": outcome.protocol,
-        "entity": entity,
-        "status": status,
-        "route": route,
-        "message_ids": [m.message_id for m in messages[:20]],
-        "messages": len(messages),
-        "latency_ms": round(elapsed * 1000, 3),
-    }
+    line = access_log.head(level, f"request {request_id} -> {status}")
+    line["request_id"] = request_id
+    line["protocol"] = outcome.protocol
+    line["entity"] = entity
+    line["status"] = status
+    line["route"] = route
+    count = len(messages)
+    line["message_ids"] = (
+        [messages[0].message_id] if count == 1 else [m.message_id for m in messages[:20]]
+    )
+    line["messages"] = count
+    line["latency_ms"] = int(elapsed * 1_000_000 + 0.5) / 1000  # round(, 3), a third of it
     if outcome.fields:
-        extra.update(outcome.fields)
+        line.update(outcome.fields)
     if outcome.key_name is not None:
-        extra["key_name"] = outcome.key_name
+        line["key_name"] = outcome.key_name
     elif isinstance(error, AuthError) and error.key_name is not None:
-        extra["key_name"] = error.key_name  # the log may say which rule; the answer never does
+        line["key_name"] = error.key_name  # the log may say which rule; the answer never does
     if error is not None:
-        extra["error"] = error.code
-        extra["error_message"] = error.message
-    access_log.write(level, f"request {request_id} -> {status}", extra, log_ids())  # + trace ids
+        line["error"] = error.code
+        line["error_message"] = error.message
+    ids = log_ids()  # the active span's trace ids, with tracing on
+    if ids:
+        line.update(ids)
+    access_log.write_line(line)

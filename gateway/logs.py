@@ -101,6 +101,7 @@ class AccessLog:
         "_fmt",
         "_logger",
         "_loop",
+        "_ms",
         "_parts",
         "_scheduled",
         "_size",
@@ -124,6 +125,7 @@ class AccessLog:
         self._size = 0
         self._scheduled = False
         self._ts: tuple[int, str] = (-1, "")  # (unix second, its ISO prefix): one per second
+        self._ms: tuple[int, str] = (-1, "")  # (unix millisecond, the whole ``ts``)
 
     def enabled(self, level: int) -> bool:
         """Whether a line at *level* is written (the ``gateway.requests`` logger's level)."""
@@ -142,24 +144,34 @@ class AccessLog:
     ) -> None:
         """Buffer one line; *extras* (trace ids, ...) are merged after *fields*. Call only
         when `enabled` (the caller skips building *fields* otherwise)."""
-        now = time.time()
+        line = self.head(level, msg)
+        line.update(fields)
+        if extras:
+            line.update(extras)
+        self.write_line(line)
+
+    def head(self, level: int, msg: str) -> dict[str, Any]:
+        """A new line's first fields (``ts``, ``level``, ``logger``, ``msg``), for the caller
+        to add its own to and hand to `write_line`: the request path's line built in one
+        dict, not copied from another."""
+        return {
+            "ts": self._iso(time.time()),
+            "level": _LEVEL_NAMES.get(level) or logging.getLevelName(level),
+            "logger": ACCESS_LOGGER,
+            "msg": msg,
+        }
+
+    def write_line(self, line: dict[str, Any]) -> None:
+        """Serialise and buffer a line begun by `head` (only its ``level`` and ``msg`` in
+        the text format)."""
         if self._fmt == "json":
-            line: dict[str, Any] = {
-                "ts": self._iso(now),
-                "level": _LEVEL_NAMES.get(level) or logging.getLevelName(level),
-                "logger": ACCESS_LOGGER,
-                "msg": msg,
-                **fields,
-            }
-            if extras:
-                line.update(extras)
             try:
                 data = orjson.dumps(line, default=str, option=orjson.OPT_APPEND_NEWLINE)
             except TypeError:  # a lone surrogate, an int beyond 64 bits: still one line
                 data = _dumps_loosely(line)
         else:
-            record = logging.LogRecord(ACCESS_LOGGER, level, "", 0, msg, None, None)
-            record.created = now
+            level = logging.getLevelName(line["level"])
+            record = logging.LogRecord(ACCESS_LOGGER, level, "", 0, line["msg"], None, None)
             data = (_TEXT.format(record) + "\n").encode("utf-8", "backslashreplace")
         self._parts.append(data)
         self._size += len(data)
@@ -170,14 +182,20 @@ class AccessLog:
             self._loop.call_later(self._delay, self.flush)
 
     def _iso(self, now: float) -> str:
-        """`JsonFormatter`'s ``ts`` (ISO 8601, UTC, milliseconds), its date and time of day
-        formatted once per second."""
-        second = int(now)
+        """`JsonFormatter`'s ``ts`` (ISO 8601, UTC, milliseconds): formatted once per
+        millisecond (lines written in the same one share it), its date and time of day once
+        per second."""
+        ms = int(now * 1000)
+        if ms == self._ms[0]:
+            return self._ms[1]
+        second, frac = divmod(ms, 1000)
         cached_second, prefix = self._ts
         if second != cached_second:
             prefix = dt.datetime.fromtimestamp(second, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
             self._ts = (second, prefix)
-        return prefix + _MILLIS[int((now - second) * 1000)]
+        text = prefix + _MILLIS[frac]
+        self._ms = (ms, text)
+        return text
 
     def flush(self) -> None:
         """Write out what is buffered (one write). A stream that fails loses the buffered

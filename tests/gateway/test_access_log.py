@@ -163,3 +163,50 @@ def test_a_value_orjson_refuses_still_makes_one_line_and_never_raises() -> None:
     line = orjson.loads(stream.getvalue())
     assert line["message_ids"] == "['\\udcff']" and line["n"] == str(2**70)
     assert line["request_id"] == FIELDS["request_id"]
+
+
+@pytest.mark.unit
+def test_ts_is_the_iso_time_to_the_millisecond_whatever_the_order_of_the_calls() -> None:
+    """`ts` is formatted once a millisecond and its date once a second: neither cache may
+    outlive its millisecond or second, backwards in time included (a clock stepped back)."""
+    log = AccessLog("json", io.StringIO())
+    base = dt.datetime(2026, 11, 30, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+    for offset in (0.0004, 0.0009, 0.0012, 0.9991, 1.0, 1.0005, 0.0004, 86_400.25, 0.5):
+        now = base + offset
+        expected = dt.datetime.fromtimestamp(now, dt.UTC).isoformat(timespec="milliseconds")
+        assert log._iso(now) == expected, offset
+
+
+@pytest.mark.unit
+def test_a_send_requests_line_has_every_field_once_rounded_and_in_order(access_level):
+    from gateway.core.message import OutboundMessage
+    from gateway.errors import Saturated
+    from gateway.ingest import Outcome, log_outcome
+
+    stream = io.StringIO()
+    log = AccessLog("json", stream)
+    messages = [OutboundMessage(body=b"x", message_id=f"m{i}") for i in range(25)]
+    outcome = Outcome("r1", "amqp", key_name="sender", fields={"link": "l1"})
+    log_outcome(log, outcome, "orders", 201, "primary", messages[:1], 0.0069474, None)
+    log_outcome(log, outcome, "orders", 503, "none", messages, 1.5, Saturated("no room"))
+    one, many = (orjson.loads(x) for x in stream.getvalue().splitlines())
+    assert list(one)[:4] == ["ts", "level", "logger", "msg"]
+    assert one | {"ts": "-"} == {
+        "ts": "-",
+        "level": "INFO",
+        "logger": "gateway.requests",
+        "msg": "request r1 -> 201",
+        "request_id": "r1",
+        "protocol": "amqp",
+        "entity": "orders",
+        "status": 201,
+        "route": "primary",
+        "message_ids": ["m0"],
+        "messages": 1,
+        "latency_ms": 6.947,
+        "link": "l1",
+        "key_name": "sender",
+    }
+    assert many["level"] == "WARNING" and many["error"] == "saturated"
+    assert many["message_ids"] == [f"m{i}" for i in range(20)] and many["messages"] == 25
+    assert many["latency_ms"] == 1500.0
