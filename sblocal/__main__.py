@@ -17,6 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
+from sblocal.collector import FrozenSurvivors
 from sblocal.config import ConfigError, default_config, load_config
 from sblocal.server import LocalBroker
 
@@ -68,6 +69,9 @@ async def _serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     broker = LocalBroker(config)
     await broker.start()
+    # The collector kept off the stored messages: a process-wide setting, so here only.
+    collector = FrozenSurvivors()
+    collector.start()
     try:
         if args.json:
             sys.stdout.write(json.dumps(broker.info) + "\n")
@@ -76,6 +80,7 @@ async def _serve(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         await stop.wait()
     finally:
+        collector.uninstall()
         await broker.stop()
     return 0
 
