@@ -109,7 +109,7 @@ class FrozenSurvivors:
         gc.unfreeze()
 
     def start(self) -> None:
-        """`install`, and check for idleness every `IDLE_WINDOW` in a daemon thread."""
+        """`install`, and check for idleness every `every` seconds in a daemon thread."""
         self.install()
         self._thread = threading.Thread(target=self._run, name="sblocal collector", daemon=True)
         self._thread.start()

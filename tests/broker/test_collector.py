@@ -87,7 +87,7 @@ def test_a_cycle_among_frozen_objects_is_reclaimed_only_when_idle(
     assert gc.get_freeze_count() > 0  # the reclaim's survivors frozen again
 
     cpu.now += collector.IDLE_CPU / 2
-    assert survivors.check() is False  # nothing frozen since: no second full collection
+    assert survivors.check() is False  # nothing grew since: no second full collection
     assert survivors.reclaims == 1
 
 
