@@ -144,14 +144,16 @@ chaos: $(STAMP) sysdeps
 	$(BIN)/python -m loadtests chaos
 
 ## bench-tools: the native load generators the HTTP benchmarks drive load with (h2load from
-## Debian's nghttp2-client, and wrk), with apt if missing: a Python generator on the CPU it
-## shares with the broker was the bottleneck it was meant to measure.
+## Debian's nghttp2-client, and wrk), and valgrind for the instruction counts
+## (`bench.gateway_profile --instructions`), with apt if missing: a Python generator on the CPU
+## it shares with the broker was the bottleneck it was meant to measure.
 bench-tools:
 	@missing=""; \
 	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
 	command -v wrk >/dev/null || missing="$$missing wrk"; \
 	command -v taskset >/dev/null || missing="$$missing util-linux"; \
 	command -v cc >/dev/null || missing="$$missing gcc"; \
+	command -v valgrind >/dev/null || missing="$$missing valgrind"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

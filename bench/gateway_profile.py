@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.gateway_profile full metrics uuid # a selection
     .venv/bin/python -m bench.gateway_profile --access-line     # the access line alone
     .venv/bin/python -m bench.gateway_profile --layers [info]   # the full path's CPU by layer
+    .venv/bin/python -m bench.gateway_profile --instructions    # P1 in instructions (callgrind)
 
 The app (`create_app` with the null sink), its runner (`HardenedAppRunner`, as `gateway
 serve`) and aiohttp's HTTP/1.1 protocol run on fake in-memory transports: 64 connections,
@@ -34,6 +35,17 @@ also counted in the outer one.
 `cProfile` adds the same cost to every Python call, so the shares are close to, not exactly,
 those of an unprofiled run.
 
+``--instructions`` counts what a request costs in **instructions** instead of seconds
+(valgrind's callgrind, ``make bench-tools`` installs it): each variant (``bare``, ``full``
+and ``info`` unless named: P1 at WARNING and at INFO) runs under callgrind twice, with one
+measured run of `--requests` and with three, and the difference over the 2 x `--requests`
+more is the count a request. Start-up,
+imports and the warm-up are in both and cancel out. A count does not move with what else the
+machine runs (seconds here drift by a third between runs), so this is the P1 figure to compare
+two versions of the code, or two Pythons, by; it leaves out the kernel's share (sockets,
+system calls), which is the same for both variants and would bring the ratio closer to one.
+Six runs under callgrind, two at a time: about four minutes.
+
 It reaches into the gateway's internals (route handlers, app state keys, module globals) to
 switch parts off: a variant that no longer applies after a refactoring fails loudly.
 Nothing here is part of `make test`; `python -m bench` does not run it.
@@ -44,9 +56,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -264,6 +280,32 @@ async def _layers(variant: str, requests: int) -> list[tuple[str, float]]:
     return out
 
 
+def _instructions(variant: str, requests: int, runs: int, scratch: Path) -> int:
+    """Instructions a fresh interpreter runs for `variant` with `runs` measured runs of
+    `requests` (callgrind's total: user space, every thread)."""
+    out = scratch / f"{variant}.{runs}.callgrind"
+    child_output(
+        "bench.gateway_profile",
+        ["--child", variant, "--requests", str(requests), "--runs", str(runs)],
+        timeout=1800,
+        wrapper=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
+    )
+    for line in out.read_text().splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {out}")
+
+
+def instructions_per_request(variants: list[str], requests: int) -> dict[str, float]:
+    """Each variant's instructions a request: the difference between three measured runs and
+    one, over the 2 x `requests` requests between them (see the module docstring)."""
+    jobs = [(v, runs) for v in variants for runs in (1, 3)]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as pool:
+        totals = pool.map(lambda j: _instructions(j[0], requests, j[1], Path(tmp)), jobs)
+        counts = dict(zip(jobs, totals, strict=True))
+    return {v: (counts[(v, 3)] - counts[(v, 1)]) / (2 * requests) for v in variants}
+
+
 def main(argv: list[str] | None = None) -> int:
     pin_self_from_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -277,8 +319,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--layers", action="store_true", help="the CPU share of each layer (cProfile, in process)"
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instructions a request, by callgrind (bare, full and info unless named; "
+        "--requests 1000 unless given)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            print("valgrind is not installed: make bench-tools (Debian's valgrind package)")
+            return 2
+        variants = args.variants or ["bare", "full", "info"]
+        requests = 1000 if args.requests == parser.get_default("requests") else args.requests
+        per = instructions_per_request(variants, requests)
+        print(f"{'variant':58s} instructions a request (callgrind, in process, no sockets)")
+        for v in variants:
+            print(f"{v:58s} {per[v]:12,.0f}")
+        for v in variants:
+            if v != "bare" and "bare" in per:
+                print(f"P1 by instructions, bare / {v}: {per['bare'] / per[v]:.3f}")
+        return 0
     if args.access_line:
         best = min(asyncio.run(_access_line(100_000)) for _ in range(5))
         print(f"access line at INFO: {best:.2f} µs of CPU a request (best of 5 x 100,000)")

@@ -294,13 +294,15 @@ class Child:
         self._stderr.close()
 
 
-def child_output(module: str, args: Sequence[str], *, timeout: float) -> str:
+def child_output(
+    module: str, args: Sequence[str], *, timeout: float, wrapper: Sequence[str] = ()
+) -> str:
     """Run ``python -m <module> <args>`` to its end in a fresh interpreter (this checkout on
-    its path, at most `timeout` s) and return its stdout; ChildError with its stderr's tail
-    if it fails."""
+    its path, at most `timeout` s; under `wrapper`, e.g. valgrind, when given) and return its
+    stdout; ChildError with its stderr's tail if it fails."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [*wrapper, sys.executable, "-m", module, *args],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -121,3 +121,30 @@ async def test_step_0_tries_h2load_once_more_then_goes_on_without_the_figure(
     outcomes[:] = [RuntimeError("h2load exited 1:"), RuntimeError("h2load exited 1:")]
     assert await overload_bench._h2load_retried(load, cores, gateway, lines.append) is None
     assert lines[-1] == "  h2load failed (h2load exited 1:); no figure"
+
+
+def test_instructions_a_request_are_the_difference_between_three_runs_and_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`gateway_profile --instructions`: start-up and warm-up are in both counts and cancel
+    out; the count is read from callgrind's output file (here written as callgrind would)."""
+    from bench import gateway_profile
+
+    fixed = {"bare": 5_000_000, "full": 9_000_000}  # start-up, imports, warm-up
+    per = {"bare": 200, "full": 400}  # the instructions a request
+
+    def fake_child(
+        module: str, args: list[str], *, timeout: float, wrapper: tuple[str, ...]
+    ) -> str:
+        assert wrapper[:2] == ("valgrind", "--tool=callgrind")
+        variant, requests, runs = args[1], int(args[3]), int(args[5])
+        out = Path(wrapper[2].split("=", 1)[1])
+        total = fixed[variant] + per[variant] * requests * runs
+        out.write_text(f"# callgrind format\nevents: Ir\nsummary: {total}\ntotals: {total}\n")
+        return ""
+
+    monkeypatch.setattr(gateway_profile, "child_output", fake_child)
+    assert gateway_profile.instructions_per_request(["bare", "full"], 1000) == {
+        "bare": 200.0,
+        "full": 400.0,
+    }
