@@ -39,11 +39,13 @@ those of an unprofiled run.
 (valgrind's callgrind, ``make bench-tools`` installs it): each variant (``bare``, ``full``
 and ``info`` unless named: P1 at WARNING and at INFO) runs under callgrind twice, with one
 measured run of `--requests` and with three, and the difference over the 2 x `--requests`
-more is the count a request. Start-up,
-imports and the warm-up are in both and cancel out. A count does not move with what else the
-machine runs (seconds here drift by a third between runs), so this is the P1 figure to compare
-two versions of the code, or two Pythons, by; it leaves out the kernel's share (sockets,
-system calls), which is the same for both variants and would bring the ratio closer to one.
+more is the count a request. Start-up, imports and the warm-up are in both and cancel out. A
+count barely moves with what else the machine runs (two runs here agreed within 0.5 %, where
+seconds drift by a third), so this is the P1 figure to compare two versions of the code, or
+two Pythons, by; timer-driven work (loop-lag samples, flushes) still grows when a run under
+valgrind goes slower (one beside the test suite once read ~8 % higher), so compare runs taken
+together. It leaves out the kernel's share (sockets, system calls), which is the same for both
+variants and would bring the ratio closer to one.
 Six runs under callgrind, two at a time: about four minutes.
 
 It reaches into the gateway's internals (route handlers, app state keys, module globals) to
