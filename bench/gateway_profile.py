@@ -312,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     pin_self_from_env()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("variants", nargs="*", help=f"default: {', '.join(VARIANTS)}")
-    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument(
+        "--requests", type=int, help="requests a measured run (10,000; --instructions 1,000)"
+    )
     parser.add_argument("--runs", type=int, default=12, help="measured runs per process")
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per variant")
     parser.add_argument(
@@ -324,8 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--instructions",
         action="store_true",
-        help="instructions a request, by callgrind (bare, full and info unless named; "
-        "--requests 1000 unless given)",
+        help="instructions a request, by callgrind (bare, full and info unless named)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             print("valgrind is not installed: make bench-tools (Debian's valgrind package)")
             return 2
         variants = args.variants or ["bare", "full", "info"]
-        requests = 1000 if args.requests == parser.get_default("requests") else args.requests
+        requests = args.requests or 1000
         per = instructions_per_request(variants, requests)
         print(f"{'variant':58s} instructions a request (callgrind, in process, no sockets)")
         for v in variants:
@@ -355,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         for label, share in shares:
             print(f"  {label:58s} {share:6.1%}")
         return 0
+    if args.requests is None:
+        args.requests = 10_000
     if args.child:
         _child(args.child, args.requests, args.runs)
         return 0
