@@ -92,7 +92,9 @@ def message_route_handler(
         return general
     frozen_reserved = frozenset(reserved)
 
-    async def handle(request: BaseRequest) -> web.StreamResponse:
+    def handle(request: BaseRequest) -> Awaitable[web.StreamResponse]:
+        # The route's coroutine itself, for aiohttp's `_handle_request` to await: no frame of
+        # its own around it, which every suspension and resumption would pass through.
         if request.method == hdrs.METH_POST:
             match = _MESSAGE_PATH.fullmatch(request.raw_path)
             if match is not None and not request.headers.get(hdrs.EXPECT):
@@ -107,8 +109,8 @@ def message_route_handler(
                     info.add_app(app)
                     info.freeze()
                     request._match_info = info  # type: ignore[attr-defined]
-                    return await handler(request)  # type: ignore[arg-type]
-        return await general(request)
+                    return handler(request)  # type: ignore[arg-type]
+        return general(request)
 
     return handle
 

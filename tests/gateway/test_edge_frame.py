@@ -66,9 +66,10 @@ def _refusal(raw_path: str) -> str | None:
 
 
 @pytest.mark.unit
-def test_the_path_guards_one_regex_pass_lets_through_exactly_what_its_rules_do():
-    """`_raw_path_ok` screens a path with one regex and reads the rules only for a suspect
-    one: every path of up to six pieces gets the same answer as the rules alone."""
+def test_the_path_guards_screen_lets_through_exactly_what_its_rules_do():
+    """`_raw_path_ok` screens a path with four substring searches and reads the rules only
+    for a suspect one: every path of up to six pieces gets the same answer as the rules
+    alone."""
     from itertools import product
 
     from gateway.errors import InvalidEntityPath
