@@ -33,11 +33,20 @@ class AdmissionGate:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self, n: int, wait: float) -> None:
+    def try_acquire(self, n: int) -> bool:
+        """Take `n` bytes of room if there is room now and nobody waits for it: `acquire`'s
+        path that does not wait, without a coroutine (the caller on the hot path awaits
+        `acquire` only when this says no)."""
         n = min(n, self._capacity)  # one oversized request may still pass alone
         if not self._waiters and self._used + n <= self._capacity:
             self._used += n
+            return True
+        return False
+
+    async def acquire(self, n: int, wait: float) -> None:
+        if self.try_acquire(n):
             return
+        n = min(n, self._capacity)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (n, fut)
         self._waiters.append(entry)

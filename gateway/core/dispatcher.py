@@ -50,8 +50,9 @@ import logging
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.config import LimitSettings, TimeoutSettings
 from gateway.core.admission import AdmissionGate
@@ -96,10 +97,12 @@ class Destination:
 
     client: NamespaceClient
     path: str
+    # Its lane's key: the namespace and the path in lower case (Service Bus's names are
+    # case-insensitive). Computed once: a router keeps one per entity (gateway.core.failover).
+    key: tuple[str, str] = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.client.name, self.path.lower())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.client.name, self.path.lower()))
 
     def __str__(self) -> str:
         return f"{self.client.name}/{self.path}"
@@ -384,10 +387,10 @@ class Dispatcher:
         its first send)."""
         return self._limiters.get(namespace)
 
-    async def send(
+    def send(
         self, dest: Destination, messages: Sequence[OutboundMessage], *, limited: bool = True
-    ) -> None:
-        """Send `messages` to `dest` as one unit and wait until it is settled.
+    ) -> Coroutine[Any, Any, None]:
+        """Send `messages` to `dest` as one unit; await it to wait until they are settled.
 
         Raises `Saturated` at once when the namespace is at its adaptive limit (`limited`:
         a client's request; the syphon's moves and the failover pings are not limited, a
@@ -395,7 +398,19 @@ class Dispatcher:
         `admission_timeout`; `Draining` during shutdown, `SendFailure` when the broker did
         not store them. If the caller is cancelled before its messages were handed to a
         worker, they are never sent.
+
+        Not a coroutine function itself: without the adaptive limit (the default) it gives
+        `_submit`'s coroutine, one frame fewer for every suspension and resumption of a
+        request; every error is still raised when it is awaited, never by the call.
         """
+        if self._closing or (self._limiter_config is not None and limited):
+            return self._limited_send(dest, messages, limited)
+        return self._submit(dest, messages)
+
+    async def _limited_send(
+        self, dest: Destination, messages: Sequence[OutboundMessage], limited: bool
+    ) -> None:
+        """`send` during shutdown, or under the adaptive limit."""
         if self._closing:
             raise Draining("the gateway is shutting down")
         if self._limiter_config is None or not limited:
@@ -446,7 +461,7 @@ class Dispatcher:
                 waited = self._clock() - waiting_since
                 if waited >= ADMISSION_WAIT_TRACED:
                     tracer.admission_waited(waited)
-        else:
+        elif not self._gate.try_acquire(size):
             await self._gate.acquire(size, self._limits.admission_timeout)
         group: _Group | None = None
         try:
@@ -563,10 +578,11 @@ class Dispatcher:
             lane.wakeup.clear()
 
     def _lane(self, dest: Destination) -> _Lane:
-        lane = self._lanes.get(dest.key)
+        key = dest.key
+        lane = self._lanes.get(key)
         if lane is None:
             lane = _Lane(dest)
-            self._lanes[dest.key] = lane
+            self._lanes[key] = lane
         return lane
 
     def _spawn(self, lane: _Lane) -> None:

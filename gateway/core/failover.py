@@ -74,6 +74,9 @@ from gateway.state.base import BacklogState, EntityState, StateStore, Status
 from gateway.state.fence import FenceStore, FenceUnavailable
 
 log = logging.getLogger(__name__)
+# The (pair, entity) routes to the primary `Failover` keeps made (`_primary_route`): more
+# than a replica serves; past it, the cache starts over.
+_PRIMARY_ROUTES = 4096
 
 MAX_BACKLOG_ATTEMPTS = 3
 FENCED_SAMPLE = 20  # fenced SessionIds `GET /admin/entities` lists per entity, at most
@@ -153,6 +156,10 @@ class Failover:
         self._observer = observer or FailoverObserver()
         self._ledger: EventLedger = ledger or NullLedger()
         self._clock = clock
+        self._dispatcher_clock = dispatcher.clock  # the clock a failure's `started` is on
+        # Per (pair, entity path): the primary's destination and the answer of a send stored
+        # there (`_primary_route`).
+        self._primary: dict[tuple[str, str], tuple[Destination, Delivery]] = {}
         self._rng = rng or random.Random()  # noqa: S311  # nosec B311  # load spreading, not security
         self._choice: dict[str, str] = {}  # entity key -> this replica's backlog queue
         self._entities: dict[str, EntityRef] = {}
@@ -206,16 +213,20 @@ class Failover:
         left, and none at all when it left nothing (then its failure is the answer)."""
         key = entity.path.lower()
         pair = self._pairs[entity.pair]
-        state = self._store.get(key)
+        store = self._store
+        state = store.get(key)
         deadline = asyncio.get_running_loop().time() + self._budget
         if state.status == "failed_over" and pair.backlog_queues:
             return await self._to_backlog(entity, pair, messages, None, deadline)
-        if pair.backlog_queues and self._fenced(entity, key, messages):
+        if pair.backlog_queues and self._fences is not None and self._fenced(entity, key, messages):
             # A fenced session's older messages wait in the backlog: this one goes after
             # them, before any primary attempt, whatever the entity's state.
             return await self._to_backlog(entity, pair, messages, None, deadline)
+        primary = self._primary.get((entity.pair, entity.path))
+        if primary is None:
+            primary = self._primary_route(entity, pair)
         try:
-            await self._dispatcher.send(Destination(pair.primary, entity.path), messages)
+            await self._dispatcher.send(primary[0], messages)
         except SendFailure as failure:
             _untangle(failure)
             if failure.kind is FailureKind.ENTITY_NOT_FOUND and self.on_entity_not_found:
@@ -231,8 +242,22 @@ class Failover:
             if asyncio.get_running_loop().time() >= deadline:
                 raise  # the primary used the whole budget: nothing left for a backlog
             return await self._to_backlog(entity, pair, messages, failure, deadline)
-        self._record_success(key)
-        return Delivery("primary", entity.path)
+        # `_record_success`, inline: once per request.
+        self._fresh[key] = self._dispatcher_clock()
+        state = store.get(key)
+        if state.status == "failing":  # a success resets the timer, cluster-wide
+            self._propose(state, "healthy", "send succeeded")
+        return primary[1]
+
+    def _primary_route(self, entity: EntityRef, pair: PairClients) -> tuple[Destination, Delivery]:
+        """Where `entity`'s primary sends go, and the answer when they are stored there: made
+        once per entity (both are immutable), not per request. Bounded, as the entities a
+        replica serves are: started over when full."""
+        if len(self._primary) >= _PRIMARY_ROUTES:
+            self._primary.clear()
+        route = (Destination(pair.primary, entity.path), Delivery("primary", entity.path))
+        self._primary[(entity.pair, entity.path)] = route
+        return route
 
     def _strict(self, entity: EntityRef) -> bool:
         """Does `entity` keep its sessions' order (`session_order = strict`)?"""
@@ -244,10 +269,14 @@ class Failover:
         fences = self._fences
         if fences is None:
             return False
-        sessions = [m.session_id for m in messages if m.session_id is not None]
-        if not sessions or not self._strict(entity):
+        for m in messages:  # a loop, not a comprehension: most requests carry no session
+            if m.session_id is not None:
+                break
+        else:
             return False
-        return any(fences.fenced(key, s) for s in sessions)
+        if not self._strict(entity):
+            return False
+        return any(fences.fenced(key, m.session_id) for m in messages if m.session_id is not None)
 
     def _counts(self, key: str, failure: SendFailure) -> bool:
         """Whether a failure the error table counts is the broker's (the module docstring):
@@ -284,12 +313,6 @@ class Failover:
                 self._propose(st, "failing", reason, since=now)
         elif st.status == "failing" and now - st.since >= self._settings.failover_interval:
             self._propose(st, "failed_over", reason)
-
-    def _record_success(self, key: str) -> None:
-        self._fresh[key] = self._dispatcher.clock()
-        st = self._store.get(key)
-        if st.status == "failing":  # a success resets the timer, cluster-wide
-            self._propose(st, "healthy", "send succeeded")
 
     def _propose(
         self, st: EntityState, status: Status, reason: str, since: float | None = None

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from gateway.config import LimitSettings, TimeoutSettings
+from gateway.core.admission import AdmissionGate
 from gateway.core.dispatcher import (
     Destination,
     Dispatcher,
@@ -26,6 +27,7 @@ from gateway.errors import (
     TIMEOUT,
     UNKNOWN,
     Classification,
+    Draining,
     FailureKind,
     Saturated,
     SendFailure,
@@ -175,6 +177,41 @@ async def test_close_fails_what_could_not_be_sent(make):
     # failover and asks for a retry at once (another replica can take it).
     assert {r.classification for r in results} == {SHUTDOWN}  # type: ignore[union-attr]
     assert {r.retry_after for r in results} == {1.0}  # type: ignore[union-attr]
+
+
+async def test_a_send_raises_when_it_is_awaited_never_when_it_is_called(make):
+    """`send` is no coroutine function itself (it gives `_submit`'s coroutine): its errors,
+    the shutdown's included, still come from the await, so a caller that makes several
+    sends before awaiting them (`asyncio.gather`) gets every one's error and none is lost."""
+    client = FakeClient()
+    d = make()
+    dest = Destination(client, "orders")
+    await d.close(grace=0.05)
+    sends = [d.send(dest, [msg(i)]) for i in range(3)]  # no error yet
+    results = await asyncio.gather(*sends, return_exceptions=True)
+    assert all(isinstance(r, Draining) for r in results), results
+    assert client.batches == []
+
+
+@pytest.mark.unit
+async def test_the_gate_takes_room_at_once_only_while_nobody_waits_for_it():
+    """`try_acquire`, the hot path's take without a coroutine, keeps `acquire`'s order: room
+    goes to whoever waits first."""
+    gate = AdmissionGate(100)
+    assert gate.try_acquire(60) and gate.used == 60
+    assert not gate.try_acquire(50) and gate.used == 60  # no room
+    waiter = asyncio.create_task(gate.acquire(50, 5.0))
+    await next_tick()
+    assert gate.waiting == 1
+    assert not gate.try_acquire(10)  # room for it, but the waiter was first
+    gate.release(60)
+    await waiter
+    assert gate.used == 50 and gate.waiting == 0
+    assert gate.try_acquire(10) and gate.used == 60
+    gate.release(60)
+    assert gate.try_acquire(10_000) and gate.used == 100  # an oversized one alone, capped
+    gate.release(10_000)
+    assert gate.used == 0
 
 
 async def test_cancelled_request_that_was_not_handed_over_is_never_sent(make):

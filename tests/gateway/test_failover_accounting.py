@@ -167,3 +167,29 @@ def test_the_loop_lag_counts_a_stall_still_under_way():
             await lag.close()
 
     on_virtual_time(scenario)
+
+
+def test_the_primarys_routes_are_made_once_per_entity_and_bounded(monkeypatch):
+    """`Failover` keeps each entity's route to the primary (its destination and the answer of
+    a send stored there) instead of making them per request; the cache starts over when
+    full, and a route made again sends the same way."""
+    from gateway.core import failover as failover_module
+
+    monkeypatch.setattr(failover_module, "_PRIMARY_ROUTES", 2)
+    entities = [replace(ORDERS, path=f"orders-{i}") for i in range(3)]
+
+    async def scenario(loop: VirtualTimeLoop) -> None:
+        async with one_replica() as (replica, primary):
+            first = await replica.failover.submit(entities[0], messages("a"))
+            again = await replica.failover.submit(entities[0], messages("b"))
+            assert first is again and (first.route, first.destination) == ("primary", "orders-0")
+            for i, entity in enumerate(entities[1:], 1):
+                done = await replica.failover.submit(entity, messages(f"c{i}"))
+                assert (done.route, done.destination) == ("primary", f"orders-{i}")
+                assert len(replica.failover._primary) <= 2
+            back = await replica.failover.submit(entities[0], messages("d"))
+            assert (back.route, back.destination) == ("primary", "orders-0")
+            stored = {path: primary.ids(path) for path in ("orders-0", "orders-1", "orders-2")}
+            assert stored == {"orders-0": ["a", "b", "d"], "orders-1": ["c1"], "orders-2": ["c2"]}
+
+    on_virtual_time(scenario)
