@@ -389,7 +389,30 @@ IN_MEMORY_ENV = {
 }
 
 
-class _FakeTransport(asyncio.Transport):
+class MemoryTransport(asyncio.Transport):
+    """A transport with no socket under it, for an aiohttp protocol driven in process: what
+    the protocol calls beyond `write`, `close` and `is_closing` (the subclass's), as no-ops."""
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def pause_reading(self) -> None:
+        return None
+
+    def resume_reading(self) -> None:
+        return None
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        return None
+
+
+class _FakeTransport(MemoryTransport):
     """Collects one connection's answers; each complete answer sends the next request."""
 
     def __init__(self, driver: InMemoryDriver, index: int) -> None:
@@ -416,29 +439,11 @@ class _FakeTransport(asyncio.Transport):
             del self._buf[: end + 4 + length]
             self._driver.answered(self)
 
-    def writelines(self, list_of_data: Any) -> None:
-        self.write(b"".join(list_of_data))
-
     def is_closing(self) -> bool:
         return self._closing
 
     def close(self) -> None:
         self._closing = True
-
-    def pause_reading(self) -> None:
-        return None
-
-    def resume_reading(self) -> None:
-        return None
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        return None
 
 
 class InMemoryDriver:

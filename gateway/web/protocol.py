@@ -185,6 +185,7 @@ class HardenedRequestHandler(RequestHandler):
     __slots__ = (
         "_counted",
         "_deadlines",
+        "_fed",
         "_head_bytes",
         "_head_deadline",
         "_head_timer",
@@ -213,6 +214,9 @@ class HardenedRequestHandler(RequestHandler):
         self._head_deadline: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
+        # Bytes fed to the parser since the read that completed the last head (that read's
+        # included): a bound of the size of the heads still to complete (`data_received`).
+        self._fed = 0
         # Bodies still arriving, each with the timer that ends its wait.
         self._open_bodies: dict[StreamReader, asyncio.TimerHandle] = {}
 
@@ -420,27 +424,42 @@ class HardenedRequestHandler(RequestHandler):
         if data and in_head and self._head_deadline is None:
             self._head_started()
         before = self._request_count
+        fed = self._fed + len(data)
         super().data_received(data)
         completed = self._request_count - before
         if completed:
-            self._heads.extend([self._loop.time()] * completed)
+            if completed == 1:
+                self._heads.append(self._loop.time())
+            else:
+                self._heads.extend([self._loop.time()] * completed)
             self._head_deadline = None
             self._head_bytes = 0
+            # Every head completed now began after the last one completed, so within the
+            # bytes fed since the read that completed that one (counted whole: its tail may
+            # begin this head); while that is within the limit, so is each head, unmeasured.
+            self._fed = len(data)
             # The new requests are the last ones queued; start() runs only after we return,
             # so an oversized head is replaced by its 431 before any handler sees it.
             limit = self._deadlines.max_head_bytes
+            check_size = fed > limit
             queued = len(self._messages)
             for i in range(max(0, queued - completed), queued):
                 message, payload = self._messages[i]
-                if isinstance(message, RawRequestMessage) and head_size(message) > limit:
+                if (
+                    check_size
+                    and isinstance(message, RawRequestMessage)
+                    and head_size(message) > limit
+                ):
                     err = HeadTooLarge(limit)
                     self._messages[i] = (_ErrInfo(431, err, err.message), EMPTY_PAYLOAD)
                 elif not payload.is_eof():
                     self._watch_body(payload)
-        elif in_head and data:
-            self._head_bytes += len(data)
-            if self._head_bytes > self._deadlines.max_head_bytes:
-                self._refuse_large_head()
+        else:
+            self._fed = fed
+            if in_head and data:
+                self._head_bytes += len(data)
+                if self._head_bytes > self._deadlines.max_head_bytes:
+                    self._refuse_large_head()
 
     # -- shedding overload (gateway.web.overload) -----------------------------------------
 
