@@ -19,7 +19,7 @@ from typing import Literal
 from gateway.auth import AuthError
 from gateway.config import EntityKind, LimitSettings
 from gateway.core.entities import EntityCatalog, EntityRef, validate_entity_path
-from gateway.core.message import OutboundMessage, batch_size
+from gateway.core.message import OutboundMessage, envelope_size
 from gateway.core.ports import Tracer
 from gateway.core.router import Delivery, Router
 from gateway.errors import GatewayError, PayloadTooLarge, Saturated, SendFailure
@@ -131,6 +131,7 @@ def check_sizes(messages: list[OutboundMessage], limits: LimitSettings) -> None:
     """Each message, and the request as one broker send, within the limits. `size` and
     `batch_size` are upper bounds of the encoding (gateway/core/message.py), so what passes
     here fits the link as far as the settings match the entity's real limit."""
+    total = 0
     for m in messages:
         size = m.size
         if size > limits.max_message_bytes:
@@ -141,7 +142,9 @@ def check_sizes(messages: list[OutboundMessage], limits: LimitSettings) -> None:
                 size=size,
                 limit=limits.max_message_bytes,
             )
-    total = batch_size(messages)
+        total += size
+    if len(messages) > 1:  # `batch_size`, from the sizes summed above
+        total += envelope_size(messages[0])
     if total > limits.max_batch_bytes:
         raise PayloadTooLarge(
             f"the batch is {total} bytes with its properties; "
