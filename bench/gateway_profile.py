@@ -25,7 +25,9 @@ Variants (combine with ``+``, e.g. ``router+metrics``):
 * ``runner`` — aiohttp's plain `AppRunner` instead of `HardenedAppRunner`;
 * ``info`` — request logging at INFO, the default (the access line on every request);
 * ``auth`` — SAS rules configured, every request with the same token (the verified-token
-  cache answers); ``auth+nocache`` verifies the token on every request.
+  cache answers); ``auth+nocache`` verifies the token on every request;
+* ``ledger`` — the event ledger on, written to files in a temporary directory (its writer
+  thread's work included: it runs in this process).
 
 ``--layers`` profiles the ``full`` variant (or ``info``) with `cProfile` over 20,000
 requests and prints the share of the CPU under each layer of the path (aiohttp's protocol,
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
 import shutil
 import statistics
@@ -84,6 +87,7 @@ VARIANTS = (
     "info",
     "auth",
     "auth+nocache",
+    "ledger",
 )
 _URL = "http://127.0.0.1:1/queues/orders/messages"
 _REQUEST = build_request(_URL, make_body(1024), {})
@@ -183,6 +187,10 @@ def _environ(parts: set[str]) -> None:
         os.environ.update(_AUTH_ENV)
     if "nocache" in parts:
         os.environ["SBGATE_AUTH_TOKEN_CACHE_SIZE"] = "0"
+    if "ledger" in parts:
+        root = tempfile.mkdtemp(prefix="sbgate-profile-ledger-")
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        os.environ["SBGATE_LEDGER"] = root
 
 
 def _child(variant: str, requests: int, runs: int) -> None:
