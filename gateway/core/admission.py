@@ -44,9 +44,9 @@ class AdmissionGate:
         return False
 
     async def acquire(self, n: int, wait: float) -> None:
+        n = min(n, self._capacity)  # one oversized request may still pass alone
         if self.try_acquire(n):
             return
-        n = min(n, self._capacity)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (n, fut)
         self._waiters.append(entry)

@@ -218,7 +218,12 @@ class Failover:
         deadline = asyncio.get_running_loop().time() + self._budget
         if state.status == "failed_over" and pair.backlog_queues:
             return await self._to_backlog(entity, pair, messages, None, deadline)
-        if pair.backlog_queues and self._fences is not None and self._fenced(entity, key, messages):
+        fences = self._fences
+        if (
+            pair.backlog_queues
+            and fences is not None
+            and self._fenced(fences, entity, key, messages)
+        ):
             # A fenced session's older messages wait in the backlog: this one goes after
             # them, before any primary attempt, whatever the entity's state.
             return await self._to_backlog(entity, pair, messages, None, deadline)
@@ -264,11 +269,15 @@ class Failover:
         order = entity.session_order or self._settings.session_order
         return self._fences is not None and order == "strict"
 
-    def _fenced(self, entity: EntityRef, key: str, messages: Sequence[OutboundMessage]) -> bool:
-        """Is a session of `messages` fenced (memory only: the hot path)?"""
-        fences = self._fences
-        if fences is None:
-            return False
+    def _fenced(
+        self,
+        fences: FenceStore,
+        entity: EntityRef,
+        key: str,
+        messages: Sequence[OutboundMessage],
+    ) -> bool:
+        """Is a session of `messages` fenced in `fences` (memory only: the hot path, which
+        calls it only when fences exist)?"""
         for m in messages:  # a loop, not a comprehension: most requests carry no session
             if m.session_id is not None:
                 break
